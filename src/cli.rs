@@ -1,0 +1,177 @@
+//! The command line: `serve` (default), `check`, `key new`, `password-hash`, `mock-upstream`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use base64::Engine;
+use clap::{Parser, Subcommand};
+
+use crate::config::Config;
+use crate::config::keys::sha256;
+use crate::config::live::Live;
+use crate::mock_upstream::{self, MockOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "modelgate",
+    version,
+    about = "An OpenAI-compatible gateway in front of hosted AI models"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Config file (for plain `modelgate`, same as `serve`).
+    #[arg(long, global = true, default_value = "conf/modelgate.toml")]
+    config: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the gateway.
+    Serve,
+    /// Validate the config and the keys file; name every problem.
+    Check,
+    /// Key management.
+    Key {
+        #[command(subcommand)]
+        command: KeyCommand,
+    },
+    /// Read a password on stdin, print its argon2id hash for `[console] password_hash`.
+    PasswordHash,
+    /// Run the stand-in OpenAI-compatible model server.
+    MockUpstream {
+        #[arg(long)]
+        listen: String,
+        /// Content chunks per streamed reply.
+        #[arg(long, default_value_t = 8)]
+        chunks: usize,
+        /// Delay between streamed events, in milliseconds.
+        #[arg(long, default_value_t = 0)]
+        delay_ms: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyCommand {
+    /// Print a fresh random key and the `[[keys]]` entry holding only its SHA-256.
+    New {
+        #[arg(long, default_value = "new-key")]
+        id: String,
+    },
+}
+
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => serve(&cli.config),
+        Command::Check => check(&cli.config),
+        Command::Key {
+            command: KeyCommand::New { id },
+        } => {
+            print!("{}", new_key(&id));
+            ExitCode::SUCCESS
+        }
+        Command::PasswordHash => password_hash(),
+        Command::MockUpstream {
+            listen,
+            chunks,
+            delay_ms,
+        } => {
+            mock_upstream::run_standalone(&listen, MockOptions { chunks, delay_ms });
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn load(path: &Path) -> Result<Live, crate::config::Problems> {
+    Live::load(Config::load(path)?)
+}
+
+fn serve(path: &Path) -> ExitCode {
+    let live = match load(path) {
+        Ok(l) => Arc::new(l),
+        Err(p) => {
+            eprintln!("{p}");
+            return ExitCode::from(2);
+        }
+    };
+    let c = &live.config;
+    tracing::info!(
+        main = ?c.listeners.main,
+        direct = ?c.listeners.direct,
+        admin = ?c.listeners.admin,
+        keys = live.keys.load().len(),
+        models = c.models.len(),
+        "modelgate starting"
+    );
+    crate::server::build(live).run_forever();
+}
+
+fn check(path: &Path) -> ExitCode {
+    match load(path) {
+        Ok(live) => {
+            println!(
+                "{}: ok ({} pools, {} models, {} keys)",
+                path.display(),
+                live.config.pools.len(),
+                live.config.models.len(),
+                live.keys.load().len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(p) => {
+            eprintln!("{p}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `sk-` + 48 url-safe characters (36 random bytes), and the entry to paste.
+pub fn new_key(id: &str) -> String {
+    let bytes: [u8; 36] = rand::random();
+    let secret = format!(
+        "sk-{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    );
+    format!(
+        "{secret}\n\n[[keys]]\nid = \"{id}\"\nsecret_sha256 = \"{}\"\n",
+        hex::encode(sha256(secret.as_bytes()))
+    )
+}
+
+fn password_hash() -> ExitCode {
+    use argon2::PasswordHasher;
+    let mut input = String::new();
+    if std::io::stdin().read_to_string(&mut input).is_err() {
+        eprintln!("cannot read the password from stdin");
+        return ExitCode::from(1);
+    }
+    let password = input.trim_end_matches(['\r', '\n']);
+    if password.is_empty() {
+        eprintln!("empty password");
+        return ExitCode::from(1);
+    }
+    let salt =
+        argon2::password_hash::SaltString::generate(&mut argon2::password_hash::rand_core::OsRng);
+    match argon2::Argon2::default().hash_password(password.as_bytes(), &salt) {
+        Ok(h) => {
+            println!("{h}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("cannot hash: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

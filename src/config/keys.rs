@@ -1,0 +1,334 @@
+//! Keys file: parse → validate → `KeyTable`, a lookup by SHA-256 of the secret. The whole
+//! schema of the contract loads here; later stages enforce permissions, limits and budgets.
+//! Secrets are hashed on load and never kept in clear.
+
+use std::collections::{HashMap, HashSet};
+use std::path::Path;
+use std::sync::Arc;
+
+use globset::{Glob, GlobSet, GlobSetBuilder};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+
+use super::problem::line_of;
+use super::{Problem, Problems};
+use crate::route::endpoint::Group;
+
+#[derive(Debug)]
+pub struct Key {
+    pub id: String,
+    pub sha256: [u8; 32],
+    pub model_patterns: Vec<String>,
+    pub models: GlobSet,
+    /// Bit set of `Group::bit()`.
+    pub endpoints: u8,
+    pub rpm: Option<u32>,
+    pub tpm: Option<u64>,
+    pub max_concurrent: Option<u32>,
+    pub budget: Option<f64>,
+    pub disabled: bool,
+    /// Unix seconds.
+    pub expires_at: Option<i64>,
+}
+
+impl Key {
+    pub fn may_use_model(&self, model: &str) -> bool {
+        self.models.is_match(model)
+    }
+    pub fn may_use(&self, group: Group) -> bool {
+        self.endpoints & group.bit() != 0
+    }
+    pub fn is_live(&self, now_unix: i64) -> bool {
+        !self.disabled && self.expires_at.is_none_or(|t| now_unix < t)
+    }
+}
+
+/// The live key table: one immutable snapshot, swapped whole on reload.
+#[derive(Debug, Default)]
+pub struct KeyTable {
+    by_hash: HashMap<[u8; 32], Arc<Key>>,
+}
+
+impl KeyTable {
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+    pub fn get_by_hash(&self, h: &[u8; 32]) -> Option<&Arc<Key>> {
+        self.by_hash.get(h)
+    }
+    pub fn keys(&self) -> impl Iterator<Item = &Arc<Key>> {
+        self.by_hash.values()
+    }
+
+    pub fn load(path: &Path) -> Result<KeyTable, Problems> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Problems::one(Problem::new(&file, None, "", format!("cannot read: {e}")))
+        })?;
+        Self::parse(&file, &text)
+    }
+
+    pub fn parse(file: &str, text: &str) -> Result<KeyTable, Problems> {
+        let raw: RawKeysFile =
+            toml::from_str(text).map_err(|e| Problems::one(Problem::from_toml(file, text, &e)))?;
+        let mut p = Problems::default();
+        let at = |span: std::ops::Range<usize>| Some(line_of(text, span.start));
+        let mut by_hash = HashMap::with_capacity(raw.keys.len());
+        let mut ids = HashSet::with_capacity(raw.keys.len());
+        for (i, rk) in raw.keys.into_iter().enumerate() {
+            let f = |name: &str| format!("keys[{i}].{name}");
+            let id = rk.id.get_ref().clone();
+            if id.is_empty() || !ids.insert(id.clone()) {
+                p.push(Problem::new(
+                    file,
+                    at(rk.id.span()),
+                    &f("id"),
+                    format!("duplicate or empty id '{id}'"),
+                ));
+            }
+            let sha256 = match (&rk.secret, &rk.secret_sha256) {
+                (Some(s), None) if s.get_ref().len() >= 8 => Some(sha256(s.get_ref().as_bytes())),
+                (Some(s), None) => {
+                    p.push(Problem::new(
+                        file,
+                        at(s.span()),
+                        &f("secret"),
+                        "must be at least 8 characters",
+                    ));
+                    None
+                }
+                (None, Some(h)) => {
+                    let mut out = [0u8; 32];
+                    match hex::decode_to_slice(h.get_ref().trim(), &mut out) {
+                        Ok(()) => Some(out),
+                        Err(_) => {
+                            p.push(Problem::new(
+                                file,
+                                at(h.span()),
+                                &f("secret_sha256"),
+                                "must be 64 hex characters",
+                            ));
+                            None
+                        }
+                    }
+                }
+                (Some(s), Some(_)) => {
+                    p.push(Problem::new(
+                        file,
+                        at(s.span()),
+                        &f("secret"),
+                        "give `secret` or `secret_sha256`, not both",
+                    ));
+                    None
+                }
+                (None, None) => {
+                    p.push(Problem::new(
+                        file,
+                        at(rk.id.span()),
+                        &f("secret"),
+                        "needs `secret` or `secret_sha256`",
+                    ));
+                    None
+                }
+            };
+            let patterns: Vec<Spanned<String>> = rk.models.unwrap_or_default();
+            let mut gs = GlobSetBuilder::new();
+            let mut model_patterns = Vec::new();
+            if patterns.is_empty() {
+                gs.add(
+                    Glob::new("*")
+                        .map_err(|e| Problems::one(Problem::new(file, None, "", e.to_string())))?,
+                );
+                model_patterns.push("*".to_string());
+            }
+            for pat in &patterns {
+                match Glob::new(pat.get_ref()) {
+                    Ok(g) => {
+                        gs.add(g);
+                        model_patterns.push(pat.get_ref().clone());
+                    }
+                    Err(e) => p.push(Problem::new(
+                        file,
+                        at(pat.span()),
+                        &f("models"),
+                        format!("bad glob '{}': {e}", pat.get_ref()),
+                    )),
+                }
+            }
+            let models = gs.build().unwrap_or_else(|_| GlobSet::empty());
+            let endpoints = match &rk.endpoints {
+                None => Group::ALL.iter().fold(0, |acc, g| acc | g.bit()),
+                Some(list) => list.iter().fold(0, |acc, e| match Group::parse(e.get_ref()) {
+                    Some(g) => acc | g.bit(),
+                    None => {
+                        p.push(Problem::new(
+                            file,
+                            at(e.span()),
+                            &f("endpoints"),
+                            format!(
+                                "unknown endpoint group '{}' (one of chat, embeddings, moderations, images, audio, models, usage)",
+                                e.get_ref()
+                            ),
+                        ));
+                        acc
+                    }
+                }),
+            };
+            let expires_at = rk
+                .expires_at
+                .as_ref()
+                .and_then(|v| match parse_time(v.get_ref()) {
+                    Some(t) => Some(t),
+                    None => {
+                        p.push(Problem::new(
+                            file,
+                            at(v.span()),
+                            &f("expires_at"),
+                            "must be an RFC 3339 time, e.g. 2027-01-01T00:00:00Z",
+                        ));
+                        None
+                    }
+                });
+            if let Some(b) = &rk.budget {
+                if !b.get_ref().is_finite() || *b.get_ref() < 0.0 {
+                    p.push(Problem::new(
+                        file,
+                        at(b.span()),
+                        &f("budget"),
+                        "must be a number >= 0",
+                    ));
+                }
+            }
+            if let Some(sha256) = sha256 {
+                let key = Key {
+                    id,
+                    sha256,
+                    model_patterns,
+                    models,
+                    endpoints,
+                    rpm: rk.rpm,
+                    tpm: rk.tpm,
+                    max_concurrent: rk.max_concurrent,
+                    budget: rk.budget.map(Spanned::into_inner),
+                    disabled: rk.disabled,
+                    expires_at,
+                };
+                if by_hash.insert(sha256, Arc::new(key)).is_some() {
+                    p.push(Problem::new(
+                        file,
+                        at(rk.id.span()),
+                        &f("secret"),
+                        "the same secret is used by another key",
+                    ));
+                }
+            }
+        }
+        p.into_result(KeyTable { by_hash })
+    }
+}
+
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// `expires_at` as a TOML string or a TOML datetime.
+fn parse_time(v: &toml::Value) -> Option<i64> {
+    let s = match v {
+        toml::Value::String(s) => s.clone(),
+        toml::Value::Datetime(d) => d.to_string(),
+        _ => return None,
+    };
+    time::OffsetDateTime::parse(&s, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| t.unix_timestamp())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKeysFile {
+    #[serde(default)]
+    keys: Vec<RawKey>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    id: Spanned<String>,
+    secret: Option<Spanned<String>>,
+    secret_sha256: Option<Spanned<String>>,
+    models: Option<Vec<Spanned<String>>>,
+    endpoints: Option<Vec<Spanned<String>>>,
+    rpm: Option<u32>,
+    tpm: Option<u64>,
+    max_concurrent: Option<u32>,
+    budget: Option<Spanned<f64>>,
+    #[serde(default)]
+    disabled: bool,
+    expires_at: Option<Spanned<toml::Value>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_contract_example_loads() {
+        let text = r#"
+[[keys]]
+id = "demo"
+secret = "sk-demo-0123456789"
+models = ["echo-*"]
+endpoints = ["chat", "embeddings", "moderations", "images", "audio", "models", "usage"]
+rpm = 600
+tpm = 200000
+max_concurrent = 20
+budget = 100.0
+disabled = false
+expires_at = "2027-01-01T00:00:00Z"
+
+[[keys]]
+id = "hashed"
+secret_sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+endpoints = ["models"]
+"#;
+        let t = KeyTable::parse("keys.toml", text).expect("valid");
+        assert_eq!(t.len(), 2);
+        let k = t.get_by_hash(&sha256(b"sk-demo-0123456789")).expect("demo");
+        assert!(k.may_use_model("echo-1") && !k.may_use_model("gpt-4"));
+        assert!(k.is_live(0) && !k.is_live(1_900_000_000));
+        let h = t.get_by_hash(&sha256(b"test")).expect("hashed");
+        assert!(h.may_use(Group::Models) && !h.may_use(Group::Chat));
+    }
+
+    #[test]
+    fn every_problem_is_named_with_line_and_field() {
+        let text = r#"
+[[keys]]
+id = "a"
+secret = "sk-aaaaaaaaaa"
+endpoints = ["chat", "files"]
+models = ["[bad"]
+
+[[keys]]
+id = "a"
+secret = "sk-aaaaaaaaaa"
+"#;
+        let e = KeyTable::parse("keys.toml", text).expect_err("invalid");
+        let s = e.to_string();
+        assert!(s.contains("keys.toml:5: keys[0].endpoints"), "{s}");
+        assert!(s.contains("keys.toml:6: keys[0].models"), "{s}");
+        assert!(s.contains("keys.toml:9: keys[1].id"), "{s}");
+        assert!(s.contains("same secret"), "{s}");
+    }
+
+    #[test]
+    fn an_unknown_field_is_refused() {
+        let e = KeyTable::parse("k.toml", "[[keys]]\nid='a'\nsecret='sk-12345678'\nrmp=5\n")
+            .expect_err("typo");
+        assert!(e.to_string().contains("k.toml:4"), "{e}");
+    }
+}

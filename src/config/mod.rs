@@ -1,0 +1,491 @@
+//! Config stage: read `modelgate.toml` → deserialize strictly (`deny_unknown_fields`) →
+//! validate → typed `Config`. Every problem found names file, line and field; loading never
+//! stops at the first one. Relative paths resolve against the config file's folder.
+
+pub mod keys;
+pub mod live;
+mod problem;
+
+use std::collections::HashSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+pub use problem::{Problem, Problems};
+
+/// A credential sent upstream. Debug never shows it and it is never serialized.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub path: PathBuf,
+    pub listeners: Listeners,
+    pub keys_file: PathBuf,
+    pub sqlite: Option<PathBuf>,
+    pub pools: Vec<PoolConfig>,
+    pub models: Vec<ModelConfig>,
+    pub demo_mock_upstream: Option<String>,
+    pub max_body_bytes: usize,
+    pub console: Option<ConsoleConfig>,
+    pub threads: usize,
+    pub grace_period_seconds: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Listeners {
+    pub main: Option<String>,
+    pub direct: Option<String>,
+    pub admin: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub name: String,
+    pub upstreams: Vec<UpstreamConfig>,
+    pub api_key: Option<Secret>,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub url: String,
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix of the base URL, without a trailing slash ("" for none).
+    pub base_path: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    #[serde(default)]
+    pub prompt: f64,
+    #[serde(default)]
+    pub completion: f64,
+    #[serde(default)]
+    pub request: f64,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub name: String,
+    pub pool: String,
+    pub upstream_model: String,
+    pub price: Price,
+}
+
+#[derive(Debug, Clone)]
+pub struct ConsoleConfig {
+    pub user: String,
+    pub password_hash: Option<String>,
+    pub password: Option<Secret>,
+}
+
+pub const DEFAULT_MAX_BODY_BYTES: usize = 25 * 1024 * 1024;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listeners: RawListeners,
+    keys: RawKeysRef,
+    storage: Option<RawStorage>,
+    #[serde(default)]
+    pools: Vec<RawPool>,
+    #[serde(default)]
+    models: Vec<RawModel>,
+    demo: Option<RawDemo>,
+    console: Option<RawConsole>,
+    limits: Option<RawLimits>,
+    server: Option<RawServer>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListeners {
+    main: Option<Spanned<String>>,
+    direct: Option<Spanned<String>>,
+    admin: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKeysRef {
+    file: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStorage {
+    sqlite: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    name: Spanned<String>,
+    upstreams: Spanned<Vec<Spanned<String>>>,
+    api_key: Option<Spanned<String>>,
+    connect_timeout_ms: Option<u64>,
+    read_timeout_ms: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawModel {
+    name: Spanned<String>,
+    pool: Spanned<String>,
+    upstream_model: Option<String>,
+    price: Option<Spanned<Price>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDemo {
+    mock_upstream: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConsole {
+    user: String,
+    password_hash: Option<String>,
+    password: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    max_body_bytes: Option<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    threads: Option<usize>,
+    grace_period_seconds: Option<u64>,
+}
+
+impl Config {
+    /// Reads, parses and validates the config file. Every problem is reported at once.
+    pub fn load(path: &Path) -> Result<Config, Problems> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Problems::one(Problem::new(&file, None, "", format!("cannot read: {e}")))
+        })?;
+        Self::parse(path, &text)
+    }
+
+    pub fn parse(path: &Path, text: &str) -> Result<Config, Problems> {
+        let file = path.display().to_string();
+        let raw: RawConfig =
+            toml::from_str(text).map_err(|e| Problems::one(Problem::from_toml(&file, text, &e)))?;
+        let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut p = Problems::default();
+        let at = |span: std::ops::Range<usize>| Some(problem::line_of(text, span.start));
+
+        let mut listeners = Listeners::default();
+        for (field, v, slot) in [
+            ("listeners.main", &raw.listeners.main, &mut listeners.main),
+            (
+                "listeners.direct",
+                &raw.listeners.direct,
+                &mut listeners.direct,
+            ),
+            (
+                "listeners.admin",
+                &raw.listeners.admin,
+                &mut listeners.admin,
+            ),
+        ] {
+            if let Some(v) = v {
+                if v.get_ref().parse::<std::net::SocketAddr>().is_err() {
+                    p.push(Problem::new(
+                        &file,
+                        at(v.span()),
+                        field,
+                        "must be IP:PORT, e.g. 0.0.0.0:8080",
+                    ));
+                }
+                *slot = Some(v.get_ref().clone());
+            }
+        }
+        if listeners.main.is_none() && listeners.direct.is_none() {
+            p.push(Problem::new(
+                &file,
+                None,
+                "listeners",
+                "needs at least `main` or `direct`",
+            ));
+        }
+
+        let mut pools = Vec::new();
+        let mut pool_names = HashSet::new();
+        for (i, rp) in raw.pools.iter().enumerate() {
+            let field = |f: &str| format!("pools[{i}].{f}");
+            let name = rp.name.get_ref().clone();
+            if name.is_empty() || !pool_names.insert(name.clone()) {
+                p.push(Problem::new(
+                    &file,
+                    at(rp.name.span()),
+                    &field("name"),
+                    format!("duplicate or empty pool name '{name}'"),
+                ));
+            }
+            if rp.upstreams.get_ref().is_empty() {
+                p.push(Problem::new(
+                    &file,
+                    at(rp.upstreams.span()),
+                    &field("upstreams"),
+                    "needs at least one upstream URL",
+                ));
+            }
+            let mut upstreams = Vec::new();
+            for u in rp.upstreams.get_ref() {
+                match parse_upstream_url(u.get_ref()) {
+                    Ok(up) => upstreams.push(up),
+                    Err(m) => p.push(Problem::new(&file, at(u.span()), &field("upstreams"), m)),
+                }
+            }
+            let api_key = match &rp.api_key {
+                None => None,
+                Some(k) => match resolve_secret(k.get_ref()) {
+                    Ok(s) => Some(s),
+                    Err(m) => {
+                        p.push(Problem::new(&file, at(k.span()), &field("api_key"), m));
+                        None
+                    }
+                },
+            };
+            pools.push(PoolConfig {
+                name,
+                upstreams,
+                api_key,
+                connect_timeout: Duration::from_millis(rp.connect_timeout_ms.unwrap_or(5_000)),
+                read_timeout: Duration::from_millis(rp.read_timeout_ms.unwrap_or(300_000)),
+            });
+        }
+
+        let mut models = Vec::new();
+        let mut model_names = HashSet::new();
+        for (i, rm) in raw.models.iter().enumerate() {
+            let name = rm.name.get_ref().clone();
+            if name.is_empty() || !model_names.insert(name.clone()) {
+                p.push(Problem::new(
+                    &file,
+                    at(rm.name.span()),
+                    &format!("models[{i}].name"),
+                    format!("duplicate or empty model name '{name}'"),
+                ));
+            }
+            if !pool_names.contains(rm.pool.get_ref()) {
+                p.push(Problem::new(
+                    &file,
+                    at(rm.pool.span()),
+                    &format!("models[{i}].pool"),
+                    format!("no pool named '{}'", rm.pool.get_ref()),
+                ));
+            }
+            let price = rm.price.as_ref().map(|s| *s.get_ref()).unwrap_or_default();
+            if let Some(s) = &rm.price {
+                if [price.prompt, price.completion, price.request]
+                    .iter()
+                    .any(|v| !v.is_finite() || *v < 0.0)
+                {
+                    p.push(Problem::new(
+                        &file,
+                        at(s.span()),
+                        &format!("models[{i}].price"),
+                        "prices must be finite and >= 0",
+                    ));
+                }
+            }
+            models.push(ModelConfig {
+                upstream_model: rm.upstream_model.clone().unwrap_or_else(|| name.clone()),
+                name,
+                pool: rm.pool.get_ref().clone(),
+                price,
+            });
+        }
+
+        let demo_mock_upstream = raw.demo.and_then(|d| d.mock_upstream).and_then(|m| {
+            if m.get_ref().parse::<std::net::SocketAddr>().is_err() {
+                p.push(Problem::new(
+                    &file,
+                    at(m.span()),
+                    "demo.mock_upstream",
+                    "must be IP:PORT",
+                ));
+            }
+            Some(m.into_inner())
+        });
+
+        let console = raw.console.map(|c| {
+            let password = c
+                .password
+                .and_then(|pw| match resolve_secret(pw.get_ref()) {
+                    Ok(s) => Some(s),
+                    Err(m) => {
+                        p.push(Problem::new(&file, at(pw.span()), "console.password", m));
+                        None
+                    }
+                });
+            if c.password_hash.is_none() && password.is_none() {
+                p.push(Problem::new(
+                    &file,
+                    None,
+                    "console",
+                    "needs `password_hash` or `password`",
+                ));
+            }
+            ConsoleConfig {
+                user: c.user,
+                password_hash: c.password_hash,
+                password,
+            }
+        });
+
+        let server = raw.server;
+        let config = Config {
+            path: path.to_path_buf(),
+            listeners,
+            keys_file: dir.join(&raw.keys.file),
+            sqlite: raw.storage.and_then(|s| s.sqlite).map(|s| dir.join(s)),
+            pools,
+            models,
+            demo_mock_upstream,
+            max_body_bytes: raw
+                .limits
+                .and_then(|l| l.max_body_bytes)
+                .unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            console,
+            threads: server.as_ref().and_then(|s| s.threads).unwrap_or(2).max(1),
+            grace_period_seconds: server.and_then(|s| s.grace_period_seconds).unwrap_or(5),
+        };
+        p.into_result(config)
+    }
+}
+
+/// `literal` or `env:NAME`.
+fn resolve_secret(v: &str) -> Result<Secret, String> {
+    match v.strip_prefix("env:") {
+        Some(name) => std::env::var(name)
+            .map(Secret)
+            .map_err(|_| format!("environment variable {name} is not set")),
+        None => Ok(Secret(v.to_string())),
+    }
+}
+
+fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
+    let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
+        (true, r)
+    } else if let Some(r) = url.strip_prefix("http://") {
+        (false, r)
+    } else {
+        return Err(format!("'{url}' must start with http:// or https://"));
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
+            let port = p
+                .parse::<u16>()
+                .map_err(|_| format!("'{url}' has a bad port"))?;
+            (h, port)
+        }
+        _ => (authority, if tls { 443 } else { 80 }),
+    };
+    if host.is_empty() {
+        return Err(format!("'{url}' has no host"));
+    }
+    let base_path = path.trim_end_matches('/');
+    if base_path.ends_with("/v1") {
+        return Err(format!("'{url}': give the base URL without /v1"));
+    }
+    Ok(UpstreamConfig {
+        url: url.to_string(),
+        tls,
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port,
+        base_path: base_path.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[listeners]
+main = "127.0.0.1:8080"
+direct = "127.0.0.1:8081"
+[keys]
+file = "keys.toml"
+[[pools]]
+name = "local"
+upstreams = ["http://127.0.0.1:9100", "https://api.example.com/openai/"]
+[[models]]
+name = "echo-1"
+pool = "local"
+price = { prompt = 1.0, completion = 2.0 }
+"#;
+
+    #[test]
+    fn a_good_config_loads_and_paths_resolve_against_its_folder() {
+        let c = Config::parse(Path::new("/etc/mg/modelgate.toml"), GOOD).expect("valid");
+        assert_eq!(c.keys_file, Path::new("/etc/mg/keys.toml"));
+        let up = &c.pools[0].upstreams[1];
+        assert!(up.tls);
+        assert_eq!(
+            (up.host.as_str(), up.port, up.base_path.as_str()),
+            ("api.example.com", 443, "/openai")
+        );
+        assert_eq!(c.models[0].upstream_model, "echo-1");
+        assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    #[test]
+    fn unknown_fields_are_reported_with_line() {
+        let text = GOOD.replace("[keys]", "[keys]\nfiel = 1");
+        let e = Config::parse(Path::new("c.toml"), &text).expect_err("unknown field");
+        let s = e.to_string();
+        assert!(s.contains("c.toml:7"), "{s}");
+        assert!(s.contains("fiel"), "{s}");
+    }
+
+    #[test]
+    fn every_semantic_problem_is_reported() {
+        let text = GOOD
+            .replace("pool = \"local\"", "pool = \"nope\"")
+            .replace("http://127.0.0.1:9100", "ftp://x");
+        let e = Config::parse(Path::new("c.toml"), &text).expect_err("bad");
+        assert_eq!(e.0.len(), 2, "{e}");
+        let s = e.to_string();
+        assert!(
+            s.contains("models[0].pool") && s.contains("pools[0].upstreams"),
+            "{s}"
+        );
+    }
+}

@@ -1,0 +1,169 @@
+//! The one place that decides how a refusal or failure looks to the client: every error the
+//! gateway makes is a `GatewayError`, and `GatewayError::parts` maps it to status, `type`,
+//! `code` and `param` in one exhaustive match. `body` writes the OpenAI-shaped JSON.
+
+use serde_json::json;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayError {
+    InvalidJson(String),
+    MissingParameter(&'static str),
+    InvalidParameter {
+        param: &'static str,
+        message: String,
+    },
+    InvalidApiKey,
+    InsufficientBalance,
+    PermissionDenied {
+        param: &'static str,
+        message: String,
+    },
+    ModelNotFound(String),
+    NotFound(String),
+    RequestTooLarge(usize),
+    RateLimited {
+        message: String,
+    },
+    UpstreamError(String),
+    NoHealthyUpstream(String),
+    UpstreamTimeout(String),
+    Internal(String),
+}
+
+/// Status and the fields of the OpenAI error object.
+pub struct ErrorParts {
+    pub status: u16,
+    pub kind: &'static str,
+    pub code: &'static str,
+    pub param: Option<&'static str>,
+    pub message: String,
+}
+
+impl GatewayError {
+    pub fn parts(&self) -> ErrorParts {
+        use GatewayError as E;
+        let (status, kind, code, param, message) = match self {
+            E::InvalidJson(m) => (
+                400,
+                "invalid_request_error",
+                "invalid_json",
+                None,
+                format!("The request body is not valid JSON: {m}"),
+            ),
+            E::MissingParameter(p) => (
+                400,
+                "invalid_request_error",
+                "missing_required_parameter",
+                Some(*p),
+                format!("Missing required parameter: '{p}'."),
+            ),
+            E::InvalidParameter { param, message } => (
+                400,
+                "invalid_request_error",
+                "invalid_parameter",
+                Some(*param),
+                message.clone(),
+            ),
+            E::InvalidApiKey => (
+                401,
+                "invalid_request_error",
+                "invalid_api_key",
+                None,
+                "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'.".into(),
+            ),
+            E::InsufficientBalance => (
+                402,
+                "insufficient_quota",
+                "insufficient_balance",
+                None,
+                "This key has spent its budget.".into(),
+            ),
+            E::PermissionDenied { param, message } => (
+                403,
+                "permission_error",
+                "permission_denied",
+                Some(*param),
+                message.clone(),
+            ),
+            E::ModelNotFound(m) => (
+                404,
+                "invalid_request_error",
+                "model_not_found",
+                Some("model"),
+                format!("The model '{m}' does not exist or you do not have access to it."),
+            ),
+            E::NotFound(path) => (
+                404,
+                "invalid_request_error",
+                "not_found",
+                None,
+                format!("Unknown path: {path}"),
+            ),
+            E::RequestTooLarge(limit) => (
+                413,
+                "invalid_request_error",
+                "request_too_large",
+                None,
+                format!("The request body is larger than the limit of {limit} bytes."),
+            ),
+            E::RateLimited { message } => (
+                429,
+                "rate_limit_error",
+                "rate_limit_exceeded",
+                None,
+                message.clone(),
+            ),
+            E::UpstreamError(m) => (502, "api_error", "upstream_error", None, m.clone()),
+            E::NoHealthyUpstream(pool) => (
+                503,
+                "api_error",
+                "no_healthy_upstream",
+                None,
+                format!("No healthy upstream in pool '{pool}'."),
+            ),
+            E::UpstreamTimeout(m) => (504, "api_error", "upstream_timeout", None, m.clone()),
+            E::Internal(m) => (500, "api_error", "internal_error", None, m.clone()),
+        };
+        ErrorParts {
+            status,
+            kind,
+            code,
+            param,
+            message,
+        }
+    }
+
+    pub fn status(&self) -> u16 {
+        self.parts().status
+    }
+
+    /// The OpenAI-shaped JSON body.
+    pub fn body(&self) -> Vec<u8> {
+        let p = self.parts();
+        let v = json!({"error": {"message": p.message, "type": p.kind, "param": p.param, "code": p.code}});
+        v.to_string().into_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_not_found_names_the_model_param() {
+        let e = GatewayError::ModelNotFound("gpt-x".into());
+        let v: serde_json::Value = serde_json::from_slice(&e.body()).expect("json");
+        assert_eq!(e.status(), 404);
+        assert_eq!(v["error"]["code"], "model_not_found");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], "model");
+    }
+
+    #[test]
+    fn errors_without_param_write_null() {
+        let v: serde_json::Value =
+            serde_json::from_slice(&GatewayError::InvalidApiKey.body()).expect("json");
+        assert!(v["error"]["param"].is_null());
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+    }
+}

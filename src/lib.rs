@@ -1,0 +1,13 @@
+//! modelgate: an OpenAI-compatible gateway on Pingora. Modules follow one request:
+//! config → server → proxy (auth → route → upstream → reply) → admin.
+
+pub mod admin;
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod mock_upstream;
+pub mod proxy;
+pub mod route;
+pub mod server;
+pub mod upstream;

@@ -1,0 +1,77 @@
+//! Per-request state carried through the proxy phases: who is asking, where it goes, the body
+//! that will be sent, and timings. One `Ctx` lives exactly as long as its request.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::config::keys::Key;
+use crate::route::endpoint::Endpoint;
+use crate::route::{Route, Router};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Main,
+    Direct,
+}
+
+impl Listener {
+    pub fn name(self) -> &'static str {
+        match self {
+            Listener::Main => "main",
+            Listener::Direct => "direct",
+        }
+    }
+}
+
+pub struct Ctx {
+    pub request_id: String,
+    pub started: Instant,
+    pub listener: Listener,
+    pub key: Option<Arc<Key>>,
+    pub endpoint: Option<Endpoint>,
+    /// The router snapshot this request was routed with.
+    pub router: Option<Arc<Router>>,
+    pub route: Option<Arc<Route>>,
+    /// Index of the chosen upstream in the route's pool.
+    pub upstream: usize,
+    /// The whole body as it will be sent upstream.
+    pub body: Bytes,
+    pub stream: bool,
+    /// An upstream reply replaced by the gateway's own (upstream 401/403 → 502).
+    pub replacement: Option<Bytes>,
+    pub replacing: bool,
+    pub status: u16,
+}
+
+impl Ctx {
+    pub fn new(listener: Listener) -> Ctx {
+        Ctx {
+            request_id: next_request_id(),
+            started: Instant::now(),
+            listener,
+            key: None,
+            endpoint: None,
+            router: None,
+            route: None,
+            upstream: 0,
+            body: Bytes::new(),
+            stream: false,
+            replacement: None,
+            replacing: false,
+            status: 0,
+        }
+    }
+}
+
+/// `req_` + 16 hex of a per-process random prefix + 12 hex of a counter: unique, sortable
+/// within a process, and cheap (no syscall per request).
+fn next_request_id() -> String {
+    static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(rand::random::<u64>);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("req_{prefix:016x}{n:012x}")
+}

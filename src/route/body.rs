@@ -1,0 +1,254 @@
+//! Route stage, body part: find `model` in a request body (top-level JSON field or multipart
+//! form field) and splice in the upstream's model name without touching any other byte.
+
+use std::borrow::Cow;
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::error::GatewayError;
+
+/// What the gateway needs from a request body.
+#[derive(Debug, Default, PartialEq)]
+pub struct Probe {
+    pub model: String,
+    pub stream: bool,
+    /// Byte range of the model's value in the body (JSON: the quoted string; multipart: the
+    /// field's content), for splicing.
+    pub model_span: (usize, usize),
+    pub multipart_boundary: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct JsonProbe<'a> {
+    #[serde(borrow)]
+    model: Option<&'a RawValue>,
+    #[serde(default)]
+    stream: Option<serde_json::Value>,
+}
+
+/// Reads `model` (and `stream`) from a JSON body, validating the whole document without
+/// building it. Unknown fields are skipped.
+pub fn probe_json(body: &[u8]) -> Result<Probe, GatewayError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(GatewayError::InvalidJson("the body is empty".into()));
+    }
+    let p: JsonProbe = serde_json::from_slice(body).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data => GatewayError::InvalidParameter {
+            param: "body",
+            message: format!("The request body must be a JSON object: {e}"),
+        },
+        _ => GatewayError::InvalidJson(e.to_string()),
+    })?;
+    let raw = p.model.ok_or(GatewayError::MissingParameter("model"))?;
+    let model: Cow<str> =
+        serde_json::from_str(raw.get()).map_err(|_| GatewayError::InvalidParameter {
+            param: "model",
+            message: "'model' must be a string.".into(),
+        })?;
+    if model.is_empty() {
+        return Err(GatewayError::MissingParameter("model"));
+    }
+    let stream = match p.stream {
+        None | Some(serde_json::Value::Null) => false,
+        Some(serde_json::Value::Bool(b)) => b,
+        Some(_) => {
+            return Err(GatewayError::InvalidParameter {
+                param: "stream",
+                message: "'stream' must be a boolean.".into(),
+            });
+        }
+    };
+    // The RawValue borrows from `body`, so its address gives its offset.
+    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    Ok(Probe {
+        model: model.into_owned(),
+        stream,
+        model_span: (start, start + raw.get().len()),
+        multipart_boundary: None,
+    })
+}
+
+/// The boundary of a `multipart/form-data` content type.
+pub fn multipart_boundary(content_type: &str) -> Option<String> {
+    if !content_type
+        .trim_start()
+        .to_ascii_lowercase()
+        .starts_with("multipart/form-data")
+    {
+        return None;
+    }
+    multer::parse_boundary(content_type).ok()
+}
+
+/// Reads the `model` field of a multipart form with multer, then locates its bytes.
+pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, GatewayError> {
+    let bad = |m: String| GatewayError::InvalidParameter {
+        param: "body",
+        message: format!("Malformed multipart form: {m}"),
+    };
+    let chunk = body.clone();
+    let stream = futures_util::stream::once(async move { Ok::<Bytes, std::io::Error>(chunk) });
+    let mut form = multer::Multipart::new(stream, boundary);
+    let mut model = None;
+    let mut stream_flag = false;
+    while let Some(field) = form.next_field().await.map_err(|e| bad(e.to_string()))? {
+        match field.name() {
+            Some("model") if model.is_none() => {
+                model = Some(field.text().await.map_err(|e| bad(e.to_string()))?)
+            }
+            Some("stream") => {
+                stream_flag = field.text().await.map_err(|e| bad(e.to_string()))?.trim() == "true"
+            }
+            _ => {
+                // Drain the field so the parser moves on.
+                field.bytes().await.map_err(|e| bad(e.to_string()))?;
+            }
+        }
+    }
+    let model = model
+        .filter(|m| !m.is_empty())
+        .ok_or(GatewayError::MissingParameter("model"))?;
+    let model_span = multipart_field_span(body, boundary, "model")
+        .ok_or_else(|| bad("cannot locate the model field".into()))?;
+    Ok(Probe {
+        model,
+        stream: stream_flag,
+        model_span,
+        multipart_boundary: Some(boundary.to_string()),
+    })
+}
+
+/// Byte range of the content of the first part named `name`. Parts are delimited by
+/// `\r\n--boundary`, which by RFC 2046 never occurs inside a part.
+fn multipart_field_span(body: &[u8], boundary: &str, name: &str) -> Option<(usize, usize)> {
+    let delim = format!("--{boundary}");
+    let finder = memchr::memmem::Finder::new(delim.as_bytes());
+    let positions: Vec<usize> = finder.find_iter(body).collect();
+    for w in positions.windows(2) {
+        let part_start = w[0] + delim.len();
+        // Content ends before the CRLF that precedes the next delimiter.
+        let part_end = w[1].checked_sub(2)?;
+        let part = body.get(part_start..part_end)?;
+        let head_end = memchr::memmem::find(part, b"\r\n\r\n")?;
+        let head = String::from_utf8_lossy(&part[..head_end]).to_ascii_lowercase();
+        let disposition = head
+            .lines()
+            .find(|l| l.trim_start().starts_with("content-disposition:"))?;
+        let wanted = format!("name=\"{}\"", name.to_ascii_lowercase());
+        if disposition.split(';').any(|p| p.trim() == wanted) {
+            let start = part_start + head_end + 4;
+            return Some((start, part_end.max(start)));
+        }
+    }
+    None
+}
+
+/// Replaces the model's value with `upstream_model`, keeping every other byte.
+pub fn rewrite_model(body: &Bytes, probe: &Probe, upstream_model: &str) -> Bytes {
+    let (start, end) = probe.model_span;
+    let value = if probe.multipart_boundary.is_some() {
+        upstream_model.to_string()
+    } else {
+        serde_json::Value::String(upstream_model.to_string()).to_string()
+    };
+    let mut out = BytesMut::with_capacity(body.len() - (end - start) + value.len());
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(&body[end..]);
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_model_is_found_at_top_level_only() {
+        let body = br#"{"messages":[{"role":"user","content":"{\"model\":\"x\"}","model":"inner"}],"model":"echo-1","stream":true}"#;
+        let p = probe_json(body).expect("ok");
+        assert_eq!(p.model, "echo-1");
+        assert!(p.stream);
+        assert_eq!(&body[p.model_span.0..p.model_span.1], br#""echo-1""#);
+        let out = rewrite_model(&Bytes::from_static(body), &p, "upstream/\"big\"");
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["model"], "upstream/\"big\"");
+        assert_eq!(v["messages"][0]["model"], "inner");
+    }
+
+    #[test]
+    fn json_errors_have_the_contract_codes() {
+        assert!(matches!(
+            probe_json(b"{nope"),
+            Err(GatewayError::InvalidJson(_))
+        ));
+        assert!(matches!(probe_json(b""), Err(GatewayError::InvalidJson(_))));
+        assert_eq!(
+            probe_json(br#"{"messages":[]}"#),
+            Err(GatewayError::MissingParameter("model"))
+        );
+        assert!(matches!(
+            probe_json(br#"{"model":5}"#),
+            Err(GatewayError::InvalidParameter { param: "model", .. })
+        ));
+        assert!(matches!(
+            probe_json(b"[1]"),
+            Err(GatewayError::InvalidParameter { param: "body", .. })
+        ));
+        assert!(matches!(
+            probe_json(br#"{"model":"a","stream":"yes"}"#),
+            Err(GatewayError::InvalidParameter {
+                param: "stream",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn escaped_model_names_are_decoded() {
+        let p = probe_json(br#"{"model":"a\u002fb"}"#).expect("ok");
+        assert_eq!(p.model, "a/b");
+    }
+
+    fn form() -> Bytes {
+        Bytes::from_static(
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\nRIFF\r\n--\x00model\r\n--XyZ\r\ncontent-disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--XyZ--\r\n",
+        )
+    }
+
+    #[tokio::test]
+    async fn multipart_model_is_found_and_spliced() {
+        let body = form();
+        let p = probe_multipart(&body, "XyZ").await.expect("ok");
+        assert_eq!(p.model, "whisper-1");
+        let out = rewrite_model(&body, &p, "whisper-large");
+        let again = probe_multipart(&out, "XyZ").await.expect("ok");
+        assert_eq!(again.model, "whisper-large");
+        assert!(out.starts_with(&body[..body.len() - 30]));
+    }
+
+    #[tokio::test]
+    async fn multipart_without_model_or_malformed_is_refused() {
+        let body = Bytes::from_static(
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nabc\r\n--XyZ--\r\n",
+        );
+        assert_eq!(
+            probe_multipart(&body, "XyZ").await,
+            Err(GatewayError::MissingParameter("model"))
+        );
+        let broken = Bytes::from_static(
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nabc",
+        );
+        assert!(probe_multipart(&broken, "XyZ").await.is_err());
+    }
+
+    #[test]
+    fn boundary_is_read_from_content_type() {
+        assert_eq!(
+            multipart_boundary("multipart/form-data; boundary=abc").as_deref(),
+            Some("abc")
+        );
+        assert_eq!(multipart_boundary("application/json"), None);
+    }
+}

@@ -1,0 +1,163 @@
+//! Route stage: model name → its pool and upstream credential, and which upstream of the pool
+//! takes this request (round robin). Built once per config and swapped whole.
+
+pub mod body;
+pub mod endpoint;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::HeaderValue;
+
+use crate::config::{Config, ModelConfig, Problem, Problems, UpstreamConfig};
+
+pub struct Upstream {
+    pub cfg: UpstreamConfig,
+    pub addr: SocketAddr,
+    /// `Host` header value: host, plus the port when it is not the scheme's default.
+    pub host_header: HeaderValue,
+}
+
+pub struct Pool {
+    pub name: String,
+    pub upstreams: Vec<Upstream>,
+    /// `Bearer <api_key>`, sent upstream in place of the client's key.
+    pub authorization: Option<HeaderValue>,
+    pub connect_timeout: Duration,
+    pub read_timeout: Duration,
+    next: AtomicUsize,
+}
+
+impl Pool {
+    /// Round robin over the pool's upstreams.
+    pub fn pick(&self) -> Option<&Upstream> {
+        let n = self.upstreams.len();
+        if n == 0 {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        self.upstreams.get(i)
+    }
+}
+
+pub struct Route {
+    pub model: ModelConfig,
+    pub pool: Arc<Pool>,
+}
+
+impl Route {
+    /// Whether the body's `model` must be rewritten for the upstream.
+    pub fn renames(&self) -> bool {
+        self.model.name != self.model.upstream_model
+    }
+}
+
+pub struct Router {
+    by_model: HashMap<String, Arc<Route>>,
+    /// Config order, for GET /v1/models.
+    pub ordered: Vec<Arc<Route>>,
+    /// Unix seconds, shown as `created` in the model list.
+    pub created: i64,
+}
+
+impl Router {
+    /// Resolves every upstream address; all problems are reported at once.
+    pub fn build(config: &Config) -> Result<Router, Problems> {
+        let file = config.path.display().to_string();
+        let mut problems = Problems::default();
+        let mut pools = HashMap::new();
+        for p in &config.pools {
+            let mut upstreams = Vec::new();
+            for u in &p.upstreams {
+                match (u.host.as_str(), u.port)
+                    .to_socket_addrs()
+                    .map(|mut a| a.next())
+                {
+                    Ok(Some(addr)) => {
+                        let default_port = if u.tls { 443 } else { 80 };
+                        let host = if u.port == default_port {
+                            u.host.clone()
+                        } else if u.host.contains(':') {
+                            format!("[{}]:{}", u.host, u.port)
+                        } else {
+                            format!("{}:{}", u.host, u.port)
+                        };
+                        match HeaderValue::from_str(&host) {
+                            Ok(host_header) => upstreams.push(Upstream {
+                                cfg: u.clone(),
+                                addr,
+                                host_header,
+                            }),
+                            Err(_) => problems.push(Problem::new(
+                                &file,
+                                None,
+                                "pools.upstreams",
+                                format!("bad host in '{}'", u.url),
+                            )),
+                        }
+                    }
+                    _ => problems.push(Problem::new(
+                        &file,
+                        None,
+                        &format!("pools.{}.upstreams", p.name),
+                        format!("cannot resolve '{}'", u.url),
+                    )),
+                }
+            }
+            let authorization = match &p.api_key {
+                None => None,
+                Some(k) => match HeaderValue::from_str(&format!("Bearer {}", k.expose())) {
+                    Ok(mut v) => {
+                        v.set_sensitive(true);
+                        Some(v)
+                    }
+                    Err(_) => {
+                        problems.push(Problem::new(
+                            &file,
+                            None,
+                            &format!("pools.{}.api_key", p.name),
+                            "not a valid header value",
+                        ));
+                        None
+                    }
+                },
+            };
+            pools.insert(
+                p.name.clone(),
+                Arc::new(Pool {
+                    name: p.name.clone(),
+                    upstreams,
+                    authorization,
+                    connect_timeout: p.connect_timeout,
+                    read_timeout: p.read_timeout,
+                    next: AtomicUsize::new(0),
+                }),
+            );
+        }
+        let mut by_model = HashMap::new();
+        let mut ordered = Vec::new();
+        for m in &config.models {
+            if let Some(pool) = pools.get(&m.pool) {
+                let r = Arc::new(Route {
+                    model: m.clone(),
+                    pool: pool.clone(),
+                });
+                by_model.insert(m.name.clone(), r.clone());
+                ordered.push(r);
+            }
+        }
+        let created = time::OffsetDateTime::now_utc().unix_timestamp();
+        problems.into_result(Router {
+            by_model,
+            ordered,
+            created,
+        })
+    }
+
+    pub fn get(&self, model: &str) -> Option<&Arc<Route>> {
+        self.by_model.get(model)
+    }
+}

@@ -1,0 +1,52 @@
+//! Builds the Pingora server: the `main` and `direct` API listeners sharing one live state, the
+//! `admin` listener, and in the demo the mock upstream in the same process.
+
+use std::sync::Arc;
+
+use pingora_core::server::Server;
+use pingora_core::server::configuration::ServerConf;
+use pingora_proxy::http_proxy_service_with_name;
+
+use crate::admin;
+use crate::config::live::Live;
+use crate::mock_upstream;
+use crate::proxy::Gateway;
+use crate::proxy::ctx::Listener;
+
+pub fn build(live: Arc<Live>) -> Server {
+    let config = live.config.clone();
+    let mut conf = ServerConf::default();
+    conf.threads = config.threads;
+    conf.grace_period_seconds = Some(config.grace_period_seconds);
+    conf.graceful_shutdown_timeout_seconds = Some(5);
+    // Idle upstream connections kept for reuse; more than any expected concurrency.
+    conf.upstream_keepalive_pool_size = 4096;
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+
+    if let Some(addr) = &config.demo_mock_upstream {
+        server.add_service(mock_upstream::service(
+            addr,
+            mock_upstream::MockOptions::default(),
+        ));
+    }
+    for (listener, addr) in [
+        (Listener::Main, &config.listeners.main),
+        (Listener::Direct, &config.listeners.direct),
+    ] {
+        if let Some(addr) = addr {
+            let name = format!("modelgate {}", listener.name());
+            let mut svc = http_proxy_service_with_name(
+                &server.configuration,
+                Gateway::new(live.clone(), listener),
+                &name,
+            );
+            svc.add_tcp(addr);
+            server.add_service(svc);
+        }
+    }
+    if let Some(addr) = &config.listeners.admin {
+        server.add_service(admin::service(addr, live.clone()));
+    }
+    server
+}
