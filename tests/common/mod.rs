@@ -1,0 +1,253 @@
+//! Test harness: starts the real `modelgate` binary on free loopback ports with a temp config,
+//! the mock upstream in-process (`[demo] mock_upstream`), and talks HTTP to it. The process
+//! is killed when the handle drops.
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const KEY: &str = "sk-test-full-access-0001";
+pub const ECHO_ONLY_KEY: &str = "sk-test-echo-only-0002";
+pub const MODELS_ONLY_KEY: &str = "sk-test-models-only-0003";
+pub const DISABLED_KEY: &str = "sk-test-disabled-0004";
+pub const EXPIRED_KEY: &str = "sk-test-expired-0005";
+pub const POOL_KEY: &str = "sk-upstream-pool-secret";
+
+pub struct Gateway {
+    child: Child,
+    pub main: String,
+    pub direct: String,
+    pub admin: String,
+    pub mock: String,
+    pub dir: tempfile::TempDir,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_modelgate"))
+}
+
+pub const KEYS: &str = r#"
+[[keys]]
+id = "full"
+secret = "sk-test-full-access-0001"
+
+[[keys]]
+id = "echo-only"
+secret = "sk-test-echo-only-0002"
+models = ["echo-*"]
+
+[[keys]]
+id = "models-only"
+secret_sha256 = "SHA_OF_MODELS_ONLY"
+endpoints = ["models"]
+
+[[keys]]
+id = "disabled"
+secret = "sk-test-disabled-0004"
+disabled = true
+
+[[keys]]
+id = "expired"
+secret = "sk-test-expired-0005"
+expires_at = "2020-01-01T00:00:00Z"
+"#;
+
+/// Options a test may change.
+pub struct Setup {
+    pub extra_config: String,
+    pub read_timeout_ms: u64,
+    pub max_body_bytes: usize,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup { extra_config: String::new(), read_timeout_ms: 30_000, max_body_bytes: 25 * 1024 * 1024 }
+    }
+}
+
+pub fn start() -> Gateway {
+    start_with(Setup::default())
+}
+
+pub fn start_with(setup: Setup) -> Gateway {
+    let mut last_err = String::new();
+    for _ in 0..3 {
+        match try_start(&setup) {
+            Ok(g) => return g,
+            Err(e) => last_err = e,
+        }
+    }
+    panic!("gateway did not start: {last_err}");
+}
+
+fn try_start(setup: &Setup) -> Result<Gateway, String> {
+    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let (main, direct, admin, mock, dead) = (free_port(), free_port(), free_port(), free_port(), free_port());
+    let config = format!(
+        r#"
+[listeners]
+main = "127.0.0.1:{main}"
+direct = "127.0.0.1:{direct}"
+admin = "127.0.0.1:{admin}"
+
+[keys]
+file = "keys.toml"
+
+[limits]
+max_body_bytes = {max_body}
+
+[server]
+threads = 1
+grace_period_seconds = 1
+
+[demo]
+mock_upstream = "127.0.0.1:{mock}"
+
+[[pools]]
+name = "local"
+upstreams = ["http://127.0.0.1:{mock}"]
+api_key = "{POOL_KEY}"
+read_timeout_ms = {read_timeout}
+
+[[pools]]
+name = "dead"
+upstreams = ["http://127.0.0.1:{dead}"]
+connect_timeout_ms = 2000
+
+[[models]]
+name = "echo-1"
+pool = "local"
+
+[[models]]
+name = "big-model"
+pool = "local"
+upstream_model = "upstream/big-model-v2"
+
+[[models]]
+name = "gone-model"
+pool = "dead"
+{extra}
+"#,
+        max_body = setup.max_body_bytes,
+        read_timeout = setup.read_timeout_ms,
+        extra = setup.extra_config,
+    );
+    std::fs::write(dir.path().join("modelgate.toml"), config).map_err(|e| e.to_string())?;
+    let keys = KEYS.replace("SHA_OF_MODELS_ONLY", &sha256_hex(MODELS_ONLY_KEY.as_bytes()));
+    std::fs::write(dir.path().join("keys.toml"), keys).map_err(|e| e.to_string())?;
+    let mut child = Command::new(bin())
+        .args(["serve", "--config"])
+        .arg(dir.path().join("modelgate.toml"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let g = Gateway {
+        main: format!("http://127.0.0.1:{main}"),
+        direct: format!("http://127.0.0.1:{direct}"),
+        admin: format!("http://127.0.0.1:{admin}"),
+        mock: format!("http://127.0.0.1:{mock}"),
+        child: {
+            // Moved into the struct below after readiness; keep the handle here.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    let mut err = String::new();
+                    if let Some(mut s) = child.stderr.take() {
+                        let _ = s.read_to_string(&mut err);
+                    }
+                    return Err(format!("exited with {status}: {err}"));
+                }
+                let up = [main, direct, admin, mock]
+                    .iter()
+                    .all(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_ok());
+                if up {
+                    break child;
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    return Err("not listening after 30 s".into());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        },
+        dir,
+    };
+    Ok(g)
+}
+
+impl Gateway {
+    pub fn bases(&self) -> [String; 2] {
+        [self.main.clone(), self.direct.clone()]
+    }
+
+    /// Drains the gateway's stderr so far (the process must have exited).
+    pub fn stop_and_stderr(mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let mut err = String::new();
+        if let Some(mut s) = self.child.stderr.take() {
+            let _ = s.read_to_string(&mut err);
+        }
+        err
+    }
+}
+
+pub fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client")
+}
+
+pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "say hello to me"}]})
+}
+
+/// POSTs JSON with the full-access key.
+pub async fn post_json(base: &str, path: &str, body: &serde_json::Value) -> reqwest::Response {
+    client()
+        .post(format!("{base}{path}"))
+        .bearer_auth(KEY)
+        .json(body)
+        .send()
+        .await
+        .expect("request")
+}
+
+/// The error object of a gateway error reply, checking shape and content type.
+pub async fn error_of(resp: reqwest::Response) -> (u16, serde_json::Value) {
+    let status = resp.status().as_u16();
+    assert!(resp.headers().contains_key("x-request-id"), "no x-request-id on {status}");
+    let ct = resp.headers().get("content-type").map(|v| v.to_str().unwrap_or("").to_string()).unwrap_or_default();
+    assert!(ct.starts_with("application/json"), "content-type {ct}");
+    let v: serde_json::Value = resp.json().await.expect("json error body");
+    let e = v.get("error").cloned().unwrap_or_else(|| panic!("no error object in {v}"));
+    for f in ["message", "type", "param", "code"] {
+        assert!(e.get(f).is_some(), "error lacks {f}: {v}");
+    }
+    (status, e)
+}
+
+/// The mock's reply text for the default 8 chunks.
+pub const MOCK_TEXT: &str = "Hello from the mock café naïve ✓ 日本語";

@@ -1,0 +1,181 @@
+//! Every endpoint of the contract, on both listeners, through the real gateway to the mock.
+
+mod common;
+
+use common::*;
+use reqwest::multipart::{Form, Part};
+use serde_json::json;
+
+#[tokio::test]
+async fn every_json_endpoint_answers_on_both_listeners() {
+    let g = start();
+    let cases = [
+        ("/v1/chat/completions", chat_body("echo-1", false), "chat.completion"),
+        ("/v1/completions", json!({"model": "echo-1", "prompt": "say hi"}), "text_completion"),
+        ("/v1/embeddings", json!({"model": "echo-1", "input": ["a b", "c"]}), "list"),
+    ];
+    for base in g.bases() {
+        for (path, body, object) in &cases {
+            let resp = post_json(&base, path, body).await;
+            assert_eq!(resp.status(), 200, "{base}{path}");
+            assert_eq!(resp.headers()["x-mock-path"], *path);
+            let v: serde_json::Value = resp.json().await.expect("json");
+            assert_eq!(v["object"], *object, "{base}{path}: {v}");
+        }
+        let v: serde_json::Value = post_json(&base, "/v1/moderations", &json!({"model": "echo-1", "input": "hi"}))
+            .await
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(v["results"][0]["flagged"], false);
+        let v: serde_json::Value =
+            post_json(&base, "/v1/images/generations", &json!({"model": "echo-1", "prompt": "a cat", "n": 2}))
+                .await
+                .json()
+                .await
+                .expect("json");
+        assert_eq!(v["data"].as_array().map(Vec::len), Some(2), "{v}");
+    }
+}
+
+#[tokio::test]
+async fn chat_reply_is_the_upstreams_and_carries_usage() {
+    let g = start();
+    let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
+    let v: serde_json::Value = resp.json().await.expect("json");
+    assert_eq!(v["choices"][0]["message"]["content"], MOCK_TEXT);
+    assert_eq!(v["usage"]["prompt_tokens"], 4);
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+}
+
+#[tokio::test]
+async fn audio_speech_returns_the_binary_reply_unchanged() {
+    let g = start();
+    for base in g.bases() {
+        let resp = post_json(&base, "/v1/audio/speech", &json!({"model": "echo-1", "input": "hello", "voice": "alloy"})).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["content-type"], "audio/mpeg");
+        let bytes = resp.bytes().await.expect("body");
+        assert!(bytes.starts_with(b"ID3"));
+        assert_eq!(bytes.len(), 4096);
+    }
+}
+
+fn audio_form(model: &str, size: usize) -> Form {
+    let file = Part::bytes(vec![7u8; size]).file_name("a.wav").mime_str("audio/wav").expect("mime");
+    Form::new().part("file", file).text("model", model.to_string())
+}
+
+#[tokio::test]
+async fn multipart_audio_and_image_uploads_work_on_both_listeners() {
+    let g = start();
+    for base in g.bases() {
+        for path in ["/v1/audio/transcriptions", "/v1/audio/translations"] {
+            let resp = client()
+                .post(format!("{base}{path}"))
+                .bearer_auth(KEY)
+                .multipart(audio_form("echo-1", 1000))
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(resp.status(), 200, "{base}{path}");
+            assert_eq!(resp.headers()["x-mock-model"], "echo-1");
+            let v: serde_json::Value = resp.json().await.expect("json");
+            assert_eq!(v["text"], "mock transcript of 1000 bytes", "{v}");
+        }
+        for path in ["/v1/images/edits", "/v1/images/variations"] {
+            let image = Part::bytes(b"\x89PNG fake".to_vec()).file_name("i.png").mime_str("image/png").expect("mime");
+            let form = Form::new().part("image", image).text("model", "echo-1").text("prompt", "a hat");
+            let resp = client().post(format!("{base}{path}")).bearer_auth(KEY).multipart(form).send().await.expect("send");
+            assert_eq!(resp.status(), 200, "{base}{path}");
+            let v: serde_json::Value = resp.json().await.expect("json");
+            assert!(v["data"][0]["b64_json"].is_string(), "{v}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_upstream_sees_the_pool_key_and_upstream_model_never_the_client_key_json() {
+    let g = start();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", g.direct))
+        .bearer_auth(KEY)
+        .header("api-key", KEY)
+        .header("x-api-key", KEY)
+        .json(&chat_body("big-model", false))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-mock-authorization"], format!("Bearer {POOL_KEY}"));
+    assert_eq!(resp.headers()["x-mock-model"], "upstream/big-model-v2");
+    let all = format!("{:?}", resp.headers());
+    assert!(!all.contains(KEY), "client key leaked upstream: {all}");
+}
+
+#[tokio::test]
+async fn the_upstream_sees_the_pool_key_and_upstream_model_never_the_client_key_multipart() {
+    let g = start();
+    let resp = client()
+        .post(format!("{}/v1/audio/transcriptions", g.main))
+        .bearer_auth(KEY)
+        .multipart(audio_form("big-model", 5000))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-mock-authorization"], format!("Bearer {POOL_KEY}"));
+    assert_eq!(resp.headers()["x-mock-model"], "upstream/big-model-v2");
+    let v: serde_json::Value = resp.json().await.expect("json");
+    assert_eq!(v["text"], "mock transcript of 5000 bytes", "the file survived the rewrite");
+}
+
+#[tokio::test]
+async fn models_are_listed_from_config_filtered_by_the_key() {
+    let g = start();
+    for base in g.bases() {
+        let v: serde_json::Value = client()
+            .get(format!("{base}/v1/models"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(v["object"], "list");
+        let ids: Vec<&str> = v["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+        assert_eq!(ids, ["echo-1", "big-model", "gone-model"]);
+        for m in v["data"].as_array().expect("data") {
+            assert_eq!(m["object"], "model");
+            assert!(m["created"].is_i64() && m["owned_by"].is_string(), "{m}");
+        }
+        let v: serde_json::Value = client()
+            .get(format!("{base}/v1/models"))
+            .bearer_auth(ECHO_ONLY_KEY)
+            .send()
+            .await
+            .expect("send")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(v["data"].as_array().map(Vec::len), Some(1), "{v}");
+        let one = client().get(format!("{base}/v1/models/big-model")).bearer_auth(KEY).send().await.expect("send");
+        assert_eq!(one.status(), 200);
+        let m: serde_json::Value = one.json().await.expect("json");
+        assert_eq!(m["id"], "big-model");
+        let hidden = client().get(format!("{base}/v1/models/big-model")).bearer_auth(ECHO_ONLY_KEY).send().await.expect("send");
+        let (status, e) = error_of(hidden).await;
+        assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")));
+    }
+}
+
+#[tokio::test]
+async fn every_response_carries_a_distinct_request_id() {
+    let g = start();
+    let a = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
+    let b = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
+    let (a, b) = (a.headers()["x-request-id"].clone(), b.headers()["x-request-id"].clone());
+    assert_ne!(a, b);
+    assert!(a.to_str().expect("ascii").starts_with("req_"));
+}
