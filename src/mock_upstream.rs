@@ -14,6 +14,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method};
 use pingora_core::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
 use pingora_core::protocols::http::ServerSession;
+use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::{Server, ShutdownWatch};
 use pingora_core::services::listening::Service;
 use pingora_http::ResponseHeader;
@@ -92,14 +93,15 @@ pub fn service(listen: &str, opts: MockOptions) -> Service<MockUpstream> {
 
 /// Runs a standalone Pingora server with only the mock (for
 /// `modelgate mock-upstream --listen ADDR`). Blocks forever.
+///
+/// Unlike Pingora's defaults (5 minute grace period), SIGTERM stops the mock within ~1 s.
 pub fn run_standalone(listen: &str, opts: MockOptions) -> ! {
-    let mut server = match Server::new(None) {
-        Ok(server) => server,
-        Err(e) => {
-            eprintln!("mock-upstream: cannot create the server: {e}");
-            std::process::exit(1);
-        }
+    let conf = ServerConf {
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
     };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     server.add_service(service(listen, opts));
     log::info!("mock upstream listening on {listen}");

@@ -1,0 +1,112 @@
+//! SSE passes through chunk by chunk, events split at any byte arrive intact, `[DONE]` ends it.
+
+mod common;
+
+use common::*;
+use futures_util::StreamExt;
+
+/// Reads an SSE body and returns the `data:` payloads in order.
+fn events(body: &[u8]) -> Vec<String> {
+    let text = std::str::from_utf8(body).expect("utf-8 stream");
+    text.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn content_of(events: &[String]) -> String {
+    events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str::<serde_json::Value>(e).expect("json event"))
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect()
+}
+
+async fn stream_with_split(base: &str, split: usize) -> (reqwest::header::HeaderMap, Vec<u8>) {
+    let resp = client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .header("x-mock-split", split.to_string())
+        .json(&chat_body("echo-1", true))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    let headers = resp.headers().clone();
+    (headers, resp.bytes().await.expect("body").to_vec())
+}
+
+#[tokio::test]
+async fn events_split_at_awkward_offsets_arrive_intact_on_both_listeners() {
+    let g = start();
+    for base in g.bases() {
+        // 1 byte splits every multi-byte character; 7 and 13 land at arbitrary places.
+        for split in [1, 2, 7, 13, 64] {
+            let (headers, body) = stream_with_split(&base, split).await;
+            assert!(headers["content-type"].to_str().expect("ct").starts_with("text/event-stream"));
+            assert!(headers.contains_key("x-request-id"));
+            let ev = events(&body);
+            assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "split {split}");
+            assert_eq!(content_of(&ev), MOCK_TEXT, "split {split}");
+            let before_done: serde_json::Value = serde_json::from_str(&ev[ev.len() - 2]).expect("json");
+            assert_eq!(before_done["choices"][0]["finish_reason"], "stop");
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_stream_is_byte_identical_to_the_upstreams() {
+    let g = start();
+    let direct_from_mock = client()
+        .post(format!("{}/v1/chat/completions", g.mock))
+        .header("x-mock-split", "5")
+        .json(&chat_body("echo-1", true))
+        .send()
+        .await
+        .expect("send")
+        .bytes()
+        .await
+        .expect("body");
+    let (_, through) = stream_with_split(&g.main, 5).await;
+    // Only the id's counter and `created` may differ between two runs: mask the digits.
+    let mask = |b: &[u8]| String::from_utf8(b.to_vec()).expect("utf-8").replace(|c: char| c.is_ascii_digit(), "");
+    assert_eq!(mask(&through), mask(&direct_from_mock));
+}
+
+#[tokio::test]
+async fn the_first_event_reaches_the_client_before_the_upstream_finishes() {
+    let g = start();
+    // 6 content events, 150 ms apart: the whole reply takes about a second.
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", g.direct))
+        .bearer_auth(KEY)
+        .header("x-mock-chunks", "6")
+        .header("x-mock-delay-ms", "150")
+        .json(&chat_body("echo-1", true))
+        .send()
+        .await
+        .expect("send");
+    let mut body = resp.bytes_stream();
+    let first = body.next().await.expect("a first piece").expect("ok");
+    let text = String::from_utf8_lossy(&first).to_string();
+    assert!(text.starts_with("data: "), "{text}");
+    // The reply is not complete when its first piece arrives: it was not buffered whole.
+    assert!(!text.contains("[DONE]"), "the whole stream arrived at once: {text}");
+    let mut rest = Vec::new();
+    while let Some(piece) = body.next().await {
+        rest.extend_from_slice(&piece.expect("piece"));
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("data: [DONE]"));
+}
+
+#[tokio::test]
+async fn include_usage_is_passed_through_when_the_client_asks() {
+    let g = start();
+    let mut body = chat_body("echo-1", true);
+    body["stream_options"] = serde_json::json!({"include_usage": true});
+    let resp = post_json(&g.main, "/v1/chat/completions", &body).await;
+    let ev = events(&resp.bytes().await.expect("body"));
+    let usage: serde_json::Value = serde_json::from_str(&ev[ev.len() - 2]).expect("json");
+    assert_eq!(usage["usage"]["completion_tokens"], 8, "{usage}");
+}
