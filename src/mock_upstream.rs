@@ -190,6 +190,11 @@ impl HttpServerApp for MockUpstream {
             route(&method, &path, &parsed, &overrides, &echo.model)
         };
 
+        // A non-streamed reply waits `delay_ms` before its header (a slow model); a stream
+        // waits between its events instead.
+        if delays_header(&reply) && overrides.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(overrides.delay_ms)).await;
+        }
         if let Err(e) = write_reply(&mut session, reply, &echo, &overrides).await {
             log::debug!("mock upstream: cannot write the reply: {e}");
             return None;
@@ -396,6 +401,10 @@ struct Echo {
 // ---------------------------------------------------------------------------------------------
 // Replies
 // ---------------------------------------------------------------------------------------------
+
+fn delays_header(reply: &Reply) -> bool {
+    !matches!(reply.body, ReplyBody::Events(_))
+}
 
 #[derive(Debug)]
 enum ReplyBody {

@@ -394,6 +394,7 @@ def test_image_edit_uploads_the_image_as_multipart(client):
     assert_mock_images(raw.parse(), 1)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK marks it deprecated
 def test_image_variation_uploads_the_image_as_multipart(client):
     response = client.images.create_variation(
         model="image-demo", image=("in.png", PNG, "image/png"), n=3
@@ -415,6 +416,7 @@ def test_transcription_of_an_uploaded_file_mentions_its_byte_count(client):
     assert f"{len(WAV)} bytes" in result.text
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the SDK marks it deprecated
 def test_translation_of_an_uploaded_file_mentions_its_byte_count(client):
     result = client.audio.translations.create(
         file=("a.wav", WAV, "audio/wav"), model="whisper-demo"

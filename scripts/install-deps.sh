@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian machine lacks to build (and, with --test, to test) modelgate.
+# Idempotent: does nothing that is already done.
+#   scripts/install-deps.sh          cmake (pingora's zlib-ng build needs it)
+#   scripts/install-deps.sh --test   also .venv with tests/sdk/requirements.txt
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+WITH_TEST=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) WITH_TEST=1 ;;
+    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    *) echo "install-deps: unknown option: $arg" >&2; exit 2 ;;
+  esac
+done
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    echo "install-deps: need root (or sudo) to run: $*" >&2
+    return 1
+  fi
+}
+
+if ! command -v cmake >/dev/null 2>&1; then
+  echo "install-deps: installing cmake" >&2
+  as_root apt-get update
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends cmake
+fi
+
+if [ "$WITH_TEST" -eq 1 ]; then
+  VENV="$ROOT/.venv"
+  REQ="$ROOT/tests/sdk/requirements.txt"
+  STAMP="$VENV/.requirements.sha256"
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "install-deps: creating $VENV" >&2
+    python3 -m venv "$VENV"
+  fi
+  want="$(sha256sum "$REQ" | cut -d' ' -f1)"
+  if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$want" ]; then
+    echo "install-deps: pip install -r tests/sdk/requirements.txt" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ"
+    echo "$want" > "$STAMP"
+  fi
+fi
