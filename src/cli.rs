@@ -119,7 +119,17 @@ fn serve(path: &Path) -> ExitCode {
 }
 
 fn check(path: &Path) -> ExitCode {
-    match load(path) {
+    // Report the keys file's problems too, even when the config has some.
+    let checked = Config::load_lenient(path).and_then(|(config, mut problems)| {
+        if problems.0.is_empty() {
+            return Live::load(config);
+        }
+        if let Err(p) = crate::config::keys::KeyTable::load(&config.keys_file) {
+            problems.extend(p);
+        }
+        Err(problems)
+    });
+    match checked {
         Ok(live) => {
             println!(
                 "{}: ok ({} pools, {} models, {} keys)",

@@ -186,14 +186,26 @@ struct RawServer {
 impl Config {
     /// Reads, parses and validates the config file. Every problem is reported at once.
     pub fn load(path: &Path) -> Result<Config, Problems> {
+        let (config, problems) = Self::load_lenient(path)?;
+        problems.into_result(config)
+    }
+
+    pub fn load_lenient(path: &Path) -> Result<(Config, Problems), Problems> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| {
             Problems::one(Problem::new(&file, None, "", format!("cannot read: {e}")))
         })?;
-        Self::parse(path, &text)
+        Self::parse_lenient(path, &text)
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, Problems> {
+        let (config, problems) = Self::parse_lenient(path, text)?;
+        problems.into_result(config)
+    }
+
+    /// The typed config even when some values are invalid (their problems alongside), so that
+    /// `check` can go on to the keys file. Err only when the file does not deserialize.
+    pub fn parse_lenient(path: &Path, text: &str) -> Result<(Config, Problems), Problems> {
         let file = path.display().to_string();
         let raw: RawConfig =
             toml::from_str(text).map_err(|e| Problems::one(Problem::from_toml(&file, text, &e)))?;
@@ -379,7 +391,7 @@ impl Config {
             threads: server.as_ref().and_then(|s| s.threads).unwrap_or(2).max(1),
             grace_period_seconds: server.and_then(|s| s.grace_period_seconds).unwrap_or(5),
         };
-        p.into_result(config)
+        Ok((config, p))
     }
 }
 

@@ -1,0 +1,103 @@
+//! The commands of the contract: `check`, `key new`, `password-hash`.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use common::*;
+
+fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    let mut child = Command::new(bin())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    if let Some(input) = stdin {
+        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[test]
+fn check_accepts_the_shipped_demo_config() {
+    let conf = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/modelgate.toml");
+    let (code, out, err) = run(&["check", "--config", conf], None);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("ok"), "{out}");
+}
+
+#[test]
+fn check_names_every_problem_with_file_line_and_field() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = r#"[listeners]
+main = "127.0.0.1:1"
+
+[keys]
+file = "keys.toml"
+
+[[pools]]
+name = "p"
+upstreams = ["ftp://nowhere"]
+
+[[models]]
+name = "m"
+pool = "missing"
+"#;
+    std::fs::write(dir.path().join("modelgate.toml"), config).expect("write");
+    let keys = "[[keys]]\nid = \"a\"\nsecret = \"sk-aaaaaaaaaaa\"\nendpoints = [\"chat\", \"files\"]\nmodels = [\"[oops\"]\n\n[[keys]]\nid = \"a\"\nsecret = \"sk-bbbbbbbbbbb\"\n";
+    std::fs::write(dir.path().join("keys.toml"), keys).expect("write");
+    let path = dir.path().join("modelgate.toml");
+    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    for needle in [
+        "modelgate.toml:9: pools[0].upstreams",
+        "modelgate.toml:13: models[0].pool",
+        "keys.toml:4: keys[0].endpoints",
+        "keys.toml:5: keys[0].models",
+        "keys.toml:8: keys[1].id",
+    ] {
+        assert!(err.contains(needle), "missing `{needle}` in:\n{err}");
+    }
+}
+
+#[test]
+fn check_reports_an_unknown_field_with_its_line() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("c.toml"), "[listeners]\nmain = \"127.0.0.1:1\"\nmian = \"x\"\n[keys]\nfile = \"k.toml\"\n").expect("write");
+    let path = dir.path().join("c.toml");
+    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    assert!(err.contains("c.toml:3") && err.contains("mian"), "{err}");
+}
+
+#[test]
+fn key_new_prints_a_fresh_key_and_an_entry_with_only_its_hash() {
+    let (code, out, _) = run(&["key", "new", "--id", "ci-bot"], None);
+    assert_eq!(code, 0);
+    let secret = out.lines().next().expect("first line");
+    assert!(secret.starts_with("sk-") && secret.len() == 51, "{secret}");
+    assert!(secret[3..].chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+    assert!(out.contains("id = \"ci-bot\""));
+    assert!(out.contains(&format!("secret_sha256 = \"{}\"", sha256_hex(secret.as_bytes()))));
+    assert_eq!(out.matches(secret).count(), 1, "the entry must not hold the secret");
+    let (_, again, _) = run(&["key", "new"], None);
+    assert_ne!(again.lines().next(), Some(secret));
+}
+
+#[test]
+fn password_hash_prints_an_argon2id_hash() {
+    let (code, out, _) = run(&["password-hash"], Some("correct horse\n"));
+    assert_eq!(code, 0);
+    assert!(out.trim().starts_with("$argon2id$v=19$"), "{out}");
+    let (code, _, err) = run(&["password-hash"], Some(""));
+    assert_ne!(code, 0, "{err}");
+}
