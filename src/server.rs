@@ -15,12 +15,14 @@ use crate::proxy::ctx::Listener;
 
 pub fn build(live: Arc<Live>) -> Server {
     let config = live.config.clone();
-    let mut conf = ServerConf::default();
-    conf.threads = config.threads;
-    conf.grace_period_seconds = Some(config.grace_period_seconds);
-    conf.graceful_shutdown_timeout_seconds = Some(5);
-    // Idle upstream connections kept for reuse; more than any expected concurrency.
-    conf.upstream_keepalive_pool_size = 4096;
+    let conf = ServerConf {
+        threads: config.threads,
+        grace_period_seconds: Some(config.grace_period_seconds),
+        graceful_shutdown_timeout_seconds: Some(5),
+        // Idle upstream connections kept for reuse; more than any expected concurrency.
+        upstream_keepalive_pool_size: 4096,
+        ..ServerConf::default()
+    };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 

@@ -16,7 +16,12 @@ fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
         .spawn()
         .expect("spawn");
     if let Some(input) = stdin {
-        child.stdin.take().expect("stdin").write_all(input.as_bytes()).expect("write");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input.as_bytes())
+            .expect("write");
     }
     drop(child.stdin.take());
     let out = child.wait_with_output().expect("wait");
@@ -72,7 +77,11 @@ pool = "missing"
 #[test]
 fn check_reports_an_unknown_field_with_its_line() {
     let dir = tempfile::tempdir().expect("tmp");
-    std::fs::write(dir.path().join("c.toml"), "[listeners]\nmain = \"127.0.0.1:1\"\nmian = \"x\"\n[keys]\nfile = \"k.toml\"\n").expect("write");
+    std::fs::write(
+        dir.path().join("c.toml"),
+        "[listeners]\nmain = \"127.0.0.1:1\"\nmian = \"x\"\n[keys]\nfile = \"k.toml\"\n",
+    )
+    .expect("write");
     let path = dir.path().join("c.toml");
     let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
     assert_ne!(code, 0);
@@ -85,10 +94,21 @@ fn key_new_prints_a_fresh_key_and_an_entry_with_only_its_hash() {
     assert_eq!(code, 0);
     let secret = out.lines().next().expect("first line");
     assert!(secret.starts_with("sk-") && secret.len() == 51, "{secret}");
-    assert!(secret[3..].chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'));
+    assert!(
+        secret[3..]
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    );
     assert!(out.contains("id = \"ci-bot\""));
-    assert!(out.contains(&format!("secret_sha256 = \"{}\"", sha256_hex(secret.as_bytes()))));
-    assert_eq!(out.matches(secret).count(), 1, "the entry must not hold the secret");
+    assert!(out.contains(&format!(
+        "secret_sha256 = \"{}\"",
+        sha256_hex(secret.as_bytes())
+    )));
+    assert_eq!(
+        out.matches(secret).count(),
+        1,
+        "the entry must not hold the secret"
+    );
     let (_, again, _) = run(&["key", "new"], None);
     assert_ne!(again.lines().next(), Some(secret));
 }

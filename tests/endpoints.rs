@@ -10,9 +10,21 @@ use serde_json::json;
 async fn every_json_endpoint_answers_on_both_listeners() {
     let g = start();
     let cases = [
-        ("/v1/chat/completions", chat_body("echo-1", false), "chat.completion"),
-        ("/v1/completions", json!({"model": "echo-1", "prompt": "say hi"}), "text_completion"),
-        ("/v1/embeddings", json!({"model": "echo-1", "input": ["a b", "c"]}), "list"),
+        (
+            "/v1/chat/completions",
+            chat_body("echo-1", false),
+            "chat.completion",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "echo-1", "prompt": "say hi"}),
+            "text_completion",
+        ),
+        (
+            "/v1/embeddings",
+            json!({"model": "echo-1", "input": ["a b", "c"]}),
+            "list",
+        ),
     ];
     for base in g.bases() {
         for (path, body, object) in &cases {
@@ -22,18 +34,25 @@ async fn every_json_endpoint_answers_on_both_listeners() {
             let v: serde_json::Value = resp.json().await.expect("json");
             assert_eq!(v["object"], *object, "{base}{path}: {v}");
         }
-        let v: serde_json::Value = post_json(&base, "/v1/moderations", &json!({"model": "echo-1", "input": "hi"}))
-            .await
-            .json()
-            .await
-            .expect("json");
+        let v: serde_json::Value = post_json(
+            &base,
+            "/v1/moderations",
+            &json!({"model": "echo-1", "input": "hi"}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
         assert_eq!(v["results"][0]["flagged"], false);
-        let v: serde_json::Value =
-            post_json(&base, "/v1/images/generations", &json!({"model": "echo-1", "prompt": "a cat", "n": 2}))
-                .await
-                .json()
-                .await
-                .expect("json");
+        let v: serde_json::Value = post_json(
+            &base,
+            "/v1/images/generations",
+            &json!({"model": "echo-1", "prompt": "a cat", "n": 2}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
         assert_eq!(v["data"].as_array().map(Vec::len), Some(2), "{v}");
     }
 }
@@ -52,7 +71,12 @@ async fn chat_reply_is_the_upstreams_and_carries_usage() {
 async fn audio_speech_returns_the_binary_reply_unchanged() {
     let g = start();
     for base in g.bases() {
-        let resp = post_json(&base, "/v1/audio/speech", &json!({"model": "echo-1", "input": "hello", "voice": "alloy"})).await;
+        let resp = post_json(
+            &base,
+            "/v1/audio/speech",
+            &json!({"model": "echo-1", "input": "hello", "voice": "alloy"}),
+        )
+        .await;
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["content-type"], "audio/mpeg");
         let bytes = resp.bytes().await.expect("body");
@@ -62,8 +86,13 @@ async fn audio_speech_returns_the_binary_reply_unchanged() {
 }
 
 fn audio_form(model: &str, size: usize) -> Form {
-    let file = Part::bytes(vec![7u8; size]).file_name("a.wav").mime_str("audio/wav").expect("mime");
-    Form::new().part("file", file).text("model", model.to_string())
+    let file = Part::bytes(vec![7u8; size])
+        .file_name("a.wav")
+        .mime_str("audio/wav")
+        .expect("mime");
+    Form::new()
+        .part("file", file)
+        .text("model", model.to_string())
 }
 
 #[tokio::test]
@@ -84,9 +113,21 @@ async fn multipart_audio_and_image_uploads_work_on_both_listeners() {
             assert_eq!(v["text"], "mock transcript of 1000 bytes", "{v}");
         }
         for path in ["/v1/images/edits", "/v1/images/variations"] {
-            let image = Part::bytes(b"\x89PNG fake".to_vec()).file_name("i.png").mime_str("image/png").expect("mime");
-            let form = Form::new().part("image", image).text("model", "echo-1").text("prompt", "a hat");
-            let resp = client().post(format!("{base}{path}")).bearer_auth(KEY).multipart(form).send().await.expect("send");
+            let image = Part::bytes(b"\x89PNG fake".to_vec())
+                .file_name("i.png")
+                .mime_str("image/png")
+                .expect("mime");
+            let form = Form::new()
+                .part("image", image)
+                .text("model", "echo-1")
+                .text("prompt", "a hat");
+            let resp = client()
+                .post(format!("{base}{path}"))
+                .bearer_auth(KEY)
+                .multipart(form)
+                .send()
+                .await
+                .expect("send");
             assert_eq!(resp.status(), 200, "{base}{path}");
             let v: serde_json::Value = resp.json().await.expect("json");
             assert!(v["data"][0]["b64_json"].is_string(), "{v}");
@@ -107,7 +148,10 @@ async fn the_upstream_sees_the_pool_key_and_upstream_model_never_the_client_key_
         .await
         .expect("send");
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["x-mock-authorization"], format!("Bearer {POOL_KEY}"));
+    assert_eq!(
+        resp.headers()["x-mock-authorization"],
+        format!("Bearer {POOL_KEY}")
+    );
     assert_eq!(resp.headers()["x-mock-model"], "upstream/big-model-v2");
     let all = format!("{:?}", resp.headers());
     assert!(!all.contains(KEY), "client key leaked upstream: {all}");
@@ -124,10 +168,16 @@ async fn the_upstream_sees_the_pool_key_and_upstream_model_never_the_client_key_
         .await
         .expect("send");
     assert_eq!(resp.status(), 200);
-    assert_eq!(resp.headers()["x-mock-authorization"], format!("Bearer {POOL_KEY}"));
+    assert_eq!(
+        resp.headers()["x-mock-authorization"],
+        format!("Bearer {POOL_KEY}")
+    );
     assert_eq!(resp.headers()["x-mock-model"], "upstream/big-model-v2");
     let v: serde_json::Value = resp.json().await.expect("json");
-    assert_eq!(v["text"], "mock transcript of 5000 bytes", "the file survived the rewrite");
+    assert_eq!(
+        v["text"], "mock transcript of 5000 bytes",
+        "the file survived the rewrite"
+    );
 }
 
 #[tokio::test]
@@ -144,7 +194,12 @@ async fn models_are_listed_from_config_filtered_by_the_key() {
             .await
             .expect("json");
         assert_eq!(v["object"], "list");
-        let ids: Vec<&str> = v["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+        let ids: Vec<&str> = v["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .filter_map(|m| m["id"].as_str())
+            .collect();
         assert_eq!(ids, ["echo-1", "big-model", "gone-model"]);
         for m in v["data"].as_array().expect("data") {
             assert_eq!(m["object"], "model");
@@ -160,11 +215,21 @@ async fn models_are_listed_from_config_filtered_by_the_key() {
             .await
             .expect("json");
         assert_eq!(v["data"].as_array().map(Vec::len), Some(1), "{v}");
-        let one = client().get(format!("{base}/v1/models/big-model")).bearer_auth(KEY).send().await.expect("send");
+        let one = client()
+            .get(format!("{base}/v1/models/big-model"))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .expect("send");
         assert_eq!(one.status(), 200);
         let m: serde_json::Value = one.json().await.expect("json");
         assert_eq!(m["id"], "big-model");
-        let hidden = client().get(format!("{base}/v1/models/big-model")).bearer_auth(ECHO_ONLY_KEY).send().await.expect("send");
+        let hidden = client()
+            .get(format!("{base}/v1/models/big-model"))
+            .bearer_auth(ECHO_ONLY_KEY)
+            .send()
+            .await
+            .expect("send");
         let (status, e) = error_of(hidden).await;
         assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")));
     }
@@ -175,7 +240,10 @@ async fn every_response_carries_a_distinct_request_id() {
     let g = start();
     let a = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
     let b = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
-    let (a, b) = (a.headers()["x-request-id"].clone(), b.headers()["x-request-id"].clone());
+    let (a, b) = (
+        a.headers()["x-request-id"].clone(),
+        b.headers()["x-request-id"].clone(),
+    );
     assert_ne!(a, b);
     assert!(a.to_str().expect("ascii").starts_with("req_"));
 }

@@ -19,7 +19,11 @@ fn content_of(events: &[String]) -> String {
         .iter()
         .filter(|e| *e != "[DONE]")
         .map(|e| serde_json::from_str::<serde_json::Value>(e).expect("json event"))
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
         .collect()
 }
 
@@ -44,12 +48,22 @@ async fn events_split_at_awkward_offsets_arrive_intact_on_both_listeners() {
         // 1 byte splits every multi-byte character; 7 and 13 land at arbitrary places.
         for split in [1, 2, 7, 13, 64] {
             let (headers, body) = stream_with_split(&base, split).await;
-            assert!(headers["content-type"].to_str().expect("ct").starts_with("text/event-stream"));
+            assert!(
+                headers["content-type"]
+                    .to_str()
+                    .expect("ct")
+                    .starts_with("text/event-stream")
+            );
             assert!(headers.contains_key("x-request-id"));
             let ev = events(&body);
-            assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "split {split}");
+            assert_eq!(
+                ev.last().map(String::as_str),
+                Some("[DONE]"),
+                "split {split}"
+            );
             assert_eq!(content_of(&ev), MOCK_TEXT, "split {split}");
-            let before_done: serde_json::Value = serde_json::from_str(&ev[ev.len() - 2]).expect("json");
+            let before_done: serde_json::Value =
+                serde_json::from_str(&ev[ev.len() - 2]).expect("json");
             assert_eq!(before_done["choices"][0]["finish_reason"], "stop");
         }
     }
@@ -70,7 +84,11 @@ async fn the_stream_is_byte_identical_to_the_upstreams() {
         .expect("body");
     let (_, through) = stream_with_split(&g.main, 5).await;
     // Only the id's counter and `created` may differ between two runs: mask the digits.
-    let mask = |b: &[u8]| String::from_utf8(b.to_vec()).expect("utf-8").replace(|c: char| c.is_ascii_digit(), "");
+    let mask = |b: &[u8]| {
+        String::from_utf8(b.to_vec())
+            .expect("utf-8")
+            .replace(|c: char| c.is_ascii_digit(), "")
+    };
     assert_eq!(mask(&through), mask(&direct_from_mock));
 }
 
@@ -92,7 +110,10 @@ async fn the_first_event_reaches_the_client_before_the_upstream_finishes() {
     let text = String::from_utf8_lossy(&first).to_string();
     assert!(text.starts_with("data: "), "{text}");
     // The reply is not complete when its first piece arrives: it was not buffered whole.
-    assert!(!text.contains("[DONE]"), "the whole stream arrived at once: {text}");
+    assert!(
+        !text.contains("[DONE]"),
+        "the whole stream arrived at once: {text}"
+    );
     let mut rest = Vec::new();
     while let Some(piece) = body.next().await {
         rest.extend_from_slice(&piece.expect("piece"));

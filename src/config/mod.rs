@@ -337,7 +337,7 @@ impl Config {
             });
         }
 
-        let demo_mock_upstream = raw.demo.and_then(|d| d.mock_upstream).and_then(|m| {
+        let demo_mock_upstream = raw.demo.and_then(|d| d.mock_upstream).map(|m| {
             if m.get_ref().parse::<std::net::SocketAddr>().is_err() {
                 p.push(Problem::new(
                     &file,
@@ -346,7 +346,7 @@ impl Config {
                     "must be IP:PORT",
                 ));
             }
-            Some(m.into_inner())
+            m.into_inner()
         });
 
         let console = raw.console.map(|c| {
@@ -483,7 +483,7 @@ price = { prompt = 1.0, completion = 2.0 }
         let text = GOOD.replace("[keys]", "[keys]\nfiel = 1");
         let e = Config::parse(Path::new("c.toml"), &text).expect_err("unknown field");
         let s = e.to_string();
-        assert!(s.contains("c.toml:7"), "{s}");
+        assert!(s.contains("c.toml:6"), "{s}");
         assert!(s.contains("fiel"), "{s}");
     }
 

@@ -34,6 +34,18 @@ pub fn probe_json(body: &[u8]) -> Result<Probe, GatewayError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(GatewayError::InvalidJson("the body is empty".into()));
     }
+    // serde would also fill a struct from a JSON array: only an object is a request.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(
+            match serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+                Ok(_) => GatewayError::InvalidParameter {
+                    param: "body",
+                    message: "The request body must be a JSON object.".into(),
+                },
+                Err(e) => GatewayError::InvalidJson(e.to_string()),
+            },
+        );
+    }
     let p: JsonProbe = serde_json::from_slice(body).map_err(|e| match e.classify() {
         serde_json::error::Category::Data => GatewayError::InvalidParameter {
             param: "body",
@@ -195,6 +207,14 @@ mod tests {
         assert!(matches!(
             probe_json(b"[1]"),
             Err(GatewayError::InvalidParameter { param: "body", .. })
+        ));
+        assert!(matches!(
+            probe_json(br#"["echo-1", true]"#),
+            Err(GatewayError::InvalidParameter { param: "body", .. })
+        ));
+        assert!(matches!(
+            probe_json(b"[1"),
+            Err(GatewayError::InvalidJson(_))
         ));
         assert!(matches!(
             probe_json(br#"{"model":"a","stream":"yes"}"#),

@@ -78,7 +78,11 @@ pub struct Setup {
 
 impl Default for Setup {
     fn default() -> Self {
-        Setup { extra_config: String::new(), read_timeout_ms: 30_000, max_body_bytes: 25 * 1024 * 1024 }
+        Setup {
+            extra_config: String::new(),
+            read_timeout_ms: 30_000,
+            max_body_bytes: 25 * 1024 * 1024,
+        }
     }
 }
 
@@ -99,7 +103,13 @@ pub fn start_with(setup: Setup) -> Gateway {
 
 fn try_start(setup: &Setup) -> Result<Gateway, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let (main, direct, admin, mock, dead) = (free_port(), free_port(), free_port(), free_port(), free_port());
+    let (main, direct, admin, mock, dead) = (
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+        free_port(),
+    );
     let config = format!(
         r#"
 [listeners]
@@ -150,7 +160,10 @@ pool = "dead"
         extra = setup.extra_config,
     );
     std::fs::write(dir.path().join("modelgate.toml"), config).map_err(|e| e.to_string())?;
-    let keys = KEYS.replace("SHA_OF_MODELS_ONLY", &sha256_hex(MODELS_ONLY_KEY.as_bytes()));
+    let keys = KEYS.replace(
+        "SHA_OF_MODELS_ONLY",
+        &sha256_hex(MODELS_ONLY_KEY.as_bytes()),
+    );
     std::fs::write(dir.path().join("keys.toml"), keys).map_err(|e| e.to_string())?;
     let mut child = Command::new(bin())
         .args(["serve", "--config"])
@@ -217,7 +230,10 @@ pub fn sha256_hex(b: &[u8]) -> String {
 }
 
 pub fn client() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client")
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
 }
 
 pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
@@ -238,11 +254,21 @@ pub async fn post_json(base: &str, path: &str, body: &serde_json::Value) -> reqw
 /// The error object of a gateway error reply, checking shape and content type.
 pub async fn error_of(resp: reqwest::Response) -> (u16, serde_json::Value) {
     let status = resp.status().as_u16();
-    assert!(resp.headers().contains_key("x-request-id"), "no x-request-id on {status}");
-    let ct = resp.headers().get("content-type").map(|v| v.to_str().unwrap_or("").to_string()).unwrap_or_default();
+    assert!(
+        resp.headers().contains_key("x-request-id"),
+        "no x-request-id on {status}"
+    );
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or("").to_string())
+        .unwrap_or_default();
     assert!(ct.starts_with("application/json"), "content-type {ct}");
     let v: serde_json::Value = resp.json().await.expect("json error body");
-    let e = v.get("error").cloned().unwrap_or_else(|| panic!("no error object in {v}"));
+    let e = v
+        .get("error")
+        .cloned()
+        .unwrap_or_else(|| panic!("no error object in {v}"));
     for f in ["message", "type", "param", "code"] {
         assert!(e.get(f).is_some(), "error lacks {f}: {v}");
     }

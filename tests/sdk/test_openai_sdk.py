@@ -130,25 +130,33 @@ upstreams = ["http://127.0.0.1:{ports['mock']}"]
 {models}"""
 
 
-def http_status(url: str) -> int | None:
+def http_get(url: str):
+    """(status, headers) of a GET, or None when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status
+            return response.status, response.headers
     except urllib.error.HTTPError as e:
-        return e.code
+        return e.code, e.headers
     except OSError:
         return None
 
 
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1):
-            return True
-    except OSError:
+def is_ready(ports: dict) -> bool:
+    """/healthz says 200, the mock answers, and `main` and `direct` answer a keyless request
+    as the gateway does (401 with an x-request-id), not as some other process on the port."""
+    health = http_get(f"http://127.0.0.1:{ports['admin']}/healthz")
+    mock = http_get(f"http://127.0.0.1:{ports['mock']}/v1/models")
+    if not (health and health[0] == 200 and mock and mock[0] == 200):
         return False
+    for listener in ("main", "direct"):
+        answer = http_get(f"http://127.0.0.1:{ports[listener]}/v1/models")
+        if not (answer and answer[0] == 401 and answer[1].get("x-request-id")):
+            return False
+    return True
 
 
 def stop(process: subprocess.Popen) -> None:
+    """SIGTERM (graceful shutdown), then SIGKILL if it takes too long."""
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)
@@ -159,10 +167,10 @@ def stop(process: subprocess.Popen) -> None:
         process.wait(timeout=5)
 
 
-def start_gateway(binary: Path, workdir: Path) -> Gateway:
-    """Starts the gateway on fresh free ports and waits until /healthz answers 200 and every
-    listener accepts connections. The returned process has exited if startup failed (for
-    example because another process took one of the ports in the meantime)."""
+def start_gateway(binary: Path, workdir: Path):
+    """Starts the gateway on fresh free ports and waits until it is ready.
+    Returns (gateway, None), or (gateway, why) with the process stopped if startup failed,
+    for example because another process took one of the ports in the meantime."""
     ports = dict(zip(["main", "direct", "admin", "mock"], free_ports(4)))
     config = workdir / "modelgate.toml"
     config.write_text(gateway_config(ports))
@@ -177,18 +185,19 @@ def start_gateway(binary: Path, workdir: Path) -> Gateway:
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
         )
     gateway = Gateway(process, ports, stderr_path)
-    health = f"http://127.0.0.1:{ports['admin']}/healthz"
     deadline = time.monotonic() + STARTUP_DEADLINE_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            return gateway
-        if http_status(health) == 200 and all(port_open(p) for p in ports.values()):
-            return gateway
+            return gateway, f"exited with code {process.returncode}"
+        if is_ready(ports):
+            return gateway, None
+        # Pingora keeps retrying a port that is taken instead of exiting: give up at once.
+        if "is in use" in gateway.stderr():
+            stop(process)
+            return gateway, "a port was in use"
         time.sleep(0.1)
     stop(process)
-    pytest.fail(
-        f"gateway not healthy at {health} within {STARTUP_DEADLINE_S} s; stderr:\n{gateway.stderr()}"
-    )
+    return gateway, f"not ready within {STARTUP_DEADLINE_S} s"
 
 
 @pytest.fixture(scope="session")
@@ -200,12 +209,12 @@ def gateway(tmp_path_factory):
         pytest.fail(f"gateway binary {binary} not found: run `cargo build` or set MODELGATE_BIN")
     failures = []
     for attempt in range(1, START_ATTEMPTS + 1):
-        gw = start_gateway(binary, tmp_path_factory.mktemp(f"gateway-{attempt}"))
-        if gw.process.poll() is None:
+        gw, why = start_gateway(binary, tmp_path_factory.mktemp(f"gateway-{attempt}"))
+        if why is None:
             break
-        failures.append(f"attempt {attempt}: exit code {gw.process.returncode}, stderr:\n{gw.stderr()}")
+        failures.append(f"attempt {attempt} ({gw.ports}): {why}; stderr:\n{gw.stderr()}")
     else:
-        pytest.fail("gateway did not start:\n" + "\n".join(failures))
+        pytest.fail("gateway did not start:\n" + "\n".join(failures), pytrace=False)
     yield gw
     stop(gw.process)
 

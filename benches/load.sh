@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Load benchmark: the mock upstream alone, then modelgate in front of the same mock, in one
+# run, for chat (plain) and chat (streamed). Prints req/s of each and the ratio
+# gateway/direct. Traffic stays on 127.0.0.1.
+#   DURATION=10 CONNECTIONS=32 CHUNKS=16 bash benches/load.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10}
+CONNECTIONS=${CONNECTIONS:-32}
+CHUNKS=${CHUNKS:-16}
+THREADS=${THREADS:-1}
+
+command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+bash scripts/install-deps.sh >/dev/null
+cargo build --release --quiet
+BIN=target/release/modelgate
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+MOCK=$(port); MAIN=$(port); DIRECT=$(port)
+TMP=$(mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
+trap cleanup EXIT
+
+KEY=sk-bench-key-000000000000
+cat > "$TMP/modelgate.toml" <<TOML
+[listeners]
+main = "127.0.0.1:$MAIN"
+direct = "127.0.0.1:$DIRECT"
+[keys]
+file = "keys.toml"
+[server]
+threads = $THREADS
+grace_period_seconds = 0
+[[pools]]
+name = "mock"
+upstreams = ["http://127.0.0.1:$MOCK"]
+[[models]]
+name = "echo-1"
+pool = "mock"
+TOML
+printf '[[keys]]\nid = "bench"\nsecret = "%s"\n' "$KEY" > "$TMP/keys.toml"
+
+RUST_LOG=error "$BIN" mock-upstream --listen "127.0.0.1:$MOCK" --chunks "$CHUNKS" & PIDS+=($!)
+RUST_LOG=error "$BIN" serve --config "$TMP/modelgate.toml" & PIDS+=($!)
+for p in $MOCK $DIRECT; do
+  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done
+done
+
+lua() { # $1 = stream true/false
+  cat > "$TMP/$1.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model":"echo-1","stream":$1,"messages":[{"role":"user","content":"hello there, how are you"}]}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer $KEY"
+LUA
+  echo "$TMP/$1.lua"
+}
+
+rps() { # $1 = url, $2 = lua
+  wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" -s "$2" "$1" | awk '/Requests\/sec/ {print $2}'
+}
+
+printf '%-16s %14s %14s %8s\n' "case" "direct req/s" "gateway req/s" "ratio"
+for stream in false true; do
+  script=$(lua $stream)
+  # Warm both paths (connection pools, page cache) before measuring.
+  wrk -t1 -c"$CONNECTIONS" -d1s -s "$script" "http://127.0.0.1:$MOCK/v1/chat/completions" >/dev/null
+  wrk -t1 -c"$CONNECTIONS" -d1s -s "$script" "http://127.0.0.1:$DIRECT/v1/chat/completions" >/dev/null
+  d=$(rps "http://127.0.0.1:$MOCK/v1/chat/completions" "$script")
+  g=$(rps "http://127.0.0.1:$DIRECT/v1/chat/completions" "$script")
+  name=$([ "$stream" = true ] && echo "chat streamed" || echo "chat plain")
+  printf '%-16s %14s %14s %8s\n' "$name" "$d" "$g" "$(python3 -c "print(f'{$g/$d:.2f}')")"
+done
+echo "(${DURATION}s per case, $CONNECTIONS connections, $CHUNKS chunks per reply, gateway threads=$THREADS, $(nproc) cores shared by wrk, mock and gateway)"
