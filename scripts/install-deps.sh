@@ -37,6 +37,11 @@ if [ "$WITH_TEST" -eq 1 ]; then
   REQ="$ROOT/tests/sdk/requirements.txt"
   STAMP="$VENV/.requirements.sha256"
   if [ ! -x "$VENV/bin/python" ]; then
+    if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+      echo "install-deps: installing python3-venv" >&2  # Debian's python3 ships venv apart
+      as_root apt-get update
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv
+    fi
     echo "install-deps: creating $VENV" >&2
     python3 -m venv "$VENV"
   fi

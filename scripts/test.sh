@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # The one test command: the Rust tests, then the official OpenAI SDK against the real binary.
+# Runs every stage it can and exits non-zero if any failed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -7,9 +8,21 @@ cd "$ROOT"
 
 bash scripts/install-deps.sh --test
 
-echo "== cargo test" >&2
-cargo test --all-targets
+failed=()
 
-echo "== OpenAI SDK tests (tests/sdk)" >&2
-cargo build
-MODELGATE_BIN=target/debug/modelgate .venv/bin/python -m pytest -q -p no:cacheprovider tests/sdk
+echo "== cargo test --all-targets --no-fail-fast" >&2
+cargo test --all-targets --no-fail-fast || failed+=("cargo test")
+
+echo "== OpenAI SDK against target/debug/modelgate (tests/sdk)" >&2
+if cargo build; then
+  MODELGATE_BIN=target/debug/modelgate .venv/bin/python -m pytest -q -p no:cacheprovider tests/sdk \
+    || failed+=("pytest tests/sdk")
+else
+  failed+=("cargo build")
+fi
+
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "== FAILED: ${failed[*]}" >&2
+  exit 1
+fi
+echo "== all tests passed" >&2

@@ -50,6 +50,12 @@ enum Command {
         /// Delay between streamed events, in milliseconds.
         #[arg(long, default_value_t = 0)]
         delay_ms: u64,
+        /// Serve HTTPS with this certificate (PEM); needs --tls-key.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<String>,
+        /// Private key (PEM) for --tls-cert.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<String>,
     },
 }
 
@@ -79,8 +85,18 @@ pub fn run() -> ExitCode {
             listen,
             chunks,
             delay_ms,
+            tls_cert,
+            tls_key,
         } => {
-            mock_upstream::run_standalone(&listen, MockOptions { chunks, delay_ms });
+            let tls = tls_cert.zip(tls_key);
+            mock_upstream::run_standalone(
+                &listen,
+                MockOptions {
+                    chunks,
+                    delay_ms,
+                    tls,
+                },
+            );
         }
     }
 }

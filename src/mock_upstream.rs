@@ -62,6 +62,8 @@ pub struct MockOptions {
     pub chunks: usize,
     /// Pause between streamed events, in milliseconds.
     pub delay_ms: u64,
+    /// Serve HTTPS with this (certificate PEM path, private key PEM path).
+    pub tls: Option<(String, String)>,
 }
 
 impl Default for MockOptions {
@@ -69,6 +71,7 @@ impl Default for MockOptions {
         MockOptions {
             chunks: 8,
             delay_ms: 0,
+            tls: None,
         }
     }
 }
@@ -85,10 +88,14 @@ impl MockUpstream {
 }
 
 /// A listening service for `server.add_service(...)`.
-pub fn service(listen: &str, opts: MockOptions) -> Service<MockUpstream> {
+pub fn service(listen: &str, opts: MockOptions) -> pingora_error::Result<Service<MockUpstream>> {
+    let tls = opts.tls.clone();
     let mut svc = Service::new("mock upstream".to_string(), MockUpstream::new(opts));
-    svc.add_tcp(listen);
-    svc
+    match tls {
+        Some((cert, key)) => svc.add_tls(listen, &cert, &key)?,
+        None => svc.add_tcp(listen),
+    }
+    Ok(svc)
 }
 
 /// Runs a standalone Pingora server with only the mock (for
@@ -103,7 +110,15 @@ pub fn run_standalone(listen: &str, opts: MockOptions) -> ! {
     };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
-    server.add_service(service(listen, opts));
+    match service(listen, opts) {
+        Ok(svc) => {
+            server.add_service(svc);
+        }
+        Err(e) => {
+            log::error!("mock upstream: cannot listen on {listen}: {e}");
+            std::process::exit(2);
+        }
+    }
     log::info!("mock upstream listening on {listen}");
     server.run_forever()
 }

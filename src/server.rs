@@ -27,10 +27,12 @@ pub fn build(live: Arc<Live>) -> Server {
     server.bootstrap();
 
     if let Some(addr) = &config.demo_mock_upstream {
-        server.add_service(mock_upstream::service(
-            addr,
-            mock_upstream::MockOptions::default(),
-        ));
+        match mock_upstream::service(addr, mock_upstream::MockOptions::default()) {
+            Ok(svc) => {
+                server.add_service(svc);
+            }
+            Err(e) => tracing::error!("demo mock upstream not started on {addr}: {e}"),
+        }
     }
     for (listener, addr) in [
         (Listener::Main, &config.listeners.main),

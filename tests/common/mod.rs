@@ -74,6 +74,8 @@ pub struct Setup {
     pub extra_config: String,
     pub read_timeout_ms: u64,
     pub max_body_bytes: usize,
+    /// Extra environment for the gateway process.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for Setup {
@@ -82,6 +84,7 @@ impl Default for Setup {
             extra_config: String::new(),
             read_timeout_ms: 30_000,
             max_body_bytes: 25 * 1024 * 1024,
+            env: Vec::new(),
         }
     }
 }
@@ -169,6 +172,7 @@ pool = "dead"
         .args(["serve", "--config"])
         .arg(dir.path().join("modelgate.toml"))
         .env("RUST_LOG", "warn")
+        .envs(setup.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -277,3 +281,34 @@ pub async fn error_of(resp: reqwest::Response) -> (u16, serde_json::Value) {
 
 /// The mock's reply text for the default 8 chunks.
 pub const MOCK_TEXT: &str = "Hello from the mock café naïve ✓ 日本語";
+
+/// A standalone `modelgate mock-upstream` process, killed on drop.
+pub struct MockProcess {
+    child: Child,
+    pub port: u16,
+}
+
+impl Drop for MockProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn start_mock(extra_args: &[&str]) -> MockProcess {
+    let port = free_port();
+    let child = Command::new(bin())
+        .args(["mock-upstream", "--listen", &format!("127.0.0.1:{port}")])
+        .args(extra_args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn mock");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "mock did not listen");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    MockProcess { child, port }
+}
