@@ -123,6 +123,20 @@ fn serve(path: &Path) -> ExitCode {
         }
     };
     let c = &live.config;
+    // Pingora retries a busy port forever (that is how its upgrade hand-over works); a plain
+    // start should fail fast instead, or a health check would pass with the API unbound.
+    let addrs = [
+        &c.listeners.main,
+        &c.listeners.direct,
+        &c.listeners.admin,
+        &c.demo_mock_upstream,
+    ];
+    for addr in addrs.into_iter().flatten() {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            eprintln!("cannot listen on {addr}: {e}");
+            return ExitCode::from(2);
+        }
+    }
     tracing::info!(
         main = ?c.listeners.main,
         direct = ?c.listeners.direct,

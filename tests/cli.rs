@@ -121,3 +121,21 @@ fn password_hash_prints_an_argon2id_hash() {
     let (code, _, err) = run(&["password-hash"], Some(""));
     assert_ne!(code, 0, "{err}");
 }
+
+#[test]
+fn serve_exits_with_an_error_when_a_listen_port_is_taken() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let dir = tempfile::tempdir().expect("tmp");
+    let config =
+        format!("[listeners]\nmain = \"127.0.0.1:{port}\"\n[keys]\nfile = \"keys.toml\"\n");
+    std::fs::write(dir.path().join("c.toml"), config).expect("write");
+    std::fs::write(dir.path().join("keys.toml"), "").expect("write");
+    let path = dir.path().join("c.toml");
+    let (code, _, err) = run(&["serve", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{err}"
+    );
+}
