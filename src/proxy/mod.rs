@@ -262,6 +262,11 @@ impl ProxyHttp for Gateway {
         Ok(None)
     }
 
+    /// A client that goes away is normal traffic, not an error worth a log line.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, error: &Error) -> bool {
+        error.esource() == &pingora_error::ErrorSource::Downstream
+    }
+
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         let failure = reply::classify_failure(e);
         let code = match (&failure, session.response_written()) {
