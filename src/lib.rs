@@ -6,6 +6,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod meter;
 pub mod mock_upstream;
 pub mod proxy;
 pub mod route;
