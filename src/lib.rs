@@ -11,4 +11,5 @@ pub mod mock_upstream;
 pub mod proxy;
 pub mod route;
 pub mod server;
+pub mod store;
 pub mod upstream;

@@ -1,0 +1,182 @@
+//! The usage record: one per request that passed auth, whatever its outcome. Its CSV header
+//! and column order are fixed by the contract; `estimated` follows them.
+
+use std::fmt::Write;
+
+use serde_json::{Value, json};
+
+pub const CSV_HEADER: &str = "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct UsageRecord {
+    /// Unix milliseconds when the request arrived.
+    pub time_ms: i64,
+    pub request_id: String,
+    pub key_id: String,
+    /// `main` or `direct`.
+    pub listener: String,
+    /// The contract's endpoint group (`chat`, `embeddings`, …, `models`, `usage`).
+    pub endpoint: String,
+    /// The model the client asked for ("" when none).
+    pub model: String,
+    pub status: u16,
+    pub stream: bool,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    /// Credits.
+    pub cost: f64,
+    pub latency_ms: u64,
+    /// Time to the first content byte; None when no content was sent.
+    pub ttft_ms: Option<u64>,
+    /// Base URL of the upstream that served it ("" when none was contacted).
+    pub upstream: String,
+    /// Tokens were counted by the gateway's tokenizer, not reported by the upstream.
+    pub estimated: bool,
+}
+
+/// RFC 3339 UTC with milliseconds, e.g. `2026-11-22T13:07:16.648Z`.
+pub fn format_time(ms: i64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    let f = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+    );
+    t.format(&f).unwrap_or_default()
+}
+
+/// `start`/`end` query values: RFC 3339 or unix seconds → unix milliseconds.
+pub fn parse_time(s: &str) -> Option<i64> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<i64>() {
+        return secs.checked_mul(1000);
+    }
+    if let Ok(secs) = s.parse::<f64>() {
+        return secs.is_finite().then_some((secs * 1000.0) as i64);
+    }
+    time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| (t.unix_timestamp_nanos() / 1_000_000) as i64)
+}
+
+fn csv_field(out: &mut String, s: &str) {
+    if s.contains([',', '"', '\n', '\r']) {
+        out.push('"');
+        out.push_str(&s.replace('"', "\"\""));
+        out.push('"');
+    } else {
+        out.push_str(s);
+    }
+}
+
+impl UsageRecord {
+    /// Appends one CSV line (with its `\n`) in the header's column order.
+    pub fn write_csv(&self, out: &mut String) {
+        out.push_str(&format_time(self.time_ms));
+        out.push(',');
+        csv_field(out, &self.request_id);
+        out.push(',');
+        csv_field(out, &self.key_id);
+        out.push(',');
+        csv_field(out, &self.listener);
+        out.push(',');
+        csv_field(out, &self.endpoint);
+        out.push(',');
+        csv_field(out, &self.model);
+        let _ = write!(
+            out,
+            ",{},{},{},{},{},{},{},",
+            self.status,
+            self.stream,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.total_tokens,
+            self.cost,
+            self.latency_ms
+        );
+        if let Some(t) = self.ttft_ms {
+            let _ = write!(out, "{t}");
+        }
+        out.push(',');
+        csv_field(out, &self.upstream);
+        let _ = writeln!(out, ",{}", self.estimated);
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "time": format_time(self.time_ms),
+            "request_id": self.request_id,
+            "key_id": self.key_id,
+            "listener": self.listener,
+            "endpoint": self.endpoint,
+            "model": self.model,
+            "status": self.status,
+            "stream": self.stream,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "cost": self.cost,
+            "latency_ms": self.latency_ms,
+            "ttft_ms": self.ttft_ms,
+            "upstream": self.upstream,
+            "estimated": self.estimated,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub fn sample() -> UsageRecord {
+        UsageRecord {
+            time_ms: 1_795_353_265_123,
+            request_id: "req_1".into(),
+            key_id: "demo".into(),
+            listener: "main".into(),
+            endpoint: "chat".into(),
+            model: "echo,\"1\"".into(),
+            status: 200,
+            stream: true,
+            prompt_tokens: 4,
+            completion_tokens: 8,
+            total_tokens: 12,
+            cost: 0.5,
+            latency_ms: 12,
+            ttft_ms: None,
+            upstream: "http://127.0.0.1:9100".into(),
+            estimated: false,
+        }
+    }
+
+    #[test]
+    fn csv_rows_follow_the_header_and_quote_what_needs_it() {
+        let mut out = String::new();
+        sample().write_csv(&mut out);
+        assert_eq!(
+            out,
+            "2026-11-22T13:14:25.123Z,req_1,demo,main,chat,\"echo,\"\"1\"\"\",200,true,4,8,12,0.5,12,,http://127.0.0.1:9100,false\n"
+        );
+        assert_eq!(CSV_HEADER.split(',').count(), 16);
+        let v = sample().to_json();
+        let keys: Vec<&str> = CSV_HEADER.split(',').collect();
+        for k in keys {
+            assert!(v.get(k).is_some(), "json lacks {k}");
+        }
+    }
+
+    #[test]
+    fn times_parse_from_rfc3339_and_unix_seconds() {
+        assert_eq!(parse_time("1795353265"), Some(1_795_353_265_000));
+        assert_eq!(
+            parse_time("2026-11-22T13:14:25.123Z"),
+            Some(1_795_353_265_123)
+        );
+        assert_eq!(
+            parse_time("2026-11-22T14:14:25+01:00"),
+            Some(1_795_353_265_000)
+        );
+        assert_eq!(parse_time("yesterday"), None);
+        assert_eq!(format_time(1_795_353_265_123), "2026-11-22T13:14:25.123Z");
+    }
+}
