@@ -1,0 +1,136 @@
+//! Tokenizer fallback: when the upstream reports no usage, count the prompt and the output
+//! with tiktoken (o200k for the GPT-4o/4.1/5 and o-series families, cl100k otherwise). The
+//! record is then marked `estimated`.
+
+use std::sync::OnceLock;
+
+use serde_json::Value;
+use tiktoken_rs::CoreBPE;
+
+fn bpe(model: &str) -> Option<&'static CoreBPE> {
+    static O200K: OnceLock<Option<CoreBPE>> = OnceLock::new();
+    static CL100K: OnceLock<Option<CoreBPE>> = OnceLock::new();
+    let m = model
+        .rsplit('/')
+        .next()
+        .unwrap_or(model)
+        .to_ascii_lowercase();
+    let o200k = [
+        "gpt-4o",
+        "gpt-4.1",
+        "gpt-4.5",
+        "gpt-5",
+        "o1",
+        "o3",
+        "o4",
+        "chatgpt-4o",
+        "gpt-oss",
+    ]
+    .iter()
+    .any(|p| m.starts_with(p));
+    if o200k {
+        O200K
+            .get_or_init(|| tiktoken_rs::o200k_base().ok())
+            .as_ref()
+    } else {
+        CL100K
+            .get_or_init(|| tiktoken_rs::cl100k_base().ok())
+            .as_ref()
+    }
+}
+
+pub fn count(model: &str, text: &str) -> u64 {
+    if text.is_empty() {
+        return 0;
+    }
+    bpe(model).map_or_else(
+        || text.len().div_ceil(4) as u64,
+        |b| b.encode_ordinary(text).len() as u64,
+    )
+}
+
+/// The text a request asks about: chat messages' content (strings or text parts), a
+/// completion `prompt`, or embedding/moderation `input`.
+pub fn prompt_text(body: &[u8]) -> String {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    if let Some(messages) = v.get("messages").and_then(Value::as_array) {
+        for m in messages {
+            collect_text(m.get("content").unwrap_or(&Value::Null), &mut out);
+        }
+    }
+    for field in ["prompt", "input"] {
+        if let Some(p) = v.get(field) {
+            collect_text(p, &mut out);
+        }
+    }
+    out
+}
+
+/// The output text of a plain chat or completion reply.
+pub fn reply_text(body: &[u8]) -> String {
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return String::new();
+    };
+    let mut out = String::new();
+    for c in v
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(t) = c.pointer("/message/content").or_else(|| c.get("text")) {
+            collect_text(t, &mut out);
+        }
+    }
+    out
+}
+
+fn collect_text(v: &Value, out: &mut String) {
+    match v {
+        Value::String(s) => {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(s);
+        }
+        Value::Array(items) => {
+            for item in items {
+                match item {
+                    Value::Object(_) => {
+                        if let Some(t) = item.get("text") {
+                            collect_text(t, out);
+                        }
+                    }
+                    other => collect_text(other, out),
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_counted_with_the_family_tokenizer() {
+        assert_eq!(count("gpt-4o-mini", "hello world"), 2);
+        assert_eq!(count("some-local-model", "hello world"), 2);
+        assert_eq!(count("gpt-4o", ""), 0);
+    }
+
+    #[test]
+    fn prompt_text_takes_messages_parts_and_prompts() {
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"a b"},{"role":"user","content":[{"type":"text","text":"c"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
+        assert_eq!(prompt_text(body), "a b\nc");
+        assert_eq!(prompt_text(br#"{"prompt":["x","y"]}"#), "x\ny");
+        assert_eq!(
+            reply_text(br#"{"choices":[{"message":{"content":"hi there"}}]}"#),
+            "hi there"
+        );
+    }
+}
