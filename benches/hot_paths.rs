@@ -5,7 +5,7 @@ use bytes::Bytes;
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use modelgate::auth::authenticate;
 use modelgate::config::keys::KeyTable;
-use modelgate::route::body::{probe_json, rewrite_model};
+use modelgate::route::body::{for_upstream, probe_json};
 
 fn chat_body(words: usize) -> Vec<u8> {
     let content = "lorem ipsum ".repeat(words);
@@ -40,8 +40,8 @@ fn bench(c: &mut Criterion) {
     }
     let body = Bytes::from(chat_body(30));
     let probe = probe_json(&body).expect("probe");
-    c.bench_function("rewrite_model 0.5KB", |b| {
-        b.iter(|| rewrite_model(black_box(&body), &probe, "upstream/model-v2"))
+    c.bench_function("for_upstream 0.5KB (rename + include_usage)", |b| {
+        b.iter(|| for_upstream(black_box(&body), &probe, Some("upstream/model-v2"), true))
     });
     let table = keys(100_000);
     let header = b"Bearer sk-bench-00054321".to_vec();

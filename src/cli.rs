@@ -11,7 +11,10 @@ use clap::{Parser, Subcommand};
 use crate::config::Config;
 use crate::config::keys::sha256;
 use crate::config::live::Live;
+use crate::limit::budget::Spend;
 use crate::mock_upstream::{self, MockOptions};
+use crate::proxy::Shared;
+use crate::store::{Store, StoreOptions};
 
 #[derive(Parser)]
 #[command(
@@ -122,7 +125,7 @@ fn serve(path: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let c = &live.config;
+    let c = live.config.clone();
     // Pingora retries a busy port forever (that is how its upgrade hand-over works); a plain
     // start should fail fast instead, or a health check would pass with the API unbound.
     let addrs = [
@@ -137,15 +140,46 @@ fn serve(path: &Path) -> ExitCode {
             return ExitCode::from(2);
         }
     }
+    let options = StoreOptions {
+        retention: c.retention,
+        ..StoreOptions::default()
+    };
+    let store = match Store::open(&c.sqlite, options) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cannot open the usage store {}: {e}", c.sqlite.display());
+            return ExitCode::from(2);
+        }
+    };
+    let spend = match store.spend_totals() {
+        Ok(t) => Spend::from_totals(t),
+        Err(e) => {
+            eprintln!("cannot read spend from {}: {e}", c.sqlite.display());
+            return ExitCode::from(2);
+        }
+    };
     tracing::info!(
         main = ?c.listeners.main,
         direct = ?c.listeners.direct,
         admin = ?c.listeners.admin,
+        store = %c.sqlite.display(),
         keys = live.keys.load().len(),
         models = c.models.len(),
         "modelgate starting"
     );
-    crate::server::build(live).run_forever();
+    let shared = Arc::new(Shared {
+        live,
+        store: store.clone(),
+        spend,
+    });
+    crate::server::build(shared).run(pingora_core::server::RunArgs::default());
+    // Every runtime has exited, so every request has handed over its record: write them all.
+    store.close();
+    tracing::info!(
+        written = store.stats().written,
+        "usage records drained; bye"
+    );
+    ExitCode::SUCCESS
 }
 
 fn check(path: &Path) -> ExitCode {

@@ -240,6 +240,8 @@ struct Overrides {
     status: Option<u16>,
     ignore_include_usage: bool,
     garbage: bool,
+    /// `x-mock-cut-after: N`: a stream stops after N events and the connection drops.
+    cut_after: Option<usize>,
 }
 
 impl Overrides {
@@ -256,6 +258,7 @@ impl Overrides {
                 .filter(|s| (400..=599).contains(s)),
             ignore_include_usage: header_flag(headers, "x-mock-ignore-include-usage"),
             garbage: header_flag(headers, "x-mock-garbage"),
+            cut_after: header_parse::<usize>(headers, "x-mock-cut-after"),
         }
     }
 }
@@ -1127,11 +1130,19 @@ async fn write_events(
             }
         }
     } else {
-        for (i, event) in events.into_iter().enumerate() {
+        let n = ov.cut_after.unwrap_or(usize::MAX);
+        for (i, event) in events.into_iter().take(n).enumerate() {
             if i > 0 && !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
             session.write_response_body(event, false).await?;
+        }
+        if ov.cut_after.is_some() {
+            // Dropping the session without its final chunk cuts the stream mid-reply.
+            return pingora_error::Error::e_explain(
+                pingora_error::ErrorType::ConnectionClosed,
+                "x-mock-cut-after",
+            );
         }
     }
     Ok(())
@@ -1172,6 +1183,7 @@ mod tests {
             status: None,
             ignore_include_usage: false,
             garbage: false,
+            cut_after: None,
         }
     }
 

@@ -8,13 +8,13 @@ use pingora_core::server::configuration::ServerConf;
 use pingora_proxy::http_proxy_service_with_name;
 
 use crate::admin;
-use crate::config::live::Live;
 use crate::mock_upstream;
 use crate::proxy::Gateway;
+use crate::proxy::Shared;
 use crate::proxy::ctx::Listener;
 
-pub fn build(live: Arc<Live>) -> Server {
-    let config = live.config.clone();
+pub fn build(shared: Arc<Shared>) -> Server {
+    let config = shared.live.config.clone();
     let conf = ServerConf {
         threads: config.threads,
         grace_period_seconds: Some(config.grace_period_seconds),
@@ -42,7 +42,7 @@ pub fn build(live: Arc<Live>) -> Server {
             let name = format!("modelgate {}", listener.name());
             let mut svc = http_proxy_service_with_name(
                 &server.configuration,
-                Gateway::new(live.clone(), listener),
+                Gateway::new(shared.clone(), listener),
                 &name,
             );
             svc.add_tcp(addr);
@@ -50,7 +50,7 @@ pub fn build(live: Arc<Live>) -> Server {
         }
     }
     if let Some(addr) = &config.listeners.admin {
-        server.add_service(admin::service(addr, live.clone()));
+        server.add_service(admin::service(addr, shared.clone()));
     }
     server
 }

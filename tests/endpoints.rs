@@ -200,7 +200,7 @@ async fn models_are_listed_from_config_filtered_by_the_key() {
             .iter()
             .filter_map(|m| m["id"].as_str())
             .collect();
-        assert_eq!(ids, ["echo-1", "big-model", "gone-model"]);
+        assert_eq!(ids, ["echo-1", "big-model", "gone-model", "priced-model"]);
         for m in v["data"].as_array().expect("data") {
             assert_eq!(m["object"], "model");
             assert!(m["created"].is_i64() && m["owned_by"].is_string(), "{m}");

@@ -37,7 +37,10 @@ pub struct Config {
     pub path: PathBuf,
     pub listeners: Listeners,
     pub keys_file: PathBuf,
-    pub sqlite: Option<PathBuf>,
+    /// The usage store (default `usage.db` beside the config file).
+    pub sqlite: PathBuf,
+    /// Usage records older than this are deleted; None keeps them forever.
+    pub retention: Option<Duration>,
     pub pools: Vec<PoolConfig>,
     pub models: Vec<ModelConfig>,
     pub demo_mock_upstream: Option<String>,
@@ -135,6 +138,7 @@ struct RawKeysRef {
 #[serde(deny_unknown_fields)]
 struct RawStorage {
     sqlite: Option<String>,
+    retention_days: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -379,7 +383,18 @@ impl Config {
             path: path.to_path_buf(),
             listeners,
             keys_file: dir.join(&raw.keys.file),
-            sqlite: raw.storage.and_then(|s| s.sqlite).map(|s| dir.join(s)),
+            sqlite: dir.join(
+                raw.storage
+                    .as_ref()
+                    .and_then(|s| s.sqlite.clone())
+                    .unwrap_or_else(|| "usage.db".into()),
+            ),
+            retention: raw
+                .storage
+                .as_ref()
+                .and_then(|s| s.retention_days)
+                .filter(|d| *d > 0)
+                .map(|d| Duration::from_secs(d * 86_400)),
             pools,
             models,
             demo_mock_upstream,

@@ -99,6 +99,11 @@ impl Meter {
         }
     }
 
+    /// Whether the meter changes the bytes (SSE with usage stripped).
+    pub fn edits_body(&self) -> bool {
+        matches!(self, Meter::Sse(m) if m.strips_usage())
+    }
+
     pub fn is_metered(&self) -> bool {
         !matches!(self, Meter::None)
     }

@@ -65,6 +65,10 @@ impl SseMeter {
         }
     }
 
+    pub fn strips_usage(&self) -> bool {
+        self.strip_usage
+    }
+
     /// Feeds one piece. Returns the bytes to send on in its place: the piece itself in
     /// observe mode, the completed (and edited) events in strip mode.
     pub fn feed(&mut self, piece: Bytes, end: bool) -> Bytes {

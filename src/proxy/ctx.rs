@@ -8,6 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::config::keys::Key;
+use crate::meter::Meter;
 use crate::route::endpoint::Endpoint;
 use crate::route::{Route, Router};
 
@@ -29,9 +30,15 @@ impl Listener {
 pub struct Ctx {
     pub request_id: String,
     pub started: Instant,
+    /// Unix milliseconds at arrival: the record's `time`.
+    pub time_ms: i64,
     pub listener: Listener,
     pub key: Option<Arc<Key>>,
     pub endpoint: Option<Endpoint>,
+    /// The record's `endpoint` group name ("" until known).
+    pub group: &'static str,
+    /// The model the client asked for.
+    pub model: String,
     /// The router snapshot this request was routed with.
     pub router: Option<Arc<Router>>,
     pub route: Option<Arc<Route>>,
@@ -44,6 +51,11 @@ pub struct Ctx {
     pub replacement: Option<Bytes>,
     pub replacing: bool,
     pub status: u16,
+    pub meter: Meter,
+    /// Time to the first content byte sent to the client.
+    pub ttft_ms: Option<u64>,
+    /// The upstream was asked (so a per-request price applies on success).
+    pub proxied: bool,
 }
 
 impl Ctx {
@@ -51,9 +63,14 @@ impl Ctx {
         Ctx {
             request_id: next_request_id(),
             started: Instant::now(),
+            time_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64),
             listener,
             key: None,
             endpoint: None,
+            group: "",
+            model: String::new(),
             router: None,
             route: None,
             upstream: 0,
@@ -62,6 +79,9 @@ impl Ctx {
             replacement: None,
             replacing: false,
             status: 0,
+            meter: Meter::None,
+            ttft_ms: None,
+            proxied: false,
         }
     }
 }

@@ -29,8 +29,11 @@ pub async fn forward(connector: &Connector, session: &mut Session, ctx: &mut Ctx
     let mut client = match result {
         Ok(c) => c,
         Err(e) => {
-            if let Some(g) = reply::classify_failure(&e) {
-                let _ = respond::json(session, ctx, g.status(), g.body()).await;
+            match reply::classify_failure(&e) {
+                Some(g) => {
+                    let _ = respond::json(session, ctx, g.status(), g.body()).await;
+                }
+                None => ctx.status = 499,
             }
             return;
         }
@@ -52,6 +55,8 @@ pub async fn forward(connector: &Connector, session: &mut Session, ctx: &mut Ctx
         let mut chunk = match client.read_response_body().await {
             Ok(c) => c,
             Err(_) => {
+                // The upstream broke off mid-reply: the client's reply is cut.
+                ctx.status = 502;
                 session.as_downstream_mut().set_keepalive(None);
                 return;
             }
@@ -59,6 +64,7 @@ pub async fn forward(connector: &Connector, session: &mut Session, ctx: &mut Ctx
         let done = chunk.is_none() || client.response_done();
         reply::on_body(ctx, &mut chunk, done);
         if session.write_response_body(chunk, done).await.is_err() {
+            ctx.status = 499;
             return;
         }
         if done {

@@ -1,11 +1,12 @@
 //! The proxy: `Gateway` implements Pingora's `ProxyHttp`. Each phase is a few lines that call
-//! a stage: auth → permissions → body and route → upstream → reply. Refusals are answered in
-//! `request_filter` before any upstream is touched.
+//! a stage: auth → permissions and budget → body and route → upstream → reply (metered) →
+//! usage record. Refusals are answered in `request_filter` before any upstream is touched.
 
 pub mod body;
 pub mod ctx;
 mod direct;
 mod models;
+pub mod record;
 pub mod reply;
 pub mod respond;
 
@@ -17,29 +18,41 @@ use bytes::Bytes;
 use pingora_core::connectors::http::Connector;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
-use pingora_error::{Error, ErrorType};
+use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::auth;
 use crate::config::live::Live;
 use crate::error::GatewayError;
+use crate::limit::budget::Spend;
+use crate::meter::Meter;
+use crate::meter::sse::SseMeter;
 use crate::route::body as route_body;
 use crate::route::endpoint::{BodyKind, Endpoint, Group, Target, classify};
+use crate::store::Store;
 use crate::upstream;
+use crate::web::usage_api;
 use ctx::{Ctx, Listener};
 
+/// What both API listeners share: one key table and router, one store, one spend ledger.
+pub struct Shared {
+    pub live: Arc<Live>,
+    pub store: Arc<Store>,
+    pub spend: Spend,
+}
+
 pub struct Gateway {
-    live: Arc<Live>,
+    shared: Arc<Shared>,
     listener: Listener,
     /// Our own upstream client, for bodies Pingora's pipe cannot carry (see body.rs).
     connector: Connector,
 }
 
 impl Gateway {
-    pub fn new(live: Arc<Live>, listener: Listener) -> Gateway {
+    pub fn new(shared: Arc<Shared>, listener: Listener) -> Gateway {
         Gateway {
-            live,
+            shared,
             listener,
             connector: Connector::new(None),
         }
@@ -47,6 +60,7 @@ impl Gateway {
 
     /// Decides the request. `Ok(true)`: answered here; `Ok(false)`: proxy it.
     async fn admit(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {
+        let live = &self.shared.live;
         let req = session.req_header();
         let target = classify(&req.method, req.uri.path());
         if target == Target::Other {
@@ -58,36 +72,46 @@ impl Gateway {
             .headers
             .get(http::header::AUTHORIZATION)
             .map(|v| v.as_bytes());
-        let key = match auth::authenticate(&self.live.keys.load(), authorization, now_unix()) {
+        let key = match auth::authenticate(&live.keys.load(), authorization, now_unix()) {
             Ok(k) => k,
             Err(e) => return refuse(session, ctx, e).await,
         };
         ctx.key = Some(key.clone());
-        let router = self.live.router.load_full();
+        let router = live.router.load_full();
         let endpoint = match target {
-            Target::ListModels | Target::GetModel(_) if !key.may_use(Group::Models) => {
-                return refuse(session, ctx, denied_endpoint(Group::Models)).await;
-            }
-            Target::ListModels => {
-                let body = models::list(&router, &key);
-                respond::json(session, ctx, 200, body).await?;
-                return Ok(true);
-            }
-            Target::GetModel(id) => {
-                match models::get(&router, &key, &id) {
-                    Some(body) => respond::json(session, ctx, 200, body).await?,
-                    None => respond::error(session, ctx, &GatewayError::ModelNotFound(id)).await?,
+            Target::ListModels | Target::GetModel(_) => {
+                ctx.group = Group::Models.name();
+                if !key.may_use(Group::Models) {
+                    return refuse(session, ctx, denied_endpoint(Group::Models)).await;
+                }
+                match target {
+                    Target::GetModel(id) => match models::get(&router, &key, &id) {
+                        Some(body) => respond::json(session, ctx, 200, body).await?,
+                        None => {
+                            respond::error(session, ctx, &GatewayError::ModelNotFound(id)).await?
+                        }
+                    },
+                    _ => respond::json(session, ctx, 200, models::list(&router, &key)).await?,
                 }
                 return Ok(true);
             }
+            Target::Usage { csv } => {
+                ctx.group = Group::Usage.name();
+                if !key.may_use(Group::Usage) {
+                    return refuse(session, ctx, denied_endpoint(Group::Usage)).await;
+                }
+                usage_api::answer(session, ctx, &self.shared.store, &key.id, csv).await?;
+                return Ok(true);
+            }
             Target::Proxy(ep) => ep,
-            Target::Healthz | Target::Other => return Ok(true),
+            Target::Other => return Ok(true),
         };
         ctx.endpoint = Some(endpoint);
+        ctx.group = endpoint.group.name();
         if !key.may_use(endpoint.group) {
             return refuse(session, ctx, denied_endpoint(endpoint.group)).await;
         }
-        let read = match body::read(session, self.live.config.max_body_bytes).await? {
+        let read = match body::read(session, live.config.max_body_bytes).await? {
             Ok(r) => r,
             Err(e) => return refuse(session, ctx, e).await,
         };
@@ -95,6 +119,8 @@ impl Gateway {
             Ok(p) => p,
             Err(e) => return refuse(session, ctx, e).await,
         };
+        ctx.model = probe.model.clone();
+        ctx.stream = probe.stream;
         let Some(route) = router.get(&probe.model).cloned() else {
             return refuse(session, ctx, GatewayError::ModelNotFound(probe.model)).await;
         };
@@ -110,12 +136,21 @@ impl Gateway {
             )
             .await;
         }
-        ctx.body = if route.renames() {
-            route_body::rewrite_model(&read.bytes, &probe, &route.model.upstream_model)
-        } else {
-            read.bytes
+        if self.shared.spend.exhausted(&key) {
+            return refuse(session, ctx, GatewayError::InsufficientBalance).await;
+        }
+        // Streams are metered from their events; ask the upstream for usage if the client
+        // did not (and hide it from the client again, see meter/sse.rs).
+        let ask_usage = probe.stream && endpoint.group == Group::Chat && !probe.include_usage;
+        ctx.meter = match endpoint.group {
+            Group::Chat if probe.stream => Meter::Sse(SseMeter::new(ask_usage)),
+            Group::Chat | Group::Embeddings | Group::Moderations => Meter::json(),
+            _ => Meter::None,
         };
-        ctx.stream = probe.stream;
+        let rename = route
+            .renames()
+            .then_some(route.model.upstream_model.as_str());
+        ctx.body = route_body::for_upstream(&read.bytes, &probe, rename, ask_usage);
         let Some(up) = route.pool.pick() else {
             return refuse(
                 session,
@@ -132,6 +167,7 @@ impl Gateway {
             .unwrap_or(0);
         ctx.route = Some(route);
         ctx.router = Some(router);
+        ctx.proxied = true;
         if !read.via_pingora {
             direct::forward(&self.connector, session, ctx).await;
             return Ok(true);
@@ -264,7 +300,7 @@ impl ProxyHttp for Gateway {
 
     /// A client that goes away is normal traffic, not an error worth a log line.
     fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, error: &Error) -> bool {
-        error.esource() == &pingora_error::ErrorSource::Downstream
+        error.esource() == &ErrorSource::Downstream
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
@@ -284,5 +320,29 @@ impl ProxyHttp for Gateway {
             error_code: code,
             can_reuse_downstream: false,
         }
+    }
+
+    /// Every request that passed auth leaves exactly one usage record, whatever its outcome.
+    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        let Some(key) = ctx.key.clone() else { return };
+        if let Some(e) = e {
+            // A failure after the reply began (fail_to_proxy may not have run): a client that
+            // went away is 499, an upstream that broke off is 502.
+            if ctx.status == 0 || (200..300).contains(&ctx.status) {
+                ctx.status = if e.esource() == &ErrorSource::Downstream {
+                    499
+                } else {
+                    502
+                };
+            }
+        }
+        if let Some(m) = crate::metrics::get() {
+            m.requests
+                .with_label_values(&[ctx.listener.name(), ctx.group, &ctx.status.to_string()])
+                .inc();
+        }
+        let r = record::build(ctx, &key.id);
+        self.shared.spend.add(&key.id, r.cost);
+        self.shared.store.record(r);
     }
 }

@@ -7,6 +7,7 @@ use pingora_http::ResponseHeader;
 
 use super::ctx::Ctx;
 use crate::error::GatewayError;
+use crate::meter::Meter;
 
 /// Upstream 401/403 mean the gateway's own credential failed: the client gets 502
 /// `upstream_error` instead of a misleading auth error. Every reply gets `x-request-id`.
@@ -28,14 +29,26 @@ pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_e
     }
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     ctx.status = resp.status.as_u16();
+    if !(200..300).contains(&ctx.status) {
+        // An error reply carries no usage; it passes through unmetered.
+        ctx.meter = Meter::None;
+    } else if ctx.meter.edits_body() {
+        // Events are edited on the way (usage stripped): the length is no longer known.
+        resp.remove_header(&http::header::CONTENT_LENGTH);
+    }
     Ok(())
 }
 
-/// Called for each piece of the reply body as it passes.
-pub fn on_body(ctx: &mut Ctx, body: &mut Option<Bytes>, _eos: bool) {
+/// Called for each piece of the reply body as it passes: the replacement (if any), then the
+/// meter, which may edit streamed events; notes when content first reaches the client.
+pub fn on_body(ctx: &mut Ctx, body: &mut Option<Bytes>, end: bool) {
     if ctx.replacing {
         // The first piece carries the whole replacement; later pieces are dropped.
         *body = ctx.replacement.take();
+        return;
+    }
+    if ctx.meter.feed(body, end) && ctx.ttft_ms.is_none() {
+        ctx.ttft_ms = Some(ctx.started.elapsed().as_millis() as u64);
     }
 }
 

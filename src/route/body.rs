@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -18,6 +18,10 @@ pub struct Probe {
     /// field's content), for splicing.
     pub model_span: (usize, usize),
     pub multipart_boundary: Option<String>,
+    /// The client asked for `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// Byte range of the `stream_options` value, if present (JSON only).
+    pub stream_options_span: Option<(usize, usize)>,
 }
 
 #[derive(Deserialize)]
@@ -26,6 +30,14 @@ struct JsonProbe<'a> {
     model: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<serde_json::Value>,
+    #[serde(default, borrow)]
+    stream_options: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
 }
 
 /// Reads `model` (and `stream`) from a JSON body, validating the whole document without
@@ -72,13 +84,23 @@ pub fn probe_json(body: &[u8]) -> Result<Probe, GatewayError> {
             });
         }
     };
-    // The RawValue borrows from `body`, so its address gives its offset.
-    let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+    // A RawValue borrows from `body`, so its address gives its offset.
+    let span = |r: &RawValue| {
+        let start = r.get().as_ptr() as usize - body.as_ptr() as usize;
+        (start, start + r.get().len())
+    };
+    let include_usage = p
+        .stream_options
+        .and_then(|so| serde_json::from_str::<StreamOptions>(so.get()).ok())
+        .and_then(|so| so.include_usage)
+        .unwrap_or(false);
     Ok(Probe {
         model: model.into_owned(),
         stream,
-        model_span: (start, start + raw.get().len()),
+        model_span: span(raw),
         multipart_boundary: None,
+        include_usage,
+        stream_options_span: p.stream_options.filter(|so| so.get() != "null").map(span),
     })
 }
 
@@ -129,6 +151,8 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
         stream: stream_flag,
         model_span,
         multipart_boundary: Some(boundary.to_string()),
+        include_usage: false,
+        stream_options_span: None,
     })
 }
 
@@ -157,19 +181,55 @@ fn multipart_field_span(body: &[u8], boundary: &str, name: &str) -> Option<(usiz
     None
 }
 
-/// Replaces the model's value with `upstream_model`, keeping every other byte.
-pub fn rewrite_model(body: &Bytes, probe: &Probe, upstream_model: &str) -> Bytes {
-    let (start, end) = probe.model_span;
-    let value = if probe.multipart_boundary.is_some() {
-        upstream_model.to_string()
-    } else {
-        serde_json::Value::String(upstream_model.to_string()).to_string()
-    };
-    let mut out = BytesMut::with_capacity(body.len() - (end - start) + value.len());
-    out.extend_from_slice(&body[..start]);
-    out.extend_from_slice(value.as_bytes());
-    out.extend_from_slice(&body[end..]);
-    out.freeze()
+/// The body as the upstream gets it: the model's value replaced by `upstream_model` (if
+/// given) and, for a JSON stream, `stream_options.include_usage` set so the upstream reports
+/// usage. Every other byte stays as the client sent it.
+pub fn for_upstream(
+    body: &Bytes,
+    probe: &Probe,
+    upstream_model: Option<&str>,
+    ask_usage: bool,
+) -> Bytes {
+    // (start, end, replacement), applied back to front so earlier offsets stay valid.
+    let mut edits: Vec<(usize, usize, String)> = Vec::with_capacity(2);
+    if let Some(m) = upstream_model {
+        let value = if probe.multipart_boundary.is_some() {
+            m.to_string()
+        } else {
+            serde_json::Value::String(m.to_string()).to_string()
+        };
+        edits.push((probe.model_span.0, probe.model_span.1, value));
+    }
+    if ask_usage && probe.multipart_boundary.is_none() {
+        match probe.stream_options_span {
+            Some((start, end)) => {
+                let mut so: serde_json::Map<String, serde_json::Value> =
+                    serde_json::from_slice(&body[start..end]).unwrap_or_default();
+                so.insert("include_usage".into(), serde_json::Value::Bool(true));
+                edits.push((start, end, serde_json::Value::Object(so).to_string()));
+            }
+            None => {
+                // Right after the opening brace; the object has at least `model`, so a comma follows.
+                let at = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+                edits.push((
+                    at,
+                    at,
+                    r#""stream_options":{"include_usage":true},"#.to_string(),
+                ));
+            }
+        }
+    }
+    if edits.is_empty() {
+        return body.clone();
+    }
+    edits.sort_by_key(|e| std::cmp::Reverse(e.0));
+    let grow: usize = edits.iter().map(|e| e.2.len()).sum();
+    let mut out = body.to_vec();
+    out.reserve(grow);
+    for (start, end, value) in edits {
+        out.splice(start..end, value.into_bytes());
+    }
+    Bytes::from(out)
 }
 
 #[cfg(test)]
@@ -183,7 +243,12 @@ mod tests {
         assert_eq!(p.model, "echo-1");
         assert!(p.stream);
         assert_eq!(&body[p.model_span.0..p.model_span.1], br#""echo-1""#);
-        let out = rewrite_model(&Bytes::from_static(body), &p, "upstream/\"big\"");
+        let out = for_upstream(
+            &Bytes::from_static(body),
+            &p,
+            Some("upstream/\"big\""),
+            false,
+        );
         let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
         assert_eq!(v["model"], "upstream/\"big\"");
         assert_eq!(v["messages"][0]["model"], "inner");
@@ -226,6 +291,31 @@ mod tests {
     }
 
     #[test]
+    fn include_usage_is_asked_for_without_touching_other_bytes() {
+        let body = Bytes::from_static(br#"{"model":"a","stream":true,"messages":[]}"#);
+        let p = probe_json(&body).expect("ok");
+        assert!(!p.include_usage);
+        let out = for_upstream(&body, &p, Some("upstream-b"), true);
+        assert_eq!(
+            std::str::from_utf8(&out).expect("utf-8"),
+            r#"{"stream_options":{"include_usage":true},"model":"upstream-b","stream":true,"messages":[]}"#
+        );
+        let body = Bytes::from_static(
+            br#"{"model":"a","stream":true,"stream_options":{"include_usage":false,"x":1}}"#,
+        );
+        let p = probe_json(&body).expect("ok");
+        let out = for_upstream(&body, &p, None, true);
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(
+            v["stream_options"],
+            serde_json::json!({"include_usage": true, "x": 1})
+        );
+        let asked =
+            probe_json(br#"{"model":"a","stream_options":{"include_usage":true}}"#).expect("ok");
+        assert!(asked.include_usage);
+    }
+
+    #[test]
     fn escaped_model_names_are_decoded() {
         let p = probe_json(br#"{"model":"a\u002fb"}"#).expect("ok");
         assert_eq!(p.model, "a/b");
@@ -242,7 +332,7 @@ mod tests {
         let body = form();
         let p = probe_multipart(&body, "XyZ").await.expect("ok");
         assert_eq!(p.model, "whisper-1");
-        let out = rewrite_model(&body, &p, "whisper-large");
+        let out = for_upstream(&body, &p, Some("whisper-large"), true);
         let again = probe_multipart(&out, "XyZ").await.expect("ok");
         assert_eq!(again.model, "whisper-large");
         assert!(out.starts_with(&body[..body.len() - 30]));

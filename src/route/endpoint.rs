@@ -65,8 +65,11 @@ pub enum Target {
     Proxy(Endpoint),
     ListModels,
     GetModel(String),
-    Healthz,
-    /// Served by later stages (usage API, pages); unknown here → 404.
+    /// `GET /api/usage` (JSON) or `/api/usage.csv`: the key's own records.
+    Usage {
+        csv: bool,
+    },
+    /// Unknown here → 404.
     Other,
 }
 
@@ -85,7 +88,11 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
         if let Some(id) = path.strip_prefix("/v1/models/") {
             return Target::GetModel(id.to_string());
         }
-        return Target::Other;
+        return match path {
+            "/api/usage" => Target::Usage { csv: false },
+            "/api/usage.csv" => Target::Usage { csv: true },
+            _ => Target::Other,
+        };
     }
     if method != http::Method::POST {
         return Target::Other;

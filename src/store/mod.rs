@@ -1,6 +1,336 @@
-//! Store stage: usage records and spend, kept off the request path. (The SQLite backend and
-//! its batching writer are being written.)
+//! Store stage: usage records and spend, kept off the request path. `record` hands a record to
+//! one writer thread (bounded channel, then an in-memory overflow queue) that commits batches
+//! to SQLite; queries and CSV exports read through their own read-only connections.
 
 pub mod record;
 
+mod query;
+mod sqlite;
+mod writer;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rusqlite::Connection;
+
+pub use query::{Cursor, Page, Query};
 pub use record::{CSV_HEADER, UsageRecord};
+
+use writer::{Msg, Shared, Writer, WriterConfig};
+
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Records the channel holds before `record` spills to the overflow queue.
+    pub channel_capacity: usize,
+    /// Most rows per transaction.
+    pub batch_max: usize,
+    /// Longest a record waits in a part-filled batch before it is committed.
+    pub batch_interval: Duration,
+    /// Rows older than this are deleted (spend is kept); None keeps them forever.
+    pub retention: Option<Duration>,
+    /// Records the overflow queue holds before further ones are dropped (counted, logged).
+    pub overflow_max: usize,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            channel_capacity: 65_536,
+            batch_max: 4_096,
+            batch_interval: Duration::from_millis(100),
+            retention: None,
+            overflow_max: 1_000_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Rows committed.
+    pub written: u64,
+    /// Records that found the channel full and went to the overflow queue (not lost).
+    pub overflowed: u64,
+    /// Records lost because the overflow queue was full or the store was closed.
+    pub dropped: u64,
+    /// Records accepted but not yet committed (channel, overflow queue, current batch).
+    pub queued: u64,
+    /// Rows lost because their batch failed to commit twice.
+    pub write_errors: u64,
+}
+
+/// Idle read-only connections kept for reuse (with their cached statements).
+const READER_POOL: usize = 4;
+
+pub struct Store {
+    path: PathBuf,
+    tx: SyncSender<Msg>,
+    shared: Arc<Shared>,
+    overflow_max: usize,
+    writer: Mutex<Option<JoinHandle<()>>>,
+    /// Set by `close`; `record` calls that see it drop their record instead of queueing it.
+    closed: AtomicBool,
+    /// `record` calls past the `closed` check; `close` waits for them before sending `Stop`,
+    /// so nothing can be queued behind it.
+    in_flight: AtomicUsize,
+    readers: Mutex<Vec<Connection>>,
+}
+
+impl Store {
+    /// Creates parent folders, opens/creates the DB (WAL, synchronous=NORMAL, busy_timeout
+    /// 5 s), creates the schema, starts the writer thread.
+    pub fn open(path: &Path, opts: StoreOptions) -> Result<Arc<Store>, String> {
+        let conn = sqlite::open_writer(path)?;
+        let (tx, rx) = mpsc::sync_channel(opts.channel_capacity.max(1));
+        let shared = Arc::new(Shared::default());
+        let cfg = WriterConfig {
+            batch_max: opts.batch_max.max(1),
+            batch_interval: opts.batch_interval,
+            retention: opts.retention,
+        };
+        let writer = Writer::new(conn, rx, Arc::clone(&shared), cfg);
+        let handle = std::thread::Builder::new()
+            .name("usage-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| format!("usage store: starting the writer thread: {e}"))?;
+        Ok(Arc::new(Store {
+            path: path.to_path_buf(),
+            tx,
+            shared,
+            overflow_max: opts.overflow_max,
+            writer: Mutex::new(Some(handle)),
+            closed: AtomicBool::new(false),
+            in_flight: AtomicUsize::new(0),
+            readers: Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// Never blocks, never panics. Channel → overflow queue → counted drop. After `close`
+    /// the record is dropped (counted in `dropped`, logged).
+    pub fn record(&self, r: UsageRecord) {
+        let s = &self.shared;
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if self.closed.load(Ordering::SeqCst) {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            self.drop_record("the usage store is closed");
+            return;
+        }
+        s.accepted.fetch_add(1, Ordering::SeqCst);
+        match self.tx.try_send(Msg::Record(Box::new(r))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(msg)) => {
+                if let Msg::Record(r) = msg {
+                    self.spill(r);
+                }
+            }
+            Err(TrySendError::Disconnected(_)) => {
+                s.accepted.fetch_sub(1, Ordering::SeqCst);
+                self.drop_record("the usage writer thread is gone");
+            }
+        }
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// The channel is full: queue in memory for the writer, or drop (counted) past
+    /// `overflow_max`.
+    fn spill(&self, r: Box<UsageRecord>) {
+        let s = &self.shared;
+        let mut q = s.overflow();
+        if q.len() < self.overflow_max {
+            q.push_back(r);
+            let len = q.len();
+            drop(q);
+            let total = s.overflowed.fetch_add(1, Ordering::Relaxed) + 1;
+            if s.spill_log.allow() {
+                tracing::warn!(
+                    overflow_len = len,
+                    overflowed_total = total,
+                    "usage channel full; records wait in the overflow queue"
+                );
+            }
+            return;
+        }
+        drop(q);
+        s.accepted.fetch_sub(1, Ordering::SeqCst);
+        self.drop_record("the usage overflow queue is full");
+    }
+
+    fn drop_record(&self, why: &str) {
+        let total = self.shared.dropped.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.shared.drop_log.allow() {
+            tracing::error!(dropped_total = total, "usage record dropped: {why}");
+        }
+    }
+
+    /// key_id → total spend, from the spend table (for loading at start).
+    pub fn spend_totals(&self) -> Result<HashMap<String, f64>, String> {
+        self.with_reader(sqlite::spend_totals)
+    }
+
+    /// Drains the channel and the overflow queue, commits, stops and joins the writer.
+    /// Idempotent; a concurrent second call waits for the first. Records sent after close
+    /// are dropped and counted in `dropped`.
+    pub fn close(&self) {
+        // A test that failed while the writer was paused must still be able to drop the store.
+        #[cfg(test)]
+        self.shared.paused.store(false, Ordering::SeqCst);
+        let mut handle = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        self.closed.store(true, Ordering::SeqCst);
+        while self.in_flight.load(Ordering::SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        if let Some(h) = handle.take() {
+            if self.tx.send(Msg::Stop).is_err() {
+                tracing::error!("usage store: the writer thread was already gone at close");
+            }
+            if h.join().is_err() {
+                tracing::error!("usage store: the writer thread panicked");
+            }
+        }
+        drop(handle);
+        self.readers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// Blocks until everything recorded before the call is committed (for tests and for
+    /// close). Returns false on timeout.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let (ack_tx, ack_rx) = mpsc::channel();
+        let mut msg = Msg::Flush(ack_tx);
+        // The marker queues behind every record sent before it; a full channel means the
+        // writer is busy emptying it, so retry briefly.
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) => {
+                    if Instant::now() >= deadline {
+                        return false;
+                    }
+                    msg = m;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(TrySendError::Disconnected(_)) => return self.closed.load(Ordering::SeqCst),
+            }
+        }
+        match ack_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(()) => true,
+            Err(RecvTimeoutError::Timeout) => false,
+            // The writer stopped without reading the marker: `close` drained everything.
+            Err(RecvTimeoutError::Disconnected) => self.closed.load(Ordering::SeqCst),
+        }
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        let s = &self.shared;
+        let written = s.written.load(Ordering::SeqCst);
+        let write_errors = s.write_errors.load(Ordering::SeqCst);
+        let accepted = s.accepted.load(Ordering::SeqCst);
+        StoreStats {
+            written,
+            overflowed: s.overflowed.load(Ordering::Relaxed),
+            dropped: s.dropped.load(Ordering::Relaxed),
+            queued: accepted.saturating_sub(written + write_errors),
+            write_errors,
+        }
+    }
+
+    /// Blocking (callers use spawn_blocking). One page ordered by (time_ms, rowid) ascending.
+    pub fn query(&self, q: &Query) -> Result<Page, String> {
+        self.with_reader(|conn| query::page(conn, q))
+    }
+
+    /// Blocking. Streams `CSV_HEADER\n` then every matching row (ordered like `query`) to
+    /// `sink` in chunks of about 64 KiB, reading the DB in keyset pages so memory stays flat;
+    /// stops early when `sink` returns false. Returns the rows in chunks handed to `sink`.
+    pub fn export_csv(
+        &self,
+        q: &Query,
+        sink: &mut dyn FnMut(bytes::Bytes) -> bool,
+    ) -> Result<u64, String> {
+        self.with_reader(|conn| query::export(conn, q, sink))
+    }
+
+    /// Runs `f` on a pooled read-only connection (opened on demand); a connection that saw an
+    /// error is not pooled again.
+    fn with_reader<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let pooled = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let conn = match pooled {
+            Some(c) => c,
+            None => sqlite::open_reader(&self.path)?,
+        };
+        let out = f(&conn);
+        if out.is_ok() && !self.closed.load(Ordering::SeqCst) {
+            let mut pool = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.len() < READER_POOL {
+                pool.push(conn);
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_store_is_shareable_across_threads() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Store>();
+        shareable::<Arc<Store>>();
+    }
+
+    #[test]
+    fn many_threads_record_at_once_and_queries_work_after_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.db");
+        let opts = StoreOptions {
+            channel_capacity: 64,
+            ..StoreOptions::default()
+        };
+        let store = Store::open(&path, opts).unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    for i in 0..10_000 {
+                        store.record(sqlite::sample_record(t * 10_000 + i, "k", i as i64));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert!(store.flush(Duration::from_secs(30)));
+        assert_eq!(store.stats().written, 40_000);
+        store.close();
+        let q = Query {
+            key_id: Some("k".into()),
+            start_ms: 0,
+            end_ms: i64::MAX,
+            limit: 1,
+            cursor: None,
+        };
+        let rows = store.export_csv(&q, &mut |_| true).unwrap();
+        assert_eq!(rows, 40_000);
+        assert_eq!(store.spend_totals().unwrap().len(), 1);
+    }
+}

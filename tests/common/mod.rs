@@ -15,9 +15,13 @@ pub const MODELS_ONLY_KEY: &str = "sk-test-models-only-0003";
 pub const DISABLED_KEY: &str = "sk-test-disabled-0004";
 pub const EXPIRED_KEY: &str = "sk-test-expired-0005";
 pub const POOL_KEY: &str = "sk-upstream-pool-secret";
+pub const BUDGET_KEY: &str = "sk-test-budgeted-0006";
+pub const OTHER_KEY: &str = "sk-test-other-tenant-0007";
 
 pub struct Gateway {
     child: Child,
+    ports: Ports,
+    env: Vec<(String, String)>,
     pub main: String,
     pub direct: String,
     pub admin: String,
@@ -67,6 +71,15 @@ disabled = true
 id = "expired"
 secret = "sk-test-expired-0005"
 expires_at = "2020-01-01T00:00:00Z"
+
+[[keys]]
+id = "budgeted"
+secret = "sk-test-budgeted-0006"
+budget = 10.0
+
+[[keys]]
+id = "other"
+secret = "sk-test-other-tenant-0007"
 "#;
 
 /// Options a test may change.
@@ -106,13 +119,21 @@ pub fn start_with(setup: Setup) -> Gateway {
 
 fn try_start(setup: &Setup) -> Result<Gateway, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let (main, direct, admin, mock, dead) = (
+    let ports = (
         free_port(),
         free_port(),
         free_port(),
         free_port(),
         free_port(),
     );
+    write_config(dir.path(), setup, ports)?;
+    spawn(dir, setup, ports)
+}
+
+type Ports = (u16, u16, u16, u16, u16);
+
+fn write_config(path: &std::path::Path, setup: &Setup, ports: Ports) -> Result<(), String> {
+    let (main, direct, admin, mock, dead) = ports;
     let config = format!(
         r#"
 [listeners]
@@ -156,18 +177,29 @@ upstream_model = "upstream/big-model-v2"
 [[models]]
 name = "gone-model"
 pool = "dead"
+
+[[models]]
+name = "priced-model"
+pool = "local"
+upstream_model = "echo-1"
+price = {{ prompt = 1000000.0, completion = 1000000.0, request = 0.5 }}
 {extra}
 "#,
         max_body = setup.max_body_bytes,
         read_timeout = setup.read_timeout_ms,
         extra = setup.extra_config,
     );
-    std::fs::write(dir.path().join("modelgate.toml"), config).map_err(|e| e.to_string())?;
+    std::fs::write(path.join("modelgate.toml"), config).map_err(|e| e.to_string())?;
     let keys = KEYS.replace(
         "SHA_OF_MODELS_ONLY",
         &sha256_hex(MODELS_ONLY_KEY.as_bytes()),
     );
-    std::fs::write(dir.path().join("keys.toml"), keys).map_err(|e| e.to_string())?;
+    std::fs::write(path.join("keys.toml"), keys).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn spawn(dir: tempfile::TempDir, setup: &Setup, ports: Ports) -> Result<Gateway, String> {
+    let (main, direct, admin, mock, _) = ports;
     let mut child = Command::new(bin())
         .args(["serve", "--config"])
         .arg(dir.path().join("modelgate.toml"))
@@ -182,6 +214,8 @@ pool = "dead"
         direct: format!("http://127.0.0.1:{direct}"),
         admin: format!("http://127.0.0.1:{admin}"),
         mock: format!("http://127.0.0.1:{mock}"),
+        ports,
+        env: setup.env.clone(),
         child: {
             // Moved into the struct below after readiness; keep the handle here.
             let deadline = Instant::now() + Duration::from_secs(30);
@@ -212,6 +246,31 @@ pool = "dead"
 }
 
 impl Gateway {
+    /// SIGTERM, as an orchestrator stops it; returns the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        self.child.wait().expect("wait")
+    }
+
+    /// Stops it with SIGTERM and starts it again on the same folder (same store) and ports.
+    pub fn restart(mut self) -> Gateway {
+        let status = self.terminate();
+        assert!(status.success(), "exit after SIGTERM: {status}");
+        self.restart_stopped()
+    }
+
+    /// Starts a terminated gateway again on the same folder and ports.
+    pub fn restart_stopped(mut self) -> Gateway {
+        let dir = tempfile::tempdir().expect("tmp");
+        let old = std::mem::replace(&mut self.dir, dir);
+        let setup = Setup {
+            env: self.env.clone(),
+            ..Setup::default()
+        };
+        spawn(old, &setup, self.ports).expect("restart")
+    }
+
     pub fn bases(&self) -> [String; 2] {
         [self.main.clone(), self.direct.clone()]
     }

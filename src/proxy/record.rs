@@ -1,0 +1,112 @@
+//! The end of a request: its usage record. Tokens are the upstream's own figures when it
+//! reported them; otherwise, for a metered reply that carried content, the tokenizer's
+//! (marked `estimated`). Cost follows the model's price.
+
+use super::ctx::Ctx;
+use crate::config::Price;
+use crate::meter::{Usage, estimate};
+use crate::store::UsageRecord;
+
+/// The record of a request that passed auth.
+pub fn build(ctx: &Ctx, key_id: &str) -> UsageRecord {
+    let ok = (200..300).contains(&ctx.status);
+    let reported = ctx.meter.usage();
+    let (usage, estimated) = match reported {
+        Some(u) => (complete(u), false),
+        // Estimate when the client got (some of) a reply the upstream did not account for:
+        // a success without usage, or a stream cut or abandoned after content.
+        None if ctx.meter.is_metered() && (ok || ctx.ttft_ms.is_some()) => {
+            (estimated_usage(ctx), true)
+        }
+        None => (Usage::default(), false),
+    };
+    let route = ctx.route.as_ref();
+    let price = route.map(|r| r.model.price).unwrap_or_default();
+    let cost = cost(&price, &usage, ok && ctx.proxied);
+    let upstream = route
+        .and_then(|r| r.pool.upstreams.get(ctx.upstream))
+        .filter(|_| ctx.proxied)
+        .map(|u| u.cfg.url.clone())
+        .unwrap_or_default();
+    UsageRecord {
+        time_ms: ctx.time_ms,
+        request_id: ctx.request_id.clone(),
+        key_id: key_id.to_string(),
+        listener: ctx.listener.name().to_string(),
+        endpoint: ctx.group.to_string(),
+        model: ctx.model.clone(),
+        status: ctx.status,
+        stream: ctx.stream,
+        prompt_tokens: usage.prompt_tokens,
+        completion_tokens: usage.completion_tokens,
+        total_tokens: usage.total_tokens,
+        cost,
+        latency_ms: ctx.started.elapsed().as_millis() as u64,
+        ttft_ms: ctx.ttft_ms,
+        upstream,
+        estimated,
+    }
+}
+
+/// Some upstreams leave `total_tokens` out; it is the sum.
+fn complete(mut u: Usage) -> Usage {
+    if u.total_tokens == 0 {
+        u.total_tokens = u.prompt_tokens + u.completion_tokens;
+    }
+    u
+}
+
+fn estimated_usage(ctx: &Ctx) -> Usage {
+    let model = ctx
+        .route
+        .as_ref()
+        .map_or(ctx.model.as_str(), |r| r.model.upstream_model.as_str());
+    let prompt = estimate::count(model, &estimate::prompt_text(&ctx.body));
+    let completion = ctx
+        .meter
+        .output_text()
+        .map_or(0, |t| estimate::count(model, &t));
+    Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt + completion,
+    }
+}
+
+/// Credits: per million prompt and completion tokens, plus the per-request price when the
+/// upstream served the request.
+pub fn cost(price: &Price, usage: &Usage, served: bool) -> f64 {
+    let tokens = price.prompt * usage.prompt_tokens as f64 / 1e6
+        + price.completion * usage.completion_tokens as f64 / 1e6;
+    tokens + if served { price.request } else { 0.0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cost_is_per_million_tokens_plus_per_request() {
+        let p = Price {
+            prompt: 1.0,
+            completion: 2.0,
+            request: 0.5,
+        };
+        let u = Usage {
+            prompt_tokens: 1_000_000,
+            completion_tokens: 500_000,
+            total_tokens: 1_500_000,
+        };
+        assert!((cost(&p, &u, true) - 2.5).abs() < 1e-9);
+        assert!((cost(&p, &u, false) - 2.0).abs() < 1e-9);
+        assert_eq!(
+            complete(Usage {
+                prompt_tokens: 2,
+                completion_tokens: 3,
+                total_tokens: 0
+            })
+            .total_tokens,
+            5
+        );
+    }
+}

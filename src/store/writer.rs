@@ -1,0 +1,512 @@
+//! Store stage, write side: the one thread that owns the write connection. It takes records
+//! from the bounded channel and the overflow queue, commits them in batches (at most
+//! `batch_max` rows or `batch_interval` after a batch's first row), and runs retention between
+//! batches.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use rusqlite::Connection;
+
+use super::record::UsageRecord;
+use super::sqlite::{RETENTION_CHUNK, delete_expired, insert_batch};
+
+/// Records are boxed so a 65,536-slot channel costs a pointer per slot, not a whole record.
+pub(super) enum Msg {
+    Record(Box<UsageRecord>),
+    /// Acknowledged once everything queued before it (channel and overflow) is committed.
+    Flush(Sender<()>),
+    /// Drain everything, commit, exit.
+    Stop,
+}
+
+/// What the request side and the writer thread share besides the channel.
+#[derive(Default)]
+pub(super) struct Shared {
+    /// Where records go when the channel is full; the writer drains it between channel reads.
+    pub overflow: Mutex<VecDeque<Box<UsageRecord>>>,
+    /// Records taken into the channel or the overflow queue.
+    pub accepted: AtomicU64,
+    pub overflowed: AtomicU64,
+    pub dropped: AtomicU64,
+    pub written: AtomicU64,
+    pub write_errors: AtomicU64,
+    pub spill_log: LogGate,
+    pub drop_log: LogGate,
+    pub write_error_log: LogGate,
+    /// Test hook: the writer idles while set, so a burst fills the channel deterministically.
+    #[cfg(test)]
+    pub paused: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    pub fn overflow(&self) -> MutexGuard<'_, VecDeque<Box<UsageRecord>>> {
+        // A panic while holding this lock cannot leave the queue half-changed, so go on.
+        self.overflow.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Lets one log line through per second, so a persistent failure under load does not flood
+/// the log.
+#[derive(Default)]
+pub(super) struct LogGate {
+    /// Unix milliseconds of the last line; 0 = never.
+    last: AtomicU64,
+}
+
+impl LogGate {
+    pub fn allow(&self) -> bool {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let prev = self.last.load(Ordering::Relaxed);
+        if prev != 0 && now.saturating_sub(prev) < 1_000 {
+            return false;
+        }
+        self.last
+            .compare_exchange(prev, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+}
+
+pub(super) struct WriterConfig {
+    pub batch_max: usize,
+    pub batch_interval: Duration,
+    pub retention: Option<Duration>,
+}
+
+/// How long an idle writer sleeps before looking at retention again.
+const IDLE_TICK: Duration = Duration::from_secs(1);
+
+/// Retention scans at most this often unless the last pass left a backlog.
+const RETENTION_EVERY: Duration = Duration::from_secs(60);
+
+pub(super) struct Writer {
+    conn: Connection,
+    rx: Receiver<Msg>,
+    shared: Arc<Shared>,
+    cfg: WriterConfig,
+    batch: Vec<UsageRecord>,
+    batch_started: Option<Instant>,
+    acks: Vec<Sender<()>>,
+    retention_last: Option<Instant>,
+    /// The last retention DELETE removed a full chunk: more old rows remain.
+    retention_backlog: bool,
+}
+
+impl Writer {
+    pub fn new(
+        conn: Connection,
+        rx: Receiver<Msg>,
+        shared: Arc<Shared>,
+        cfg: WriterConfig,
+    ) -> Self {
+        Writer {
+            conn,
+            rx,
+            shared,
+            batch: Vec::with_capacity(cfg.batch_max),
+            cfg,
+            batch_started: None,
+            acks: Vec::new(),
+            retention_last: None,
+            retention_backlog: false,
+        }
+    }
+
+    pub fn run(mut self) {
+        // A first retention pass before any flush can be acknowledged, so a restart with a
+        // shorter retention trims right away.
+        self.retention_tick();
+        loop {
+            #[cfg(test)]
+            while self.shared.paused.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if self.batch.len() < self.cfg.batch_max {
+                self.take_overflow(usize::MAX);
+            }
+            let mut flush = false;
+            let mut stop = false;
+            if self.batch.len() < self.cfg.batch_max {
+                let wait = match self.batch_started {
+                    Some(t) => self.cfg.batch_interval.saturating_sub(t.elapsed()),
+                    None if self.retention_backlog => Duration::ZERO,
+                    None => IDLE_TICK,
+                };
+                match self.rx.recv_timeout(wait) {
+                    Ok(msg) => self.take(msg, &mut flush, &mut stop),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => stop = true,
+                }
+            }
+            // Take what is already queued without waiting; a flush or stop ends the batch.
+            while !flush && !stop && self.batch.len() < self.cfg.batch_max {
+                match self.rx.try_recv() {
+                    Ok(msg) => self.take(msg, &mut flush, &mut stop),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => stop = true,
+                }
+            }
+            let due = self.batch.len() >= self.cfg.batch_max
+                || self
+                    .batch_started
+                    .is_some_and(|t| t.elapsed() >= self.cfg.batch_interval);
+            if due || flush || stop {
+                self.commit();
+            }
+            if stop {
+                self.drain_after_stop();
+                return;
+            }
+            if flush {
+                self.drain_overflow();
+                self.ack();
+            }
+            if self.batch.is_empty() {
+                self.retention_tick();
+            }
+        }
+    }
+
+    fn take(&mut self, msg: Msg, flush: &mut bool, stop: &mut bool) {
+        match msg {
+            Msg::Record(r) => self.push(r),
+            Msg::Flush(ack) => {
+                self.acks.push(ack);
+                *flush = true;
+            }
+            Msg::Stop => *stop = true,
+        }
+    }
+
+    fn push(&mut self, r: Box<UsageRecord>) {
+        if self.batch_started.is_none() {
+            self.batch_started = Some(Instant::now());
+        }
+        self.batch.push(*r);
+    }
+
+    /// Tops the batch up from the overflow queue, oldest first, taking at most `most`.
+    fn take_overflow(&mut self, most: usize) -> usize {
+        let room = self
+            .cfg
+            .batch_max
+            .saturating_sub(self.batch.len())
+            .min(most);
+        let taken: Vec<Box<UsageRecord>> = {
+            let mut q = self.shared.overflow();
+            let n = room.min(q.len());
+            q.drain(..n).collect()
+        };
+        let n = taken.len();
+        for r in taken {
+            self.push(r);
+        }
+        n
+    }
+
+    /// Commits the batch and then everything that is in the overflow queue now. Records that
+    /// spill in meanwhile wait for the normal loop, so a flush under sustained overload ends.
+    fn drain_overflow(&mut self) {
+        let mut left = self.shared.overflow().len();
+        loop {
+            self.commit();
+            if left == 0 {
+                return;
+            }
+            let n = self.take_overflow(left);
+            if n == 0 {
+                return;
+            }
+            left -= n;
+        }
+    }
+
+    /// After `Stop` only flush markers can still be queued (`Store::close` waits for in-flight
+    /// `record` calls first), but take records too rather than lose any.
+    fn drain_after_stop(&mut self) {
+        loop {
+            match self.rx.try_recv() {
+                Ok(Msg::Record(r)) => {
+                    self.push(r);
+                    if self.batch.len() >= self.cfg.batch_max {
+                        self.commit();
+                    }
+                }
+                Ok(Msg::Flush(ack)) => self.acks.push(ack),
+                Ok(Msg::Stop) => {}
+                Err(_) => break,
+            }
+        }
+        self.commit();
+        self.drain_overflow();
+        self.ack();
+    }
+
+    fn ack(&mut self) {
+        for ack in self.acks.drain(..) {
+            // The flusher may have timed out and gone; nothing to tell it then.
+            let _ = ack.send(());
+        }
+    }
+
+    /// Commits the batch. A failed batch is retried once (a transient I/O or lock error);
+    /// after that its rows are counted in `write_errors` and logged, never retried forever
+    /// (a full disk would otherwise stall every later record).
+    fn commit(&mut self) {
+        self.batch_started = None;
+        if self.batch.is_empty() {
+            return;
+        }
+        let n = self.batch.len() as u64;
+        let mut result = insert_batch(&mut self.conn, &self.batch);
+        if result.is_err() {
+            std::thread::sleep(Duration::from_millis(50));
+            result = insert_batch(&mut self.conn, &self.batch);
+        }
+        match result {
+            Ok(()) => {
+                self.shared.written.fetch_add(n, Ordering::SeqCst);
+            }
+            Err(e) => {
+                let total = self.shared.write_errors.fetch_add(n, Ordering::SeqCst) + n;
+                if self.shared.write_error_log.allow() {
+                    tracing::error!(
+                        rows = n,
+                        lost_total = total,
+                        "usage store: batch not written: {e}"
+                    );
+                }
+            }
+        }
+        self.batch.clear();
+    }
+
+    /// One retention DELETE (at most `RETENTION_CHUNK` rows) when due: every
+    /// `RETENTION_EVERY`, or at once while a backlog remains.
+    fn retention_tick(&mut self) {
+        let Some(keep) = self.cfg.retention else {
+            return;
+        };
+        let due = self.retention_backlog
+            || self
+                .retention_last
+                .is_none_or(|t| t.elapsed() >= RETENTION_EVERY);
+        if !due {
+            return;
+        }
+        self.retention_last = Some(Instant::now());
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now_ms.saturating_sub(keep_ms);
+        match delete_expired(&self.conn, cutoff) {
+            Ok(n) => self.retention_backlog = n >= RETENTION_CHUNK,
+            Err(e) => {
+                self.retention_backlog = false;
+                tracing::error!("usage store: retention: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::path::Path;
+    use std::sync::atomic::Ordering;
+    use std::time::{Duration, Instant};
+
+    use crate::store::sqlite::sample_record;
+    use crate::store::{Query, Store, StoreOptions, StoreStats, UsageRecord};
+
+    fn rows(path: &Path) -> Vec<UsageRecord> {
+        let store = Store::open(path, StoreOptions::default()).unwrap();
+        let mut q = Query {
+            key_id: None,
+            start_ms: i64::MIN,
+            end_ms: i64::MAX,
+            limit: 10_000,
+            cursor: None,
+        };
+        let mut out = Vec::new();
+        loop {
+            let page = store.query(&q).unwrap();
+            out.extend(page.records);
+            match page.next_cursor {
+                Some(c) => q.cursor = Some(c),
+                None => return out,
+            }
+        }
+    }
+
+    #[test]
+    fn a_lone_record_is_committed_within_the_batch_interval() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("u.db"), StoreOptions::default()).unwrap();
+        let start = Instant::now();
+        store.record(sample_record(1, "k", 1));
+        while store.stats().written == 0 {
+            assert!(start.elapsed() < Duration::from_secs(2), "not committed");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(90),
+            "{took:?}: committed before the interval"
+        );
+        assert!(took < Duration::from_millis(750), "{took:?}");
+        assert_eq!(
+            store.stats(),
+            StoreStats {
+                written: 1,
+                ..StoreStats::default()
+            }
+        );
+    }
+
+    #[test]
+    fn close_drains_a_burst_sent_right_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.db");
+        let store = Store::open(&path, StoreOptions::default()).unwrap();
+        for i in 0..100_000 {
+            store.record(sample_record(i, "k", i as i64));
+        }
+        store.close();
+        store.close();
+        let stats = store.stats();
+        assert_eq!(
+            (stats.written, stats.dropped, stats.queued),
+            (100_000, 0, 0)
+        );
+        // After close: counted, not queued.
+        store.record(sample_record(0, "k", 0));
+        assert_eq!(store.stats().dropped, 1);
+        assert!(store.flush(Duration::from_secs(1)));
+        drop(store);
+        let back = rows(&path);
+        assert_eq!(back.len(), 100_000);
+        assert!(
+            back.iter()
+                .enumerate()
+                .all(|(i, r)| r.request_id == format!("req_{i}"))
+        );
+    }
+
+    #[test]
+    fn a_full_channel_spills_to_the_overflow_queue_and_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.db");
+        let opts = StoreOptions {
+            channel_capacity: 1,
+            batch_max: 64,
+            ..StoreOptions::default()
+        };
+        let store = Store::open(&path, opts).unwrap();
+        store.shared.paused.store(true, Ordering::SeqCst);
+        for i in 0..20_000 {
+            store.record(sample_record(i, "k", i as i64));
+        }
+        let stats = store.stats();
+        assert!(stats.overflowed >= 19_000, "{stats:?}");
+        assert_eq!(stats.dropped, 0);
+        assert!(
+            !store.flush(Duration::from_millis(20)),
+            "paused writer cannot flush"
+        );
+        store.shared.paused.store(false, Ordering::SeqCst);
+        assert!(store.flush(Duration::from_secs(30)));
+        assert_eq!(store.stats().written, 20_000);
+        // Keep going through a cramped channel with the writer running.
+        for i in 20_000..60_000 {
+            store.record(sample_record(i, "k", i as i64));
+        }
+        store.close();
+        assert_eq!(store.stats().dropped, 0);
+        drop(store);
+        let back = rows(&path);
+        assert_eq!(back.len(), 60_000);
+        let mut ids: Vec<u64> = back
+            .iter()
+            .map(|r| r.request_id["req_".len()..].parse().unwrap())
+            .collect();
+        ids.sort_unstable();
+        assert!(ids.iter().enumerate().all(|(i, &id)| id == i as u64));
+    }
+
+    #[test]
+    fn past_the_overflow_bound_records_are_dropped_and_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.db");
+        let opts = StoreOptions {
+            channel_capacity: 10,
+            overflow_max: 100,
+            ..StoreOptions::default()
+        };
+        let store = Store::open(&path, opts).unwrap();
+        store.shared.paused.store(true, Ordering::SeqCst);
+        for i in 0..1_000 {
+            store.record(sample_record(i, "k", i as i64));
+        }
+        let stats = store.stats();
+        assert!(stats.dropped >= 880 && stats.dropped < 900, "{stats:?}");
+        assert_eq!(stats.overflowed, 100);
+        assert_eq!(stats.queued + stats.written + stats.dropped, 1_000);
+        store.shared.paused.store(false, Ordering::SeqCst);
+        store.close();
+        let stats = store.stats();
+        drop(store);
+        assert_eq!(rows(&path).len() as u64, stats.written);
+        assert_eq!(stats.written + stats.dropped, 1_000);
+    }
+
+    #[test]
+    fn spend_survives_reopen_and_is_not_lowered_by_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.db");
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let store = Store::open(&path, StoreOptions::default()).unwrap();
+        for i in 0..1_000 {
+            // Half the rows are a year old.
+            let t = if i % 2 == 0 {
+                now - 365 * 86_400_000
+            } else {
+                now
+            };
+            let mut r = sample_record(i, ["a", "b"][i as usize % 4 / 2], t);
+            r.cost = 0.25;
+            store.record(r);
+        }
+        store.close();
+        drop(store);
+
+        let opts = StoreOptions {
+            retention: Some(Duration::from_secs(86_400)),
+            ..StoreOptions::default()
+        };
+        let store = Store::open(&path, opts).unwrap();
+        assert!(store.flush(Duration::from_secs(10)));
+        let spend = store.spend_totals().unwrap();
+        assert_eq!(spend.len(), 2);
+        assert_eq!(spend["a"], 125.0);
+        assert_eq!(spend["b"], 125.0);
+        store.record(sample_record(9, "a", now));
+        store.close();
+        drop(store);
+        let left = rows(&path);
+        assert_eq!(left.len(), 501, "the year-old rows are gone");
+        let store = Store::open(&path, StoreOptions::default()).unwrap();
+        let spend = store.spend_totals().unwrap();
+        assert_eq!(spend["a"], 125.0 + 0.125);
+        assert_eq!(spend["b"], 125.0);
+    }
+}

@@ -1,0 +1,596 @@
+//! Metering and the usage store: one record per request that passed auth, exact tokens from
+//! plain and streamed replies, estimates when the upstream reports none, cancelled and cut
+//! streams, the usage API (JSON and CSV), budgets, restarts and a burst before SIGTERM.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+async fn usage_page(base: &str, key: &str, query: &str) -> Value {
+    let resp = client()
+        .get(format!("{base}/api/usage?{query}"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        resp.status(),
+        200,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    resp.json().await.expect("json")
+}
+
+/// Waits (bounded) until the record with this request id is readable, and returns it.
+async fn record_of(base: &str, key: &str, request_id: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = usage_page(base, key, "limit=10000").await;
+        if let Some(r) = page["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["request_id"] == request_id)
+        {
+            return r.clone();
+        }
+        assert!(Instant::now() < deadline, "no record for {request_id}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn request_id(resp: &reqwest::Response) -> String {
+    resp.headers()["x-request-id"]
+        .to_str()
+        .expect("ascii")
+        .to_string()
+}
+
+/// Sends, drains the reply, and returns (request id, body).
+async fn call(
+    base: &str,
+    key: &str,
+    path: &str,
+    body: &Value,
+    headers: &[(&str, &str)],
+) -> (String, Vec<u8>) {
+    let mut req = client()
+        .post(format!("{base}{path}"))
+        .bearer_auth(key)
+        .json(body);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.expect("send");
+    let id = request_id(&resp);
+    (id, resp.bytes().await.expect("body").to_vec())
+}
+
+fn tokens(r: &Value) -> (u64, u64, u64) {
+    let n = |f: &str| r[f].as_u64().unwrap_or(u64::MAX);
+    (
+        n("prompt_tokens"),
+        n("completion_tokens"),
+        n("total_tokens"),
+    )
+}
+
+#[tokio::test]
+async fn every_endpoint_leaves_one_record_with_the_upstreams_exact_tokens_on_both_listeners() {
+    let g = start();
+    for base in g.bases() {
+        let listener = if base == g.main { "main" } else { "direct" };
+        let (id, _) = call(
+            &base,
+            KEY,
+            "/v1/chat/completions",
+            &chat_body("echo-1", false),
+            &[],
+        )
+        .await;
+        let r = record_of(&base, KEY, &id).await;
+        assert_eq!(tokens(&r), (4, 8, 12));
+        assert_eq!(
+            (
+                r["endpoint"].as_str(),
+                r["listener"].as_str(),
+                r["status"].as_u64()
+            ),
+            (Some("chat"), Some(listener), Some(200))
+        );
+        assert_eq!(
+            (
+                r["stream"].as_bool(),
+                r["estimated"].as_bool(),
+                r["key_id"].as_str()
+            ),
+            (Some(false), Some(false), Some("full"))
+        );
+        assert!(
+            r["upstream"]
+                .as_str()
+                .is_some_and(|u| u.starts_with("http://127.0.0.1:"))
+        );
+        assert!(r["ttft_ms"].is_u64() && r["latency_ms"].is_u64());
+
+        let (id, _) = call(
+            &base,
+            KEY,
+            "/v1/completions",
+            &json!({"model": "echo-1", "prompt": "one two three"}),
+            &[],
+        )
+        .await;
+        assert_eq!(tokens(&record_of(&base, KEY, &id).await), (3, 8, 11));
+        let (id, _) = call(
+            &base,
+            KEY,
+            "/v1/embeddings",
+            &json!({"model": "echo-1", "input": ["a b", "c"]}),
+            &[],
+        )
+        .await;
+        let r = record_of(&base, KEY, &id).await;
+        assert_eq!(
+            (tokens(&r), r["endpoint"].as_str()),
+            ((3, 0, 3), Some("embeddings"))
+        );
+        let (id, _) = call(
+            &base,
+            KEY,
+            "/v1/moderations",
+            &json!({"model": "echo-1", "input": "x y"}),
+            &[],
+        )
+        .await;
+        assert_eq!(record_of(&base, KEY, &id).await["endpoint"], "moderations");
+        let (id, _) = call(
+            &base,
+            KEY,
+            "/v1/images/generations",
+            &json!({"model": "priced-model", "prompt": "cat"}),
+            &[],
+        )
+        .await;
+        let r = record_of(&base, KEY, &id).await;
+        assert_eq!(
+            (tokens(&r), r["endpoint"].as_str(), r["cost"].as_f64()),
+            ((0, 0, 0), Some("images"), Some(0.5))
+        );
+        let (id, _) = call(
+            &base,
+            KEY,
+            "/v1/audio/speech",
+            &json!({"model": "echo-1", "input": "hi", "voice": "a"}),
+            &[],
+        )
+        .await;
+        assert_eq!(record_of(&base, KEY, &id).await["endpoint"], "audio");
+        // Refusals after auth are recorded too.
+        let (id, _) = call(
+            &base,
+            KEY,
+            "/v1/chat/completions",
+            &chat_body("no-such-model", false),
+            &[],
+        )
+        .await;
+        let r = record_of(&base, KEY, &id).await;
+        assert_eq!(
+            (r["status"].as_u64(), r["model"].as_str(), tokens(&r)),
+            (Some(404), Some("no-such-model"), (0, 0, 0))
+        );
+    }
+}
+
+#[tokio::test]
+async fn streams_are_metered_exactly_with_and_without_include_usage_split_anywhere() {
+    let g = start();
+    for split in ["1", "3", "7", "64"] {
+        // Without include_usage: the gateway asks for it and hides it from the client.
+        let (id, body) = call(
+            &g.main,
+            KEY,
+            "/v1/chat/completions",
+            &chat_body("echo-1", true),
+            &[("x-mock-split", split)],
+        )
+        .await;
+        let text = String::from_utf8(body).expect("utf-8");
+        assert!(
+            !text.contains("usage"),
+            "the client saw usage it did not ask for (split {split}): {text}"
+        );
+        assert!(text.trim_end().ends_with("data: [DONE]"));
+        let r = record_of(&g.main, KEY, &id).await;
+        assert_eq!(
+            (tokens(&r), r["estimated"].as_bool(), r["stream"].as_bool()),
+            ((4, 8, 12), Some(false), Some(true)),
+            "split {split}"
+        );
+
+        // With include_usage: passed through untouched, and metered.
+        let mut asked = chat_body("echo-1", true);
+        asked["stream_options"] = json!({"include_usage": true});
+        let (id, body) = call(
+            &g.direct,
+            KEY,
+            "/v1/chat/completions",
+            &asked,
+            &[("x-mock-split", split)],
+        )
+        .await;
+        assert!(String::from_utf8_lossy(&body).contains("\"completion_tokens\":8"));
+        assert_eq!(tokens(&record_of(&g.direct, KEY, &id).await), (4, 8, 12));
+    }
+}
+
+#[tokio::test]
+async fn an_upstream_that_ignores_include_usage_is_estimated_with_the_tokenizer() {
+    let g = start();
+    let (id, body) = call(
+        &g.main,
+        KEY,
+        "/v1/chat/completions",
+        &chat_body("echo-1", true),
+        &[("x-mock-ignore-include-usage", "1"), ("x-mock-split", "5")],
+    )
+    .await;
+    assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
+    let r = record_of(&g.main, KEY, &id).await;
+    let prompt = modelgate::meter::estimate::count("echo-1", "say hello to me");
+    let completion = modelgate::meter::estimate::count("echo-1", MOCK_TEXT);
+    assert_eq!(tokens(&r), (prompt, completion, prompt + completion));
+    assert_eq!(r["estimated"], true);
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_mid_stream_is_recorded_as_499_with_the_tokens_so_far() {
+    let g = start();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", g.main))
+        .bearer_auth(KEY)
+        .header("x-mock-chunks", "40")
+        .header("x-mock-delay-ms", "50")
+        .json(&chat_body("echo-1", true))
+        .send()
+        .await
+        .expect("send");
+    let id = request_id(&resp);
+    let mut stream = resp.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("Hello") {
+        seen.push_str(&String::from_utf8_lossy(
+            &stream.next().await.expect("piece").expect("ok"),
+        ));
+    }
+    drop(stream);
+    let r = record_of(&g.main, KEY, &id).await;
+    assert_eq!(r["status"], 499);
+    let (_, completion, _) = tokens(&r);
+    assert!((1..40).contains(&completion), "tokens so far: {r}");
+    assert_eq!(r["estimated"], true);
+}
+
+#[tokio::test]
+async fn an_upstream_that_cuts_the_stream_is_recorded_as_502_with_the_tokens_so_far() {
+    let g = start();
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", g.direct))
+        .bearer_auth(KEY)
+        .header("x-mock-cut-after", "4")
+        .json(&chat_body("echo-1", true))
+        .send()
+        .await
+        .expect("send");
+    let id = request_id(&resp);
+    // The client's reply is cut too: it must not look complete.
+    if let Ok(body) = resp.bytes().await {
+        assert!(!String::from_utf8_lossy(&body).contains("[DONE]"));
+    }
+    let r = record_of(&g.direct, KEY, &id).await;
+    assert_eq!(r["status"], 502);
+    let (_, completion, _) = tokens(&r);
+    assert!(completion >= 1, "{r}");
+}
+
+#[tokio::test]
+async fn keys_see_only_their_own_records() {
+    let g = start();
+    let (mine, _) = call(
+        &g.main,
+        KEY,
+        "/v1/chat/completions",
+        &chat_body("echo-1", false),
+        &[],
+    )
+    .await;
+    let (theirs, _) = call(
+        &g.main,
+        OTHER_KEY,
+        "/v1/chat/completions",
+        &chat_body("echo-1", false),
+        &[],
+    )
+    .await;
+    record_of(&g.main, KEY, &mine).await;
+    record_of(&g.main, OTHER_KEY, &theirs).await;
+    for (key, own, other) in [(KEY, &mine, &theirs), (OTHER_KEY, &theirs, &mine)] {
+        let page = usage_page(&g.direct, key, "limit=10000").await;
+        let ids: Vec<&str> = page["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .filter_map(|r| r["request_id"].as_str())
+            .collect();
+        assert!(
+            ids.contains(&own.as_str()) && !ids.contains(&other.as_str()),
+            "{ids:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn time_filters_and_cursor_pages_select_exactly_the_range() {
+    let g = start();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(
+            call(
+                &g.main,
+                OTHER_KEY,
+                "/v1/embeddings",
+                &json!({"model": "echo-1", "input": "x"}),
+                &[],
+            )
+            .await
+            .0,
+        );
+    }
+    let last = record_of(&g.main, OTHER_KEY, &ids[4]).await;
+    let t = last["time"].as_str().expect("time").to_string();
+    // `end` is exclusive: the last record is outside [.., t).
+    let before = usage_page(
+        &g.main,
+        OTHER_KEY,
+        &format!("end={}", t.replace(':', "%3A")),
+    )
+    .await;
+    assert!(
+        before["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .all(|r| r["request_id"] != ids[4].as_str())
+    );
+    let from = usage_page(
+        &g.main,
+        OTHER_KEY,
+        &format!("start={}", t.replace(':', "%3A")),
+    )
+    .await;
+    assert!(
+        from["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .any(|r| r["request_id"] == ids[4].as_str())
+    );
+    let future = usage_page(&g.main, OTHER_KEY, "start=4102444800&end=4102448400").await;
+    assert_eq!(future["data"].as_array().map(Vec::len), Some(0));
+    // Pages of 2 return every record once, in time order (usage calls leave records too:
+    // only the embeddings are compared).
+    let mut seen = Vec::new();
+    let mut query = "limit=2".to_string();
+    let end = format!("end={}", t.replace(':', "%3A"));
+    loop {
+        let page = usage_page(&g.direct, OTHER_KEY, &format!("{query}&start=0&{end}")).await;
+        let data = page["data"].as_array().expect("data");
+        assert!(data.len() <= 2);
+        seen.extend(
+            data.iter()
+                .filter(|r| r["endpoint"] == "embeddings")
+                .map(|r| r["request_id"].as_str().unwrap_or("").to_string()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(c) => query = format!("limit=2&cursor={c}"),
+            None => break,
+        }
+    }
+    seen.push(ids[4].clone());
+    assert_eq!(seen, ids);
+}
+
+#[tokio::test]
+async fn csv_export_has_the_contract_header_and_the_same_rows_as_json() {
+    let g = start();
+    for _ in 0..3 {
+        let (id, _) = call(
+            &g.main,
+            OTHER_KEY,
+            "/v1/chat/completions",
+            &chat_body("echo-1", true),
+            &[],
+        )
+        .await;
+        record_of(&g.main, OTHER_KEY, &id).await;
+    }
+    let resp = client()
+        .get(format!("{}/api/usage.csv", g.direct))
+        .bearer_auth(OTHER_KEY)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-disposition"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("attachment")
+    );
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .expect("ascii")
+            .starts_with("text/csv")
+    );
+    let csv = resp.text().await.expect("body");
+    let mut lines = csv.lines();
+    assert_eq!(
+        lines.next(),
+        Some(
+            "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated"
+        )
+    );
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    let page = usage_page(&g.direct, OTHER_KEY, "limit=10000").await;
+    let json_rows = page["data"].as_array().expect("data");
+    assert_eq!(rows.len(), json_rows.len());
+    for (row, r) in rows.iter().zip(json_rows) {
+        assert_eq!(row[0], r["time"].as_str().unwrap_or(""));
+        assert_eq!(row[1], r["request_id"].as_str().unwrap_or(""));
+        assert_eq!(row[8].parse::<u64>().ok(), r["prompt_tokens"].as_u64());
+        assert_eq!(row[9].parse::<u64>().ok(), r["completion_tokens"].as_u64());
+        assert_eq!(row[6].parse::<u64>().ok(), r["status"].as_u64());
+    }
+}
+
+#[tokio::test]
+async fn a_key_in_the_url_and_bad_ranges_are_refused() {
+    let g = start();
+    for q in [
+        "api_key=sk-test-full-access-0001",
+        "start=yesterday",
+        "limit=10001",
+    ] {
+        let resp = client()
+            .get(format!("{}/api/usage?{q}", g.main))
+            .bearer_auth(KEY)
+            .send()
+            .await
+            .expect("send");
+        let (status, e) = error_of(resp).await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (400, Some("invalid_parameter")),
+            "{q}"
+        );
+    }
+    let resp = client()
+        .get(format!("{}/api/usage", g.main))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(error_of(resp).await.0, 401);
+    let resp = client()
+        .get(format!("{}/api/usage", g.main))
+        .bearer_auth(MODELS_ONLY_KEY)
+        .send()
+        .await
+        .expect("send");
+    let (status, e) = error_of(resp).await;
+    assert_eq!((status, e["param"].as_str()), (403, Some("endpoint")));
+}
+
+#[tokio::test]
+async fn a_spent_budget_gives_402_and_spend_and_records_survive_a_restart() {
+    let g = start();
+    // priced-model: 1 credit per token + 0.5 per request; the key's budget is 10.
+    let (id, _) = call(
+        &g.main,
+        BUDGET_KEY,
+        "/v1/chat/completions",
+        &chat_body("priced-model", false),
+        &[],
+    )
+    .await;
+    let r = record_of(&g.main, BUDGET_KEY, &id).await;
+    assert_eq!(r["cost"].as_f64(), Some(12.5));
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", g.direct))
+        .bearer_auth(BUDGET_KEY)
+        .json(&chat_body("echo-1", false))
+        .send()
+        .await
+        .expect("send");
+    let refused = request_id(&resp);
+    let (status, e) = error_of(resp).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (402, Some("insufficient_balance"))
+    );
+    record_of(&g.main, BUDGET_KEY, &refused).await;
+    // The usage API still answers a key with no balance left (its own calls are recorded too).
+    let page = usage_page(&g.main, BUDGET_KEY, "limit=10000").await;
+    let chat: Vec<u64> = page["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter(|r| r["endpoint"] == "chat")
+        .filter_map(|r| r["status"].as_u64())
+        .collect();
+    assert_eq!(chat, [200, 402]);
+
+    let g = g.restart();
+    let page = usage_page(&g.main, BUDGET_KEY, "").await;
+    assert!(
+        page["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .any(|r| r["request_id"] == id.as_str())
+    );
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", g.main))
+        .bearer_auth(BUDGET_KEY)
+        .json(&chat_body("echo-1", false))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(error_of(resp).await.0, 402, "spend survived the restart");
+}
+
+#[tokio::test]
+async fn no_record_is_lost_after_a_burst_followed_at_once_by_sigterm() {
+    let mut g = start();
+    let n = 400;
+    let base = g.direct.clone();
+    let c = client();
+    let sends = (0..n).map(|_| {
+        let c = c.clone();
+        let base = base.clone();
+        async move {
+            let resp = c
+                .post(format!("{base}/v1/embeddings"))
+                .bearer_auth(OTHER_KEY)
+                .json(&json!({"model": "echo-1", "input": "x"}))
+                .send()
+                .await;
+            resp.map(|r| r.status().as_u16()).unwrap_or(0)
+        }
+    });
+    let statuses = futures_util::future::join_all(sends).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let status = g.terminate();
+    assert!(status.success(), "{status}");
+    let g = g.restart_stopped();
+    let csv = client()
+        .get(format!("{}/api/usage.csv", g.main))
+        .bearer_auth(OTHER_KEY)
+        .send()
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("body");
+    assert_eq!(
+        csv.lines().count() - 1,
+        n,
+        "records after the burst and SIGTERM"
+    );
+}
