@@ -171,6 +171,7 @@ fn serve(path: &Path) -> ExitCode {
         live,
         store: store.clone(),
         spend,
+        limiter: Default::default(),
     });
     crate::server::build(shared).run(pingora_core::server::RunArgs::default());
     // Every runtime has exited, so every request has handed over its record: write them all.

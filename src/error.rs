@@ -21,8 +21,10 @@ pub enum GatewayError {
     ModelNotFound(String),
     NotFound(String),
     RequestTooLarge(usize),
+    /// `retry_after`: whole seconds until a request would be admitted (the Retry-After header).
     RateLimited {
         message: String,
+        retry_after: u64,
     },
     UpstreamError(String),
     NoHealthyUpstream(String),
@@ -106,7 +108,7 @@ impl GatewayError {
                 None,
                 format!("The request body is larger than the limit of {limit} bytes."),
             ),
-            E::RateLimited { message } => (
+            E::RateLimited { message, .. } => (
                 429,
                 "rate_limit_error",
                 "rate_limit_exceeded",

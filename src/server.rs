@@ -8,6 +8,7 @@ use pingora_core::server::configuration::ServerConf;
 use pingora_proxy::http_proxy_service_with_name;
 
 use crate::admin;
+use crate::config::reload::KeysReloader;
 use crate::mock_upstream;
 use crate::proxy::Gateway;
 use crate::proxy::Shared;
@@ -49,6 +50,10 @@ pub fn build(shared: Arc<Shared>) -> Server {
             server.add_service(svc);
         }
     }
+    server.add_service(pingora_core::services::background::background_service(
+        "keys reload",
+        KeysReloader::new(shared.live.clone()),
+    ));
     if let Some(addr) = &config.listeners.admin {
         server.add_service(admin::service(addr, shared.clone()));
     }

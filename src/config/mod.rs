@@ -5,6 +5,7 @@
 pub mod keys;
 pub mod live;
 mod problem;
+pub mod reload;
 
 use std::collections::HashSet;
 use std::fmt;

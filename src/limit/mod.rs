@@ -1,4 +1,5 @@
-//! Limits stage: decisions that refuse a key before any upstream is touched. `budget` keeps
-//! each key's spend in memory (loaded from the store at start, advanced as records are made).
+//! Limits stage: decisions that refuse a key before any upstream is touched. `rate` holds the
+//! exact rpm/tpm/concurrency windows; `budget` keeps each key's spend in memory.
 
 pub mod budget;
+pub mod rate;

@@ -8,6 +8,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::config::keys::Key;
+use crate::limit::rate::{Headroom, Slot};
 use crate::meter::Meter;
 use crate::route::endpoint::Endpoint;
 use crate::route::{Route, Router};
@@ -56,6 +57,12 @@ pub struct Ctx {
     pub ttft_ms: Option<u64>,
     /// The upstream was asked (so a per-request price applies on success).
     pub proxied: bool,
+    /// The key's limits as of this request, for the `x-ratelimit-*` headers.
+    pub headroom: Headroom,
+    /// One of the key's `max_concurrent` slots, freed when the request ends.
+    pub slot: Option<Slot>,
+    /// Seconds for a `Retry-After` header on the gateway's own reply.
+    pub retry_after: Option<u64>,
 }
 
 impl Ctx {
@@ -82,6 +89,9 @@ impl Ctx {
             meter: Meter::None,
             ttft_ms: None,
             proxied: false,
+            headroom: Headroom::default(),
+            slot: None,
+            retry_after: None,
         }
     }
 }

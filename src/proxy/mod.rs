@@ -26,6 +26,7 @@ use crate::auth;
 use crate::config::live::Live;
 use crate::error::GatewayError;
 use crate::limit::budget::Spend;
+use crate::limit::rate::{Limiter, retry_after_secs};
 use crate::meter::Meter;
 use crate::meter::sse::SseMeter;
 use crate::route::body as route_body;
@@ -40,6 +41,7 @@ pub struct Shared {
     pub live: Arc<Live>,
     pub store: Arc<Store>,
     pub spend: Spend,
+    pub limiter: Limiter,
 }
 
 pub struct Gateway {
@@ -77,6 +79,18 @@ impl Gateway {
             Err(e) => return refuse(session, ctx, e).await,
         };
         ctx.key = Some(key.clone());
+        let (admitted, headroom) = self.shared.limiter.admit(&key, std::time::Instant::now());
+        ctx.headroom = headroom;
+        match admitted {
+            Ok(slot) => ctx.slot = slot,
+            Err(r) => {
+                let e = GatewayError::RateLimited {
+                    message: r.message,
+                    retry_after: retry_after_secs(r.retry_after),
+                };
+                return refuse(session, ctx, e).await;
+            }
+        }
         let router = live.router.load_full();
         let endpoint = match target {
             Target::ListModels | Target::GetModel(_) => {
@@ -342,6 +356,10 @@ impl ProxyHttp for Gateway {
                 .inc();
         }
         let r = record::build(ctx, &key.id);
+        ctx.slot = None;
+        self.shared
+            .limiter
+            .add_tokens(&key, r.total_tokens, std::time::Instant::now());
         self.shared.spend.add(&key.id, r.cost);
         self.shared.store.record(r);
     }

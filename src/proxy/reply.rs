@@ -28,6 +28,7 @@ pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_e
         ctx.replacing = true;
     }
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
+    crate::limit::rate::write_headers(&ctx.headroom, resp)?;
     ctx.status = resp.status.as_u16();
     if !(200..300).contains(&ctx.status) {
         // An error reply carries no usage; it passes through unmetered.

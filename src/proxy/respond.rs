@@ -28,6 +28,10 @@ pub async fn bytes(
     h.insert_header("content-type", content_type)?;
     h.insert_header("content-length", body.len().to_string())?;
     h.insert_header("x-request-id", ctx.request_id.as_str())?;
+    crate::limit::rate::write_headers(&ctx.headroom, &mut h)?;
+    if let Some(secs) = ctx.retry_after.take() {
+        h.insert_header("retry-after", secs.to_string())?;
+    }
     ctx.status = status;
     session.write_response_header(Box::new(h), false).await?;
     session.write_response_body(Some(body), true).await?;
@@ -53,6 +57,9 @@ pub async fn error(
             // A failed drain only means the connection will not be reused.
             let _ = session.drain_request_body().await;
         }
+    }
+    if let GatewayError::RateLimited { retry_after, .. } = e {
+        ctx.retry_after = Some(*retry_after);
     }
     json(session, ctx, e.status(), e.body()).await
 }

@@ -17,6 +17,10 @@ pub const EXPIRED_KEY: &str = "sk-test-expired-0005";
 pub const POOL_KEY: &str = "sk-upstream-pool-secret";
 pub const BUDGET_KEY: &str = "sk-test-budgeted-0006";
 pub const OTHER_KEY: &str = "sk-test-other-tenant-0007";
+pub const RPM100_KEY: &str = "sk-test-rpm100-0008";
+pub const RPM2_KEY: &str = "sk-test-rpm2-0009";
+pub const TPM_KEY: &str = "sk-test-tpm-0010";
+pub const CONC_KEY: &str = "sk-test-conc-0011";
 
 pub struct Gateway {
     child: Child,
@@ -80,6 +84,26 @@ budget = 10.0
 [[keys]]
 id = "other"
 secret = "sk-test-other-tenant-0007"
+
+[[keys]]
+id = "rpm100"
+secret = "sk-test-rpm100-0008"
+rpm = 100
+
+[[keys]]
+id = "rpm2"
+secret = "sk-test-rpm2-0009"
+rpm = 2
+
+[[keys]]
+id = "tpm"
+secret = "sk-test-tpm-0010"
+tpm = 20
+
+[[keys]]
+id = "conc"
+secret = "sk-test-conc-0011"
+max_concurrent = 2
 "#;
 
 /// Options a test may change.
@@ -246,6 +270,10 @@ fn spawn(dir: tempfile::TempDir, setup: &Setup, ports: Ports) -> Result<Gateway,
 }
 
 impl Gateway {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGTERM, as an orchestrator stops it; returns the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();

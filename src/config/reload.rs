@@ -1,0 +1,126 @@
+//! Keys hot reload, a background service: a change to the keys file is picked up within 2 s,
+//! with no restart. Triggers: the `notify` watcher on the file's folder (so replacement by
+//! rename and Kubernetes-style symlink swaps are seen), SIGHUP, and a 1 s check of the file's
+//! identity (mtime, length, inode) in case an event is missed. A reload prepares the whole new
+//! table first and then swaps it in one store; a file that does not parse or validate is
+//! rejected whole, the previous keys stay in force, and the error is logged and counted.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use notify::Watcher;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+
+use super::Problems;
+use super::keys::KeyTable;
+use super::live::Live;
+
+pub struct KeysReloader {
+    live: Arc<Live>,
+    path: PathBuf,
+}
+
+/// What identifies a version of the file, following symlinks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Fingerprint(Option<(std::time::SystemTime, u64, u64)>);
+
+fn fingerprint(path: &Path) -> Fingerprint {
+    use std::os::unix::fs::MetadataExt;
+    Fingerprint(std::fs::metadata(path).ok().map(|m| {
+        (
+            m.modified().unwrap_or(std::time::UNIX_EPOCH),
+            m.len(),
+            m.ino(),
+        )
+    }))
+}
+
+impl KeysReloader {
+    pub fn new(live: Arc<Live>) -> KeysReloader {
+        let path = live.config.keys_file.clone();
+        KeysReloader { live, path }
+    }
+
+    /// Loads the keys file and swaps it in, or leaves the keys in force and says why.
+    pub fn reload(&self) -> Result<usize, Problems> {
+        let table = KeyTable::load(&self.path)?;
+        let n = table.len();
+        self.live.keys.store(Arc::new(table));
+        Ok(n)
+    }
+
+    fn reload_and_report(&self, why: &str) {
+        match self.reload() {
+            Ok(n) => {
+                tracing::info!(keys = n, file = %self.path.display(), "keys reloaded ({why})");
+                if let Some(m) = crate::metrics::get() {
+                    m.keys.set(n as i64);
+                }
+            }
+            Err(problems) => {
+                for p in &problems.0 {
+                    tracing::error!("keys file rejected, previous keys stay in force: {p}");
+                }
+                if let Some(m) = crate::metrics::get() {
+                    m.keys_reload_errors.inc();
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for KeysReloader {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let (tx, mut events) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let folder = self
+            .path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        // Kept alive for the life of the service; without it the checks below still run.
+        let _watcher = notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
+            let _ = tx.send(());
+        })
+        .and_then(|mut w| {
+            w.watch(&folder, notify::RecursiveMode::NonRecursive)
+                .map(|()| w)
+        })
+        .map_err(|e| {
+            tracing::warn!(
+                "cannot watch {}: {e}; checking every second instead",
+                folder.display()
+            )
+        })
+        .ok();
+        let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|e| tracing::warn!("cannot listen for SIGHUP: {e}"))
+            .ok();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut seen = fingerprint(&self.path);
+        if let Some(m) = crate::metrics::get() {
+            m.keys.set(self.live.keys.load().len() as i64);
+        }
+        loop {
+            let forced = tokio::select! {
+                _ = shutdown.changed() => return,
+                Some(()) = events.recv() => {
+                    // Editors and swaps come as bursts of events: let the burst finish.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    while events.try_recv().is_ok() {}
+                    false
+                }
+                Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+                _ = tick.tick() => false,
+            };
+            let now = fingerprint(&self.path);
+            if forced || now != seen {
+                seen = now;
+                self.reload_and_report(if forced { "SIGHUP" } else { "file changed" });
+            }
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Frequency limits per key: requests per minute, tokens per minute, requests in flight.
+//!
+//! Why not pingora-limits' `Rate`: it estimates with a count-min sketch over fixed windows, so
+//! it may over-count colliding keys and admits up to 2× the limit across a window boundary.
+//! Limits here must be exact ("rpm = 100" admits exactly 100 in any 60 s), so each key has a
+//! sliding-window log in a `DashMap`: the admission times (or token counts) of the last 60 s.
+//! Memory is O(rpm) per active key; every check is O(1) amortised, under a per-key mutex that
+//! is never held across an await. State is keyed by key id, so it survives a keys reload.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+
+use crate::config::keys::Key;
+
+pub const WINDOW: Duration = Duration::from_secs(60);
+
+/// What the `x-ratelimit-*` headers say about a key after a decision.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Headroom {
+    pub requests: Option<(u64, u64, Duration)>,
+    pub tokens: Option<(u64, u64, Duration)>,
+}
+
+/// A refusal: which limit, and how long until a request would be admitted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refusal {
+    pub message: String,
+    pub retry_after: Duration,
+}
+
+#[derive(Default)]
+struct KeyWindows {
+    /// Admission times of the last 60 s (rpm).
+    requests: VecDeque<Instant>,
+    /// (time, tokens) of replies that ended in the last 60 s, and their sum (tpm).
+    tokens: VecDeque<(Instant, u64)>,
+    token_sum: u64,
+}
+
+impl KeyWindows {
+    fn prune(&mut self, now: Instant) {
+        while self
+            .requests
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= WINDOW)
+        {
+            self.requests.pop_front();
+        }
+        while let Some((t, n)) = self.tokens.front().copied() {
+            if now.duration_since(t) < WINDOW {
+                break;
+            }
+            self.tokens.pop_front();
+            self.token_sum -= n;
+        }
+    }
+
+    /// Time until the oldest entry leaves the window.
+    fn requests_reset(&self, now: Instant) -> Duration {
+        self.requests.front().map_or(Duration::ZERO, |t| {
+            (*t + WINDOW).saturating_duration_since(now)
+        })
+    }
+
+    /// Time until enough tokens leave the window for the sum to drop below `tpm`.
+    fn tokens_reset(&self, now: Instant, tpm: u64) -> Duration {
+        let mut sum = self.token_sum;
+        for (t, n) in &self.tokens {
+            if sum < tpm {
+                break;
+            }
+            sum -= n;
+            if sum < tpm {
+                return (*t + WINDOW).saturating_duration_since(now);
+            }
+        }
+        Duration::ZERO
+    }
+}
+
+#[derive(Default)]
+pub struct Limiter {
+    windows: DashMap<String, Arc<Mutex<KeyWindows>>>,
+    in_flight: DashMap<String, Arc<AtomicU32>>,
+}
+
+/// Holds one of a key's `max_concurrent` slots; the slot frees when it drops (reply ended,
+/// client gone, or the request refused later on).
+#[derive(Debug)]
+pub struct Slot(Arc<AtomicU32>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Limiter {
+    fn windows(&self, key_id: &str) -> Arc<Mutex<KeyWindows>> {
+        if let Some(w) = self.windows.get(key_id) {
+            return w.clone();
+        }
+        self.windows.entry(key_id.to_string()).or_default().clone()
+    }
+
+    /// Admits one request of `key` now, or says why not and for how long.
+    pub fn admit(&self, key: &Key, now: Instant) -> (Result<Option<Slot>, Refusal>, Headroom) {
+        if key.rpm.is_none() && key.tpm.is_none() && key.max_concurrent.is_none() {
+            return (Ok(None), Headroom::default());
+        }
+        let windows = self.windows(&key.id);
+        let Ok(mut w) = windows.lock() else {
+            return (Ok(None), Headroom::default());
+        };
+        w.prune(now);
+        let mut head = Headroom::default();
+        let mut refusal = None;
+        if let Some(tpm) = key.tpm {
+            let reset = w.tokens_reset(now, tpm);
+            head.tokens = Some((tpm, tpm.saturating_sub(w.token_sum), reset));
+            if w.token_sum >= tpm {
+                refusal = Some(Refusal {
+                    message: format!("Rate limit reached: {tpm} tokens per minute."),
+                    retry_after: reset,
+                });
+            }
+        }
+        if let Some(rpm) = key.rpm.map(u64::from) {
+            let used = w.requests.len() as u64;
+            if refusal.is_none() && used >= rpm {
+                let reset = w.requests_reset(now);
+                refusal = Some(Refusal {
+                    message: format!("Rate limit reached: {rpm} requests per minute."),
+                    retry_after: reset,
+                });
+            }
+        }
+        let mut slot = None;
+        if refusal.is_none() {
+            if let Some(max) = key.max_concurrent {
+                let counter = self.in_flight.entry(key.id.clone()).or_default().clone();
+                let before = counter.fetch_add(1, Ordering::AcqRel);
+                if before >= max {
+                    counter.fetch_sub(1, Ordering::AcqRel);
+                    refusal = Some(Refusal {
+                        message: format!("Too many requests in flight: at most {max} at once."),
+                        retry_after: Duration::from_secs(1),
+                    });
+                } else {
+                    slot = Some(Slot(counter));
+                }
+            }
+        }
+        if refusal.is_none() && key.rpm.is_some() {
+            w.requests.push_back(now);
+        }
+        if let Some(rpm) = key.rpm.map(u64::from) {
+            let used = w.requests.len() as u64;
+            head.requests = Some((rpm, rpm.saturating_sub(used), w.requests_reset(now)));
+        }
+        match refusal {
+            Some(r) => (Err(r), head),
+            None => (Ok(slot), head),
+        }
+    }
+
+    /// Counts the tokens of a reply that ended, for `tpm`.
+    pub fn add_tokens(&self, key: &Key, tokens: u64, now: Instant) {
+        if key.tpm.is_none() || tokens == 0 {
+            return;
+        }
+        let windows = self.windows(&key.id);
+        if let Ok(mut w) = windows.lock() {
+            w.prune(now);
+            w.tokens.push_back((now, tokens));
+            w.token_sum += tokens;
+        }
+    }
+}
+
+/// Writes the `x-ratelimit-*` headers OpenAI sends, for the limits the key has.
+pub fn write_headers(
+    head: &Headroom,
+    resp: &mut pingora_http::ResponseHeader,
+) -> pingora_error::Result<()> {
+    if let Some((limit, remaining, reset)) = head.requests {
+        resp.insert_header("x-ratelimit-limit-requests", limit.to_string())?;
+        resp.insert_header("x-ratelimit-remaining-requests", remaining.to_string())?;
+        resp.insert_header("x-ratelimit-reset-requests", reset_text(reset))?;
+    }
+    if let Some((limit, remaining, reset)) = head.tokens {
+        resp.insert_header("x-ratelimit-limit-tokens", limit.to_string())?;
+        resp.insert_header("x-ratelimit-remaining-tokens", remaining.to_string())?;
+        resp.insert_header("x-ratelimit-reset-tokens", reset_text(reset))?;
+    }
+    Ok(())
+}
+
+/// Whole seconds for `Retry-After`: rounded up, at least 1.
+pub fn retry_after_secs(d: Duration) -> u64 {
+    (d.as_millis().div_ceil(1000) as u64).max(1)
+}
+
+/// OpenAI's reset format: `20ms`, `1.5s`, `6m0s`.
+pub fn reset_text(d: Duration) -> String {
+    let ms = d.as_millis() as u64;
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 60_000 {
+        let s = format!("{:.3}", ms as f64 / 1000.0);
+        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
+    } else {
+        format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::keys::{KeyTable, sha256};
+
+    fn key(extra: &str) -> Arc<Key> {
+        let t = KeyTable::parse(
+            "k",
+            &format!("[[keys]]\nid='k'\nsecret='sk-12345678'\n{extra}\n"),
+        )
+        .expect("keys");
+        t.get_by_hash(&sha256(b"sk-12345678")).expect("key").clone()
+    }
+
+    #[test]
+    fn rpm_admits_exactly_the_limit_in_any_window() {
+        let k = key("rpm = 3");
+        let l = Limiter::default();
+        let t0 = Instant::now();
+        for i in 0..3 {
+            let (r, h) = l.admit(&k, t0 + Duration::from_secs(i * 10));
+            assert!(r.is_ok());
+            assert_eq!(h.requests.map(|r| r.1), Some(2 - i));
+        }
+        let (r, _) = l.admit(&k, t0 + Duration::from_secs(30));
+        let refusal = r.expect_err("4th in the window");
+        assert_eq!(
+            refusal.retry_after,
+            Duration::from_secs(30),
+            "until the first admission is 60 s old"
+        );
+        assert!(l.admit(&k, t0 + Duration::from_secs(59)).0.is_err());
+        assert!(
+            l.admit(&k, t0 + Duration::from_secs(60)).0.is_ok(),
+            "the first left the window"
+        );
+    }
+
+    #[test]
+    fn tpm_refuses_while_the_window_is_full_and_says_until_when() {
+        let k = key("tpm = 100");
+        let l = Limiter::default();
+        let t0 = Instant::now();
+        l.add_tokens(&k, 60, t0);
+        l.add_tokens(&k, 50, t0 + Duration::from_secs(20));
+        let (r, h) = l.admit(&k, t0 + Duration::from_secs(30));
+        assert_eq!(
+            r.expect_err("110 >= 100").retry_after,
+            Duration::from_secs(30)
+        );
+        assert_eq!(h.tokens.map(|t| t.1), Some(0));
+        assert!(l.admit(&k, t0 + Duration::from_secs(60)).0.is_ok());
+    }
+
+    #[test]
+    fn concurrency_slots_free_when_dropped() {
+        let k = key("max_concurrent = 2");
+        let l = Limiter::default();
+        let now = Instant::now();
+        let a = l.admit(&k, now).0.expect("1");
+        let _b = l.admit(&k, now).0.expect("2");
+        assert!(l.admit(&k, now).0.is_err());
+        drop(a);
+        assert!(l.admit(&k, now).0.is_ok());
+    }
+
+    #[test]
+    fn reset_and_retry_after_formats() {
+        assert_eq!(reset_text(Duration::from_millis(20)), "20ms");
+        assert_eq!(reset_text(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(reset_text(Duration::from_secs(360)), "6m0s");
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(29_100)), 30);
+    }
+}

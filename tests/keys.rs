@@ -1,0 +1,342 @@
+//! The keys file as the live control plane: exact frequency limits with honest 429s, shared by
+//! both listeners, and hot reload (rewrite, symlink swap, broken file, SIGHUP) that leaves
+//! requests in flight untouched.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures_util::StreamExt;
+
+async fn chat(base: &str, key: &str) -> reqwest::Response {
+    client()
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&chat_body("echo-1", false))
+        .send()
+        .await
+        .expect("send")
+}
+
+fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+}
+
+#[tokio::test]
+async fn fifty_concurrent_clients_on_rpm_100_get_exactly_100_across_both_listeners() {
+    let g = start();
+    let c = client();
+    let sends = (0..200).map(|i| {
+        let c = c.clone();
+        let base = if i % 2 == 0 {
+            g.main.clone()
+        } else {
+            g.direct.clone()
+        };
+        async move {
+            c.post(format!("{base}/v1/embeddings"))
+                .bearer_auth(RPM100_KEY)
+                .json(&serde_json::json!({"model": "echo-1", "input": "x"}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+                .unwrap_or(0)
+        }
+    });
+    // 50 at a time, as 50 clients would.
+    let statuses: Vec<u16> = futures_util::stream::iter(sends)
+        .buffer_unordered(50)
+        .collect()
+        .await;
+    let ok = statuses.iter().filter(|s| **s == 200).count();
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    assert_eq!((ok, limited), (100, 100), "{statuses:?}");
+}
+
+#[tokio::test]
+async fn a_429_says_when_to_retry_and_every_reply_of_a_limited_key_carries_the_headers() {
+    let g = start();
+    let first = chat(&g.main, RPM2_KEY).await;
+    assert_eq!(first.status(), 200);
+    assert_eq!(
+        header(&first, "x-ratelimit-limit-requests").as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        header(&first, "x-ratelimit-remaining-requests").as_deref(),
+        Some("1")
+    );
+    assert!(header(&first, "x-ratelimit-reset-requests").is_some());
+    let second = chat(&g.direct, RPM2_KEY).await;
+    assert_eq!(
+        header(&second, "x-ratelimit-remaining-requests").as_deref(),
+        Some("0")
+    );
+    let third = chat(&g.main, RPM2_KEY).await;
+    let retry: u64 = header(&third, "retry-after")
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After");
+    assert!(
+        (58..=60).contains(&retry),
+        "retry-after {retry}: the first admission leaves the window in ~60 s"
+    );
+    assert_eq!(
+        header(&third, "x-ratelimit-remaining-requests").as_deref(),
+        Some("0")
+    );
+    let (status, e) = error_of(third).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (429, Some("rate_limit_exceeded"))
+    );
+    // Unlimited keys get no rate-limit headers.
+    assert!(header(&chat(&g.main, KEY).await, "x-ratelimit-limit-requests").is_none());
+}
+
+#[tokio::test]
+async fn tpm_counts_the_metered_tokens_and_refuses_while_the_window_is_full() {
+    let g = start();
+    // Each chat costs 12 tokens; the key has 20 a minute.
+    let a = chat(&g.main, TPM_KEY).await;
+    assert_eq!(a.status(), 200);
+    assert_eq!(
+        header(&a, "x-ratelimit-limit-tokens").as_deref(),
+        Some("20")
+    );
+    a.bytes().await.expect("body");
+    // The second is admitted (12 < 20) once the first's tokens are counted; then 24 >= 20.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = chat(&g.direct, TPM_KEY).await;
+        let remaining = header(&r, "x-ratelimit-remaining-tokens");
+        r.bytes().await.expect("body");
+        if remaining.as_deref() == Some("8") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the first reply's tokens were never counted"
+        );
+    }
+    let refused = chat(&g.main, TPM_KEY).await;
+    assert!(header(&refused, "retry-after").is_some());
+    let (status, e) = error_of(refused).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (429, Some("rate_limit_exceeded"))
+    );
+}
+
+#[tokio::test]
+async fn max_concurrent_refuses_the_third_slow_stream_and_frees_slots_when_replies_end() {
+    let g = start();
+    let slow = |base: String| async move {
+        client()
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(CONC_KEY)
+            .header("x-mock-chunks", "5")
+            .header("x-mock-delay-ms", "200")
+            .json(&chat_body("echo-1", true))
+            .send()
+            .await
+            .expect("send")
+    };
+    let a = slow(g.main.clone()).await;
+    let b = slow(g.direct.clone()).await;
+    let (status, e) = error_of(chat(&g.main, CONC_KEY).await).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (429, Some("rate_limit_exceeded"))
+    );
+    a.bytes().await.expect("a");
+    b.bytes().await.expect("b");
+    // The slots are freed as the requests end (the record is made right after).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while chat(&g.main, CONC_KEY).await.status() != 200 {
+        assert!(Instant::now() < deadline, "slots never freed");
+    }
+}
+
+fn keys_with(dir: &Path, extra: &str) -> String {
+    let now = std::fs::read_to_string(dir.join("keys.toml")).expect("keys");
+    format!("{now}\n{extra}\n")
+}
+
+/// Polls until `key` gets `status` on chat, for up to 2.5 s (the contract says 2 s).
+async fn await_status(base: &str, key: &str, status: u16) {
+    let deadline = Instant::now() + Duration::from_millis(2500);
+    loop {
+        if chat(base, key).await.status() == status {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} did not get {status} within 2.5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_rewritten_keys_file_takes_effect_without_restart_and_a_stream_in_flight_finishes() {
+    let g = start();
+    let dir = g.dir.path().to_path_buf();
+    // A slow stream, in flight across the reload, by a key the reload removes.
+    let stream = client()
+        .post(format!("{}/v1/chat/completions", g.main))
+        .bearer_auth(OTHER_KEY)
+        .header("x-mock-chunks", "10")
+        .header("x-mock-delay-ms", "150")
+        .json(&chat_body("echo-1", true))
+        .send()
+        .await
+        .expect("send");
+    let text = keys_with(
+        &dir,
+        "[[keys]]\nid = \"added\"\nsecret = \"sk-test-added-0100\"\n",
+    )
+    .replace(
+        "[[keys]]\nid = \"other\"\nsecret = \"sk-test-other-tenant-0007\"\n",
+        "",
+    )
+    .replace("models = [\"echo-*\"]", "models = [\"big-*\"]");
+    // Write to a temp file and rename over it, as most tools do.
+    std::fs::write(dir.join("keys.toml.tmp"), text).expect("write");
+    std::fs::rename(dir.join("keys.toml.tmp"), dir.join("keys.toml")).expect("rename");
+    await_status(&g.direct, "sk-test-added-0100", 200).await;
+    await_status(&g.main, OTHER_KEY, 401).await;
+    let (status, e) = error_of(chat(&g.main, ECHO_ONLY_KEY).await).await;
+    assert_eq!(
+        (status, e["param"].as_str()),
+        (403, Some("model")),
+        "the edited key's new model list"
+    );
+    let body = stream.text().await.expect("the stream in flight finished");
+    assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    assert_eq!(
+        body.matches("\"content\"").count(),
+        11,
+        "role chunk + 10 tokens"
+    );
+}
+
+#[tokio::test]
+async fn a_kubernetes_style_symlink_swap_is_picked_up() {
+    let g = start();
+    let dir = g.dir.path().to_path_buf();
+    // Recreate keys.toml as ..data/keys.toml behind a symlinked ..data folder.
+    let v1 = dir.join("..v1");
+    std::fs::create_dir(&v1).expect("mkdir");
+    std::fs::copy(dir.join("keys.toml"), v1.join("keys.toml")).expect("copy");
+    std::os::unix::fs::symlink("..v1", dir.join("..data")).expect("symlink");
+    std::fs::remove_file(dir.join("keys.toml")).expect("rm");
+    std::os::unix::fs::symlink("..data/keys.toml", dir.join("keys.toml")).expect("symlink");
+    await_status(&g.main, KEY, 200).await;
+    // The swap: a new folder, a new ..data link renamed over the old one.
+    let v2 = dir.join("..v2");
+    std::fs::create_dir(&v2).expect("mkdir");
+    std::fs::write(
+        v2.join("keys.toml"),
+        keys_with(
+            &v1,
+            "[[keys]]\nid = \"swapped\"\nsecret = \"sk-test-swapped-0200\"\n",
+        ),
+    )
+    .expect("write");
+    std::os::unix::fs::symlink("..v2", dir.join("..data_tmp")).expect("symlink");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap");
+    await_status(&g.direct, "sk-test-swapped-0200", 200).await;
+}
+
+#[tokio::test]
+async fn a_broken_keys_file_is_rejected_whole_and_the_old_keys_stay_in_force() {
+    let g = start();
+    let dir = g.dir.path().to_path_buf();
+    let broken = keys_with(
+        &dir,
+        "[[keys]]\nid = \"new\"\nsecret = \"sk-test-new-0300\"\nendpoints = [\"files\"]\n",
+    );
+    std::fs::write(dir.join("keys.toml"), broken).expect("write");
+    // The rejection is counted in /metrics; wait for it rather than for time to pass.
+    let deadline = Instant::now() + Duration::from_millis(2500);
+    loop {
+        let metrics = client()
+            .get(format!("{}/metrics", g.admin))
+            .send()
+            .await
+            .expect("send")
+            .text()
+            .await
+            .expect("text");
+        if metrics.contains("modelgate_keys_reload_errors_total 1") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no reload error counted:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(chat(&g.main, KEY).await.status(), 200, "old keys in force");
+    assert_eq!(
+        chat(&g.main, "sk-test-new-0300").await.status(),
+        401,
+        "nothing of the broken file applied"
+    );
+    let stderr = g.stop_and_stderr();
+    assert!(
+        stderr.contains("keys.toml") && stderr.contains("keys[") && stderr.contains("endpoints"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn sighup_reloads_and_does_not_stop_the_gateway() {
+    let g = start();
+    let pid = g.pid();
+    std::fs::write(
+        g.dir.path().join("keys.toml"),
+        keys_with(
+            g.dir.path(),
+            "[[keys]]\nid = \"hup\"\nsecret = \"sk-test-hup-0400\"\n",
+        ),
+    )
+    .expect("write");
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    await_status(&g.main, "sk-test-hup-0400", 200).await;
+    assert_eq!(
+        chat(&g.direct, KEY).await.status(),
+        200,
+        "still serving after SIGHUP"
+    );
+}
+
+#[tokio::test]
+async fn limit_counters_of_a_key_that_survives_a_reload_are_kept() {
+    let g = start();
+    assert_eq!(chat(&g.main, RPM2_KEY).await.status(), 200);
+    assert_eq!(chat(&g.main, RPM2_KEY).await.status(), 200);
+    std::fs::write(
+        g.dir.path().join("keys.toml"),
+        keys_with(
+            g.dir.path(),
+            "[[keys]]\nid = \"later\"\nsecret = \"sk-test-later-0500\"\n",
+        ),
+    )
+    .expect("write");
+    await_status(&g.main, "sk-test-later-0500", 200).await;
+    assert_eq!(
+        chat(&g.direct, RPM2_KEY).await.status(),
+        429,
+        "the window survived the reload"
+    );
+}
