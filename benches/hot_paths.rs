@@ -21,14 +21,22 @@ fn chat_body(words: usize) -> Vec<u8> {
     .expect("json")
 }
 
-fn keys(n: usize) -> KeyTable {
-    let mut text = String::with_capacity(n * 60);
+/// A keys file of `n` keys, every tenth with limits and a model glob, like a real one.
+fn keys_file(n: usize) -> String {
+    let mut text = String::with_capacity(n * 120);
     for i in 0..n {
         text.push_str(&format!(
             "[[keys]]\nid = \"k{i}\"\nsecret = \"sk-bench-{i:08}\"\n"
         ));
+        if i % 10 == 0 {
+            text.push_str("models = [\"gpt-4o*\", \"echo-*\"]\nrpm = 600\ntpm = 100000\nmax_concurrent = 20\n");
+        }
     }
-    KeyTable::parse("keys.toml", &text).expect("keys")
+    text
+}
+
+fn keys(n: usize) -> KeyTable {
+    KeyTable::parse("keys.toml", &keys_file(n)).expect("keys")
 }
 
 fn bench(c: &mut Criterion) {
@@ -43,6 +51,13 @@ fn bench(c: &mut Criterion) {
     c.bench_function("for_upstream 0.5KB (rename + include_usage)", |b| {
         b.iter(|| for_upstream(black_box(&body), &probe, Some("upstream/model-v2"), true))
     });
+    let file = keys_file(100_000);
+    let mut group = c.benchmark_group("keys file");
+    group.sample_size(10);
+    group.bench_function("parse + validate + index 100k keys", |b| {
+        b.iter(|| KeyTable::parse("keys.toml", black_box(&file)).expect("keys"))
+    });
+    group.finish();
     let table = keys(100_000);
     let header = b"Bearer sk-bench-00054321".to_vec();
     c.bench_function("authenticate (100k keys)", |b| {
@@ -50,5 +65,59 @@ fn bench(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench);
+/// The whole per-request decision before routing: auth, permission, limits.
+fn admit_path(c: &mut Criterion) {
+    let table = keys(100_000);
+    let limiter = modelgate::limit::rate::Limiter::default();
+    let header = b"Bearer sk-bench-00054320".to_vec(); // a key with rpm/tpm/max_concurrent
+    c.bench_function("auth + permission + limits (100k keys)", |b| {
+        b.iter(|| {
+            let key = authenticate(&table, Some(black_box(&header)), 1_800_000_000).expect("key");
+            assert!(key.may_use_model("echo-1"));
+            let (slot, _) = limiter.admit(
+                &key,
+                std::time::Instant::now() - std::time::Duration::from_secs(120),
+            );
+            drop(slot);
+        })
+    });
+}
+
+/// Metering one streamed reply of 16 content events, as the mock sends it, in pieces.
+fn meter(c: &mut Criterion) {
+    use modelgate::meter::sse::SseMeter;
+    let mut stream = String::new();
+    let event = |delta: &str, usage: &str| {
+        format!(
+            "data: {{\"choices\":[{{\"delta\":{{{delta}}},\"finish_reason\":null,\"index\":0}}],\"created\":1795353265,\"id\":\"chatcmpl-1\",\"model\":\"echo-1\",\"object\":\"chat.completion.chunk\",\"usage\":{usage}}}\n\n"
+        )
+    };
+    for i in 0..16 {
+        stream.push_str(&event(&format!("\"content\":\"word{i} \""), "null"));
+    }
+    stream.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":16,\"total_tokens\":23}}\n\n");
+    stream.push_str("data: [DONE]\n\n");
+    let pieces: Vec<Bytes> = stream
+        .as_bytes()
+        .chunks(1460)
+        .map(Bytes::copy_from_slice)
+        .collect();
+    for (name, strip) in [
+        ("meter 16-event stream, observe", false),
+        ("meter 16-event stream, strip usage", true),
+    ] {
+        c.bench_function(name, |b| {
+            b.iter(|| {
+                let mut m = SseMeter::new(strip);
+                let last = pieces.len() - 1;
+                for (i, p) in pieces.iter().enumerate() {
+                    black_box(m.feed(p.clone(), i == last));
+                }
+                assert_eq!(m.usage.map(|u| u.total_tokens), Some(23));
+            })
+        });
+    }
+}
+
+criterion_group!(benches, bench, admit_path, meter);
 criterion_main!(benches);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Load benchmark: the mock upstream alone, then modelgate in front of the same mock, in one
 # run, for chat (plain) and chat (streamed). Prints req/s of each and the ratio
-# gateway/direct. Traffic stays on 127.0.0.1.
+# gateway/direct, for modelgate as configured (metered) and for the same build with metering
+# switched off (MODELGATE_METERING=off), so the cost of metering shows. Traffic stays on
+# 127.0.0.1.
 #   DURATION=10 CONNECTIONS=32 CHUNKS=16 bash benches/load.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +19,7 @@ cargo build --release --quiet
 BIN=target/release/modelgate
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-MOCK=$(port); MAIN=$(port); DIRECT=$(port)
+MOCK=$(port); MAIN=$(port); DIRECT=$(port); MAIN2=$(port); DIRECT2=$(port)
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
@@ -41,10 +43,14 @@ name = "echo-1"
 pool = "mock"
 TOML
 printf '[[keys]]\nid = "bench"\nsecret = "%s"\n' "$KEY" > "$TMP/keys.toml"
+mkdir -p "$TMP/off"
+sed -e "s/$MAIN/$MAIN2/; s/$DIRECT/$DIRECT2/" "$TMP/modelgate.toml" > "$TMP/off/modelgate.toml"
+cp "$TMP/keys.toml" "$TMP/off/keys.toml"
 
 RUST_LOG=error "$BIN" mock-upstream --listen "127.0.0.1:$MOCK" --chunks "$CHUNKS" & PIDS+=($!)
 RUST_LOG=error "$BIN" serve --config "$TMP/modelgate.toml" & PIDS+=($!)
-for p in $MOCK $DIRECT; do
+RUST_LOG=error MODELGATE_METERING=off "$BIN" serve --config "$TMP/off/modelgate.toml" & PIDS+=($!)
+for p in $MOCK $DIRECT $DIRECT2; do
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done
 done
 
@@ -62,15 +68,18 @@ rps() { # $1 = url, $2 = lua
   wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" -s "$2" "$1" | awk '/Requests\/sec/ {print $2}'
 }
 
-printf '%-16s %14s %14s %8s\n' "case" "direct req/s" "gateway req/s" "ratio"
+printf '%-16s %12s %16s %7s %18s %7s\n' "case" "direct" "modelgate" "ratio" "metering off" "ratio"
 for stream in false true; do
   script=$(lua $stream)
-  # Warm both paths (connection pools, page cache) before measuring.
-  wrk -t1 -c"$CONNECTIONS" -d1s -s "$script" "http://127.0.0.1:$MOCK/v1/chat/completions" >/dev/null
-  wrk -t1 -c"$CONNECTIONS" -d1s -s "$script" "http://127.0.0.1:$DIRECT/v1/chat/completions" >/dev/null
+  # Warm every path (connection pools, page cache) before measuring.
+  for p in $MOCK $DIRECT $DIRECT2; do
+    wrk -t1 -c"$CONNECTIONS" -d1s -s "$script" "http://127.0.0.1:$p/v1/chat/completions" >/dev/null
+  done
   d=$(rps "http://127.0.0.1:$MOCK/v1/chat/completions" "$script")
   g=$(rps "http://127.0.0.1:$DIRECT/v1/chat/completions" "$script")
+  u=$(rps "http://127.0.0.1:$DIRECT2/v1/chat/completions" "$script")
   name=$([ "$stream" = true ] && echo "chat streamed" || echo "chat plain")
-  printf '%-16s %14s %14s %8s\n' "$name" "$d" "$g" "$(python3 -c "print(f'{$g/$d:.2f}')")"
+  printf '%-16s %12s %16s %7s %18s %7s\n' "$name" "$d" "$g" "$(python3 -c "print(f'{$g/$d:.2f}')")" \
+    "$u" "$(python3 -c "print(f'{$u/$d:.2f}')")"
 done
 echo "(${DURATION}s per case, $CONNECTIONS connections, $CHUNKS chunks per reply, gateway threads=$THREADS, $(nproc) cores shared by wrk, mock and gateway)"

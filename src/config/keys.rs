@@ -15,12 +15,19 @@ use super::problem::line_of;
 use super::{Problem, Problems};
 use crate::route::endpoint::Group;
 
+/// The `models` allow-list: everything, or globs.
+#[derive(Debug)]
+pub enum ModelFilter {
+    All,
+    Globs(GlobSet),
+}
+
 #[derive(Debug)]
 pub struct Key {
     pub id: String,
     pub sha256: [u8; 32],
     pub model_patterns: Vec<String>,
-    pub models: GlobSet,
+    pub models: ModelFilter,
     /// Bit set of `Group::bit()`.
     pub endpoints: u8,
     pub rpm: Option<u32>,
@@ -34,7 +41,10 @@ pub struct Key {
 
 impl Key {
     pub fn may_use_model(&self, model: &str) -> bool {
-        self.models.is_match(model)
+        match &self.models {
+            ModelFilter::All => true,
+            ModelFilter::Globs(g) => g.is_match(model),
+        }
     }
     pub fn may_use(&self, group: Group) -> bool {
         self.endpoints & group.bit() != 0
@@ -136,21 +146,15 @@ impl KeyTable {
                 }
             };
             let patterns: Vec<Spanned<String>> = rk.models.unwrap_or_default();
-            let mut gs = GlobSetBuilder::new();
-            let mut model_patterns = Vec::new();
-            if patterns.is_empty() {
-                gs.add(
-                    Glob::new("*")
-                        .map_err(|e| Problems::one(Problem::new(file, None, "", e.to_string())))?,
-                );
-                model_patterns.push("*".to_string());
-            }
+            let model_patterns: Vec<String> = if patterns.is_empty() {
+                vec!["*".to_string()]
+            } else {
+                patterns.iter().map(|p| p.get_ref().clone()).collect()
+            };
+            let mut globs = Vec::with_capacity(patterns.len());
             for pat in &patterns {
                 match Glob::new(pat.get_ref()) {
-                    Ok(g) => {
-                        gs.add(g);
-                        model_patterns.push(pat.get_ref().clone());
-                    }
+                    Ok(g) => globs.push(g),
                     Err(e) => p.push(Problem::new(
                         file,
                         at(pat.span()),
@@ -159,7 +163,17 @@ impl KeyTable {
                     )),
                 }
             }
-            let models = gs.build().unwrap_or_else(|_| GlobSet::empty());
+            let models = if model_patterns.iter().any(|p| p == "*") {
+                // The common case needs no matcher: building a GlobSet per key would dominate
+                // loading 100,000 keys.
+                ModelFilter::All
+            } else {
+                let mut gs = GlobSetBuilder::new();
+                for g in globs {
+                    gs.add(g);
+                }
+                ModelFilter::Globs(gs.build().unwrap_or_else(|_| GlobSet::empty()))
+            };
             let endpoints = match &rk.endpoints {
                 None => Group::ALL.iter().fold(0, |acc, g| acc | g.bit()),
                 Some(list) => list.iter().fold(0, |acc, e| match Group::parse(e.get_ref()) {

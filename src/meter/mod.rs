@@ -30,6 +30,13 @@ pub fn usage_from_json(body: &[u8]) -> Option<Usage> {
     serde_json::from_slice::<WithUsage>(body).ok()?.usage
 }
 
+/// `MODELGATE_METERING=off` turns metering off (records then carry no tokens). It exists only
+/// so `benches/load.sh` can measure what metering costs against the same build without it.
+pub fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MODELGATE_METERING").map_or(true, |v| v != "off"))
+}
+
 /// Largest plain reply held to read its usage; a larger one is passed on unmetered.
 const MAX_JSON: usize = 16 * 1024 * 1024;
 

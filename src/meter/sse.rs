@@ -7,11 +7,9 @@
 //!   sees what it would have seen without the gateway.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 
 use bytes::Bytes;
 use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use super::Usage;
 
@@ -227,23 +225,57 @@ fn split_events(buf: &[u8]) -> Vec<&[u8]> {
     events
 }
 
+/// Where the top-level `"usage": null` member of a JSON object is: (key start, value end).
+/// A string-aware scan, no parse: quotes inside strings are escaped, so a key can only start
+/// at an unescaped quote, and depth tells top-level members from nested ones.
+fn top_level_null_usage(json: &[u8]) -> Option<(usize, usize)> {
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < json.len() {
+        match json[i] {
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'"' => {
+                let start = i;
+                i += 1;
+                // To the closing quote, stepping over escapes.
+                loop {
+                    let j = i + memchr::memchr2(b'"', b'\\', &json[i..])?;
+                    if json[j] == b'\\' {
+                        i = j + 2;
+                    } else {
+                        i = j;
+                        break;
+                    }
+                }
+                if depth == 1 && &json[start..=i] == b"\"usage\"" {
+                    let rest = &json[i + 1..];
+                    let colon = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+                    if rest[colon] == b':' {
+                        let v = colon
+                            + 1
+                            + rest[colon + 1..]
+                                .iter()
+                                .position(|b| !b.is_ascii_whitespace())?;
+                        if rest[v..].starts_with(b"null") {
+                            return Some((start, i + 1 + v + 4));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
 /// A `data: {...}` line without its top-level `"usage":null` member, or None if it has none.
 fn strip_usage_member(line: &[u8]) -> Option<Vec<u8>> {
     let json_start = line.iter().position(|b| *b == b'{')?;
     let json = &line[json_start..];
-    let map: HashMap<Cow<str>, &RawValue> = serde_json::from_slice(json).ok()?;
-    let value = map.get("usage")?;
-    if value.get() != "null" {
-        return None;
-    }
-    let v_start = value.get().as_ptr() as usize - json.as_ptr() as usize;
-    let v_end = v_start + value.get().len();
-    // Walk back over `"usage"` and the colon to the key's opening quote.
-    let before = &json[..v_start];
-    let colon = before.iter().rposition(|b| *b == b':')?;
-    let key_end = before[..colon].iter().rposition(|b| *b == b'"')?;
-    let key_start = before[..key_end].iter().rposition(|b| *b == b'"')?;
-    let prev = before[..key_start]
+    let (key_start, v_end) = top_level_null_usage(json)?;
+    let prev = json[..key_start]
         .iter()
         .rposition(|b| !b.is_ascii_whitespace())?;
     let (cut_start, cut_end) = if json[prev] == b',' {
@@ -340,9 +372,22 @@ mod tests {
     }
 
     #[test]
-    fn a_nested_usage_is_not_touched() {
+    fn a_nested_or_quoted_usage_is_not_touched() {
         let line = br#"data: {"choices":[{"delta":{"content":"x","usage":null}}]}"#;
         assert_eq!(strip_usage_member(line), None);
+        let quoted = br#"data: {"choices":[{"delta":{"content":"\"usage\":null"}}],"id":"a"}"#;
+        assert_eq!(strip_usage_member(quoted), None);
+        let spaced = br#"data: {"id": "a", "usage" : null }"#;
+        assert_eq!(
+            strip_usage_member(spaced).as_deref(),
+            Some(&br#"data: {"id": "a" }"#[..])
+        );
+        let counted = br#"data: {"usage":{"total_tokens":1},"id":"a"}"#;
+        assert_eq!(
+            strip_usage_member(counted),
+            None,
+            "only a null usage is removed"
+        );
     }
 
     #[test]

@@ -155,8 +155,11 @@ impl Gateway {
         }
         // Streams are metered from their events; ask the upstream for usage if the client
         // did not (and hide it from the client again, see meter/sse.rs).
-        let ask_usage = probe.stream && endpoint.group == Group::Chat && !probe.include_usage;
+        let metering = crate::meter::enabled();
+        let ask_usage =
+            metering && probe.stream && endpoint.group == Group::Chat && !probe.include_usage;
         ctx.meter = match endpoint.group {
+            _ if !metering => Meter::None,
             Group::Chat if probe.stream => Meter::Sse(SseMeter::new(ask_usage)),
             Group::Chat | Group::Embeddings | Group::Moderations => Meter::json(),
             _ => Meter::None,

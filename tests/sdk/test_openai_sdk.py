@@ -45,6 +45,7 @@ ECHO_ONLY_KEY = "sk-sdk-test-echo-only-000000000000"
 MODELS_ONLY_KEY = "sk-sdk-test-models-only-0000000000"
 DISABLED_KEY = "sk-sdk-test-disabled-0000000000000"
 UNKNOWN_KEY = "sk-sdk-test-nobody-knows-this-key"
+RATE_KEY = "sk-sdk-test-rate-limited-00000000"
 
 KEYS_TOML = f"""
 [[keys]]
@@ -65,6 +66,11 @@ endpoints = ["models"]
 id = "disabled"
 secret = "{DISABLED_KEY}"
 disabled = true
+
+[[keys]]
+id = "rate-limited"
+secret = "{RATE_KEY}"
+rpm = 2
 """
 
 STARTUP_DEADLINE_S = 30
@@ -478,6 +484,19 @@ def test_a_models_only_key_may_not_call_chat(client_for):
     with pytest.raises(openai.PermissionDeniedError) as caught:
         client_for(MODELS_ONLY_KEY).chat.completions.create(model="echo-1", messages=PROMPT)
     assert_gateway_error(caught.value, 403, "permission_denied", param="endpoint")
+
+
+def test_a_key_over_its_rpm_gets_a_rate_limit_error_with_retry_after(client_for):
+    # rpm = 2, shared by both listeners: within at most 3 calls the SDK must raise.
+    client = client_for(RATE_KEY)
+    with pytest.raises(openai.RateLimitError) as caught:
+        for _ in range(3):
+            client.chat.completions.create(model="echo-1", messages=PROMPT)
+    assert_gateway_error(caught.value, 429, "rate_limit_exceeded")
+    headers = caught.value.response.headers
+    assert 1 <= int(headers["retry-after"]) <= 60
+    assert headers["x-ratelimit-limit-requests"] == "2"
+    assert headers["x-ratelimit-remaining-requests"] == "0"
 
 
 def test_an_upstream_401_becomes_a_502_upstream_error(client):
