@@ -1,0 +1,254 @@
+//! Deterministic OpenAI-compatible stand-in model server (model `echo-1`) used by the demo,
+//! the integration tests and the benches. Every reply is a pure function of the request, echo
+//! headers (`x-mock-*`) expose what arrived, and `x-mock-*` request headers force edge cases.
+
+// One request, top to bottom: `request` reads and decodes it, `replies` answers it (with
+// `tokens` for the words and counts, `errors` for error bodies, `stream` for SSE events), and
+// this file writes the answer back.
+mod errors;
+mod replies;
+mod request;
+mod stream;
+mod tokens;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora_core::apps::{HttpPersistentSettings, HttpServerApp, ReusedHttpStream};
+use pingora_core::protocols::http::ServerSession;
+use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::{Server, ShutdownWatch};
+use pingora_core::services::listening::Service;
+use pingora_http::ResponseHeader;
+
+use errors::{error_reply, forced_error};
+use replies::{Reply, ReplyBody, delays_header, route};
+use request::{
+    Echo, MAX_BODY_BYTES, Overrides, Parsed, add_echo_headers, header_bytes, parse_body, read_body,
+};
+use stream::write_events;
+
+pub use tokens::{REPLY_WORDS, reply_text};
+
+/// Options of the mock server.
+#[derive(Clone, Debug)]
+pub struct MockOptions {
+    /// Number of completion "tokens" per reply (and stream chunks carrying text).
+    pub chunks: usize,
+    /// Pause between streamed events, in milliseconds.
+    pub delay_ms: u64,
+    /// Serve HTTPS with this (certificate PEM path, private key PEM path).
+    pub tls: Option<(String, String)>,
+}
+
+impl Default for MockOptions {
+    fn default() -> Self {
+        MockOptions {
+            chunks: 8,
+            delay_ms: 0,
+            tls: None,
+        }
+    }
+}
+
+/// The mock model server, a Pingora HTTP application.
+pub struct MockUpstream {
+    opts: MockOptions,
+}
+
+impl MockUpstream {
+    pub fn new(opts: MockOptions) -> Self {
+        MockUpstream { opts }
+    }
+}
+
+/// A listening service for `server.add_service(...)`.
+pub fn service(listen: &str, opts: MockOptions) -> pingora_error::Result<Service<MockUpstream>> {
+    let tls = opts.tls.clone();
+    let mut svc = Service::new("mock upstream".to_string(), MockUpstream::new(opts));
+    match tls {
+        Some((cert, key)) => svc.add_tls(listen, &cert, &key)?,
+        None => svc.add_tcp(listen),
+    }
+    Ok(svc)
+}
+
+/// Runs a standalone Pingora server with only the mock (for
+/// `modelgate mock-upstream --listen ADDR`). Blocks forever.
+///
+/// Unlike Pingora's defaults (5 minute grace period), SIGTERM stops the mock within ~1 s.
+pub fn run_standalone(listen: &str, opts: MockOptions) -> ! {
+    let conf = ServerConf {
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    match service(listen, opts) {
+        Ok(svc) => {
+            server.add_service(svc);
+        }
+        Err(e) => {
+            log::error!("mock upstream: cannot listen on {listen}: {e}");
+            std::process::exit(2);
+        }
+    }
+    log::info!("mock upstream listening on {listen}");
+    server.run_forever()
+}
+
+#[async_trait]
+impl HttpServerApp for MockUpstream {
+    async fn process_new_http(
+        self: &Arc<Self>,
+        mut session: ServerSession,
+        shutdown: &ShutdownWatch,
+    ) -> Option<ReusedHttpStream> {
+        match session.read_request().await {
+            Ok(true) => {}
+            Ok(false) => return None,
+            Err(e) => {
+                log::debug!("mock upstream: cannot read request: {e}");
+                return None;
+            }
+        }
+        let http10_close = {
+            let req = session.req_header();
+            req.version == http::Version::HTTP_10
+                && !header_bytes(&req.headers, "connection").eq_ignore_ascii_case(b"keep-alive")
+        };
+        if *shutdown.borrow() || http10_close {
+            session.set_keepalive(None);
+        } else {
+            session.set_keepalive(Some(60));
+        }
+
+        let req = session.req_header();
+        let method = req.method.clone();
+        let path = req.uri.path().to_string();
+        let overrides = Overrides::from_headers(&req.headers, &self.opts);
+        let authorization = header_bytes(&req.headers, "authorization").to_vec();
+        let content_type =
+            String::from_utf8_lossy(header_bytes(&req.headers, "content-type")).into_owned();
+        let expect_continue =
+            header_bytes(&req.headers, "expect").eq_ignore_ascii_case(b"100-continue");
+
+        if expect_continue {
+            if let Err(e) = session.write_continue_response().await {
+                log::debug!("mock upstream: cannot write 100-continue: {e}");
+                return None;
+            }
+        }
+
+        let body = match read_body(&mut session).await {
+            Ok(body) => body,
+            Err(e) => {
+                log::debug!("mock upstream: cannot read request body: {e}");
+                return None;
+            }
+        };
+
+        let parsed = if body.too_large {
+            Parsed::Empty
+        } else {
+            parse_body(&content_type, body.data.clone()).await
+        };
+        let echo = Echo {
+            model: parsed.model(),
+            authorization,
+            body_len: body.total_len,
+            body_sha256: body.sha256_hex,
+            path: path.clone(),
+        };
+
+        if overrides.garbage {
+            write_garbage(&mut session, &echo).await;
+            return None;
+        }
+
+        let reply = if let Some(status) = overrides.status {
+            forced_error(status)
+        } else if body.too_large {
+            error_reply(
+                413,
+                "invalid_request_error",
+                &format!("request body larger than {MAX_BODY_BYTES} bytes"),
+                "body_too_large",
+            )
+        } else {
+            route(&method, &path, &parsed, &overrides, &echo.model)
+        };
+
+        // A non-streamed reply waits `delay_ms` before its header (a slow model); a stream
+        // waits between its events instead.
+        if delays_header(&reply) && overrides.delay_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(overrides.delay_ms)).await;
+        }
+        if let Err(e) = write_reply(&mut session, reply, &echo, &overrides).await {
+            log::debug!("mock upstream: cannot write the reply: {e}");
+            return None;
+        }
+
+        let settings = HttpPersistentSettings::for_session(&session);
+        match session.finish().await {
+            Ok(Some(stream)) => Some(ReusedHttpStream::from_reusable_stream(stream, settings)),
+            Ok(None) => None,
+            Err(e) => {
+                log::debug!("mock upstream: cannot finish the session: {e}");
+                None
+            }
+        }
+    }
+}
+
+async fn write_reply(
+    session: &mut ServerSession,
+    reply: Reply,
+    echo: &Echo,
+    ov: &Overrides,
+) -> pingora_error::Result<()> {
+    let mut header = ResponseHeader::build(reply.status, Some(12))?;
+    header.insert_header("content-type", reply.content_type)?;
+    add_echo_headers(&mut header, echo)?;
+    match reply.body {
+        ReplyBody::Full(body) => {
+            header.insert_header("content-length", body.len().to_string())?;
+            session.write_response_header(Box::new(header)).await?;
+            if !body.is_empty() {
+                session.write_response_body(body, true).await?;
+            }
+        }
+        ReplyBody::Events(events) => {
+            header.insert_header("cache-control", "no-cache")?;
+            header.insert_header("transfer-encoding", "chunked")?;
+            session.write_response_header(Box::new(header)).await?;
+            write_events(session, events, ov).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `x-mock-garbage`: announce 100 bytes, send 10, then close the connection.
+async fn write_garbage(session: &mut ServerSession, echo: &Echo) {
+    session.set_keepalive(None);
+    let result: pingora_error::Result<()> = async {
+        let mut header = ResponseHeader::build(200, Some(8))?;
+        header.insert_header("content-type", "application/json")?;
+        header.insert_header("content-length", "100")?;
+        add_echo_headers(&mut header, echo)?;
+        session.write_response_header(Box::new(header)).await?;
+        session
+            .write_response_body(Bytes::from_static(b"{\"partial\""), false)
+            .await?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        log::debug!("mock upstream: garbage reply failed early: {e}");
+    }
+    // Flushes what was buffered, then closes the write side.
+    session.shutdown().await;
+}

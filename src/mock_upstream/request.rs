@@ -1,0 +1,256 @@
+//! Request side of the mock: the server options overridden by `x-mock-*` request headers,
+//! reading the body (hashed, bounded) and decoding it as JSON or multipart, and the `x-mock-*`
+//! echo headers that report what arrived.
+
+use std::str::FromStr;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, HeaderValue};
+use pingora_core::protocols::http::ServerSession;
+use pingora_http::ResponseHeader;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::MockOptions;
+
+/// Largest request body buffered in memory; bigger bodies are drained and refused with 413.
+pub(super) const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Upper bound for `chunks` (option or `x-mock-chunks`), to keep replies bounded.
+const MAX_CHUNKS: usize = 100_000;
+/// Upper bound for `delay_ms` (option or `x-mock-delay-ms`).
+const MAX_DELAY_MS: u64 = 60_000;
+
+/// Per-request settings: the server options overridden by `x-mock-*` request headers.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Overrides {
+    pub(super) chunks: usize,
+    pub(super) delay_ms: u64,
+    pub(super) split: Option<usize>,
+    pub(super) status: Option<u16>,
+    pub(super) ignore_include_usage: bool,
+    pub(super) garbage: bool,
+    /// `x-mock-cut-after: N`: a stream stops after N events and the connection drops.
+    pub(super) cut_after: Option<usize>,
+}
+
+impl Overrides {
+    pub(super) fn from_headers(headers: &HeaderMap, opts: &MockOptions) -> Self {
+        Overrides {
+            chunks: header_parse::<usize>(headers, "x-mock-chunks")
+                .unwrap_or(opts.chunks)
+                .min(MAX_CHUNKS),
+            delay_ms: header_parse::<u64>(headers, "x-mock-delay-ms")
+                .unwrap_or(opts.delay_ms)
+                .min(MAX_DELAY_MS),
+            split: header_parse::<usize>(headers, "x-mock-split").filter(|k| *k > 0),
+            status: header_parse::<u16>(headers, "x-mock-status")
+                .filter(|s| (400..=599).contains(s)),
+            ignore_include_usage: header_flag(headers, "x-mock-ignore-include-usage"),
+            garbage: header_flag(headers, "x-mock-garbage"),
+            cut_after: header_parse::<usize>(headers, "x-mock-cut-after"),
+        }
+    }
+}
+
+pub(super) fn header_bytes<'a>(headers: &'a HeaderMap, name: &str) -> &'a [u8] {
+    headers.get(name).map_or(&b""[..], |v| v.as_bytes())
+}
+
+fn header_parse<T: FromStr>(headers: &HeaderMap, name: &str) -> Option<T> {
+    headers.get(name)?.to_str().ok()?.trim().parse().ok()
+}
+
+fn header_flag(headers: &HeaderMap, name: &str) -> bool {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .is_some_and(|v| matches!(v.as_str(), "1" | "true" | "yes" | "on"))
+}
+
+/// The request body as received (after transfer decoding).
+pub(super) struct RequestBody {
+    /// The body, empty when `too_large`.
+    pub(super) data: Bytes,
+    pub(super) total_len: usize,
+    pub(super) sha256_hex: String,
+    pub(super) too_large: bool,
+}
+
+pub(super) async fn read_body(session: &mut ServerSession) -> pingora_error::Result<RequestBody> {
+    let mut data = BytesMut::new();
+    let mut hasher = Sha256::new();
+    let mut total_len = 0usize;
+    let mut too_large = false;
+    while let Some(chunk) = session.read_request_body().await? {
+        hasher.update(&chunk);
+        total_len = total_len.saturating_add(chunk.len());
+        if total_len > MAX_BODY_BYTES {
+            too_large = true;
+            data = BytesMut::new();
+        } else {
+            data.extend_from_slice(&chunk);
+        }
+    }
+    Ok(RequestBody {
+        data: data.freeze(),
+        total_len,
+        sha256_hex: hex::encode(hasher.finalize()),
+        too_large,
+    })
+}
+
+/// One part of a multipart/form-data body.
+#[derive(Debug)]
+struct FormPart {
+    name: String,
+    file_name: Option<String>,
+    data: Bytes,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct FormData {
+    parts: Vec<FormPart>,
+}
+
+impl FormData {
+    /// The first non-file field called `name`, as (lossy) text.
+    pub(super) fn field(&self, name: &str) -> Option<String> {
+        self.parts
+            .iter()
+            .find(|p| p.name == name && p.file_name.is_none())
+            .map(|p| String::from_utf8_lossy(&p.data).into_owned())
+    }
+
+    /// Size of the first part called `name` (file or not).
+    pub(super) fn part_len(&self, name: &str) -> Option<usize> {
+        self.parts
+            .iter()
+            .find(|p| p.name == name)
+            .map(|p| p.data.len())
+    }
+}
+
+/// The request body, decoded according to its content type.
+#[derive(Debug)]
+pub(super) enum Parsed {
+    Empty,
+    Json(Value),
+    Form(FormData),
+    Invalid(String),
+}
+
+impl Parsed {
+    /// The `model` value as received, empty when there is none.
+    pub(super) fn model(&self) -> String {
+        match self {
+            Parsed::Json(v) => match v.get("model") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Null) | None => String::new(),
+                Some(other) => other.to_string(),
+            },
+            Parsed::Form(form) => form.field("model").unwrap_or_default(),
+            Parsed::Empty | Parsed::Invalid(_) => String::new(),
+        }
+    }
+}
+
+fn is_multipart(content_type: &str) -> bool {
+    content_type
+        .trim_start()
+        .to_ascii_lowercase()
+        .starts_with("multipart/form-data")
+}
+
+pub(super) async fn parse_body(content_type: &str, body: Bytes) -> Parsed {
+    if is_multipart(content_type) {
+        return match parse_multipart(content_type, body).await {
+            Ok(form) => Parsed::Form(form),
+            Err(e) => Parsed::Invalid(format!("invalid multipart body: {e}")),
+        };
+    }
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Parsed::Empty;
+    }
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(v) => Parsed::Json(v),
+        Err(e) => Parsed::Invalid(format!("invalid JSON body: {e}")),
+    }
+}
+
+async fn parse_multipart(content_type: &str, body: Bytes) -> Result<FormData, multer::Error> {
+    let boundary = multer::parse_boundary(content_type)?;
+    let stream = futures_util::stream::once(async move { Ok::<Bytes, std::io::Error>(body) });
+    let mut multipart = multer::Multipart::new(stream, boundary);
+    let mut form = FormData::default();
+    while let Some(field) = multipart.next_field().await? {
+        let name = field.name().unwrap_or_default().to_string();
+        let file_name = field.file_name().map(str::to_string);
+        let data = field.bytes().await?;
+        form.parts.push(FormPart {
+            name,
+            file_name,
+            data,
+        });
+    }
+    Ok(form)
+}
+
+/// What the echo headers report about the request.
+pub(super) struct Echo {
+    pub(super) model: String,
+    pub(super) authorization: Vec<u8>,
+    pub(super) body_len: usize,
+    pub(super) body_sha256: String,
+    pub(super) path: String,
+}
+
+/// A header value from arbitrary bytes: invalid bytes (controls) are dropped.
+fn header_value(bytes: &[u8]) -> HeaderValue {
+    if let Ok(v) = HeaderValue::from_bytes(bytes) {
+        return v;
+    }
+    let cleaned: Vec<u8> = bytes
+        .iter()
+        .copied()
+        .filter(|b| *b == b'\t' || (*b >= 0x20 && *b != 0x7f))
+        .collect();
+    HeaderValue::from_bytes(cleaned.trim_ascii()).unwrap_or(HeaderValue::from_static(""))
+}
+
+pub(super) fn add_echo_headers(
+    header: &mut ResponseHeader,
+    echo: &Echo,
+) -> pingora_error::Result<()> {
+    header.insert_header("x-mock-model", header_value(echo.model.as_bytes()))?;
+    header.insert_header("x-mock-authorization", header_value(&echo.authorization))?;
+    header.insert_header("x-mock-body-len", echo.body_len.to_string())?;
+    header.insert_header("x-mock-body-sha256", echo.body_sha256.as_str())?;
+    header.insert_header("x-mock-path", header_value(echo.path.as_bytes()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overrides_are_read_from_headers_and_bounded() {
+        let mut headers = HeaderMap::new();
+        headers.insert("x-mock-chunks", HeaderValue::from_static("3"));
+        headers.insert("x-mock-split", HeaderValue::from_static("0"));
+        headers.insert("x-mock-status", HeaderValue::from_static("42"));
+        headers.insert("x-mock-garbage", HeaderValue::from_static("1"));
+        let ov = Overrides::from_headers(&headers, &MockOptions::default());
+        assert_eq!(ov.chunks, 3);
+        assert_eq!(ov.split, None);
+        assert_eq!(ov.status, None);
+        assert!(ov.garbage);
+        assert!(!ov.ignore_include_usage);
+    }
+
+    #[test]
+    fn echo_header_values_drop_control_bytes() {
+        assert_eq!(header_value(b"a\x01b").as_bytes(), b"ab");
+    }
+}
