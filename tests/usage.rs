@@ -557,6 +557,15 @@ async fn a_spent_budget_gives_402_and_spend_and_records_survive_a_restart() {
 
 #[tokio::test]
 async fn no_record_is_lost_after_a_burst_followed_at_once_by_sigterm() {
+    burst_then("-TERM").await;
+}
+
+#[tokio::test]
+async fn no_record_is_lost_after_a_burst_followed_at_once_by_sigint() {
+    burst_then("-INT").await;
+}
+
+async fn burst_then(signal: &str) {
     let mut g = start();
     let n = 400;
     let base = g.direct.clone();
@@ -576,8 +585,8 @@ async fn no_record_is_lost_after_a_burst_followed_at_once_by_sigterm() {
     });
     let statuses = futures_util::future::join_all(sends).await;
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
-    let status = g.terminate();
-    assert!(status.success(), "{status}");
+    let status = g.signal(signal);
+    assert!(status.success(), "{signal}: {status}");
     let g = g.restart_stopped();
     let csv = client()
         .get(format!("{}/api/usage.csv", g.main))

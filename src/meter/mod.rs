@@ -100,7 +100,7 @@ impl Meter {
     /// Output text seen, for estimating when there is no usage.
     pub fn output_text(&self) -> Option<String> {
         match self {
-            Meter::Sse(m) => Some(m.text.clone()),
+            Meter::Sse(m) => Some(m.text()),
             Meter::Json { buf, .. } => Some(estimate::reply_text(buf)),
             Meter::None => None,
         }

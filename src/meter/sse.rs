@@ -13,6 +13,36 @@ use serde::Deserialize;
 
 use super::Usage;
 
+/// The bytes after `key` and its colon, at the first place `key` appears as a key.
+fn value_after<'a>(data: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    let at = memchr::memmem::find(data, key)? + key.len();
+    let rest = &data[at..];
+    let colon = rest.iter().position(|b| !b.is_ascii_whitespace())?;
+    if rest[colon] != b':' {
+        return None;
+    }
+    let v = colon
+        + 1
+        + rest[colon + 1..]
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())?;
+    Some(&rest[v..])
+}
+
+/// Whether some occurrence of `key` in the event has a value for which `test` holds, checked
+/// on the bytes. Inside a JSON string a quote is escaped, so a match is a real key.
+fn has_value(data: &[u8], key: &[u8], test: impl Fn(&[u8]) -> bool) -> bool {
+    let mut from = 0;
+    while let Some(i) = memchr::memmem::find(&data[from..], key) {
+        let at = from + i;
+        if value_after(&data[at..], key).is_some_and(&test) {
+            return true;
+        }
+        from = at + key.len();
+    }
+    false
+}
+
 /// Longest line or event held while waiting for its end; past it the bytes are passed on
 /// unmetered, so a misbehaving upstream cannot grow memory without bound.
 const MAX_HELD: usize = 1024 * 1024;
@@ -29,8 +59,8 @@ pub struct SseMeter {
     pub events: u64,
     pub done: bool,
     pub saw_content: bool,
-    /// Output text seen so far (for estimating when the upstream reports no usage).
-    pub text: String,
+    /// Content events seen, raw and newline-separated (parsed only for an estimate).
+    raw_content: Vec<u8>,
 }
 
 #[derive(Deserialize)]
@@ -123,6 +153,9 @@ impl SseMeter {
     }
 
     /// Meters one line; returns what kind of event its data is.
+    /// Meters one line; returns what kind of event its data is. Cheap byte checks on the
+    /// common path: only an event with a non-null `usage` is parsed, and content events are
+    /// kept raw (bounded) for the tokenizer fallback, parsed only if no usage ever comes.
     fn line(&mut self, line: &[u8]) -> Kind {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let Some(data) = line.strip_prefix(b"data:") else {
@@ -134,30 +167,49 @@ impl SseMeter {
             self.done = true;
             return Kind::Done;
         }
-        let Ok(ev) = serde_json::from_slice::<Event>(data) else {
-            return Kind::Other;
-        };
         let mut kind = Kind::Data;
-        if let Some(u) = ev.usage {
-            self.usage = Some(u);
-            if ev.choices.as_ref().is_none_or(Vec::is_empty) {
-                kind = Kind::UsageOnly;
-            }
-        }
-        for c in ev.choices.iter().flatten() {
-            let piece = c
-                .delta
-                .as_ref()
-                .and_then(|d| d.content.as_deref())
-                .or(c.text.as_deref());
-            if let Some(t) = piece.filter(|t| !t.is_empty()) {
-                self.saw_content = true;
-                if self.text.len() + t.len() <= MAX_TEXT {
-                    self.text.push_str(t);
+        if has_value(data, b"\"usage\"", |v| !v.starts_with(b"null")) {
+            if let Ok(ev) = serde_json::from_slice::<Event>(data) {
+                if let Some(u) = ev.usage {
+                    self.usage = Some(u);
+                    if ev.choices.as_ref().is_none_or(Vec::is_empty) {
+                        kind = Kind::UsageOnly;
+                    }
                 }
             }
         }
+        let text = |v: &[u8]| v.len() > 1 && v[0] == b'"' && v[1] != b'"';
+        if has_value(data, b"\"content\"", text) || has_value(data, b"\"text\"", text) {
+            self.saw_content = true;
+            if self.raw_content.len() + data.len() < MAX_TEXT {
+                self.raw_content.extend_from_slice(data);
+                self.raw_content.push(b'\n');
+            }
+        }
         kind
+    }
+
+    /// The output text seen so far (for estimating when the upstream reports no usage).
+    pub fn text(&self) -> String {
+        let mut text = String::new();
+        for data in self
+            .raw_content
+            .split(|b| *b == b'\n')
+            .filter(|d| !d.is_empty())
+        {
+            let Ok(ev) = serde_json::from_slice::<Event>(data) else {
+                continue;
+            };
+            for c in ev.choices.iter().flatten() {
+                let piece = c
+                    .delta
+                    .as_ref()
+                    .and_then(|d| d.content.as_deref())
+                    .or(c.text.as_deref());
+                text.push_str(piece.unwrap_or(""));
+            }
+        }
+        text
     }
 
     fn edit_event(&mut self, event: &[u8], out: &mut Vec<u8>) {
@@ -272,6 +324,7 @@ fn top_level_null_usage(json: &[u8]) -> Option<(usize, usize)> {
 
 /// A `data: {...}` line without its top-level `"usage":null` member, or None if it has none.
 fn strip_usage_member(line: &[u8]) -> Option<Vec<u8>> {
+    memchr::memmem::find(line, b"\"usage\"")?;
     let json_start = line.iter().position(|b| *b == b'{')?;
     let json = &line[json_start..];
     let (key_start, v_end) = top_level_null_usage(json)?;
@@ -340,7 +393,7 @@ mod tests {
             let (m, out) = run(input, false, size);
             assert_eq!(out, input);
             assert_eq!(m.usage.map(|u| u.total_tokens), Some(10), "size {size}");
-            assert_eq!(m.text, "caf\u{e9} \u{2713}");
+            assert_eq!(m.text(), "caf\u{e9} \u{2713}");
             assert!(m.done && m.saw_content);
             assert_eq!(m.events, 5);
         }

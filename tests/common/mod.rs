@@ -276,8 +276,13 @@ impl Gateway {
 
     /// SIGTERM, as an orchestrator stops it; returns the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal("-TERM")
+    }
+
+    /// Sends a signal (`-TERM`, `-INT`, …) and waits for the process to exit.
+    pub fn signal(&mut self, sig: &str) -> std::process::ExitStatus {
         let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let _ = Command::new("kill").args([sig, &pid]).status();
         self.child.wait().expect("wait")
     }
 
