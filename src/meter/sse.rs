@@ -249,27 +249,21 @@ fn last_event_end(buf: &[u8]) -> usize {
     lf.max(crlf).unwrap_or(0)
 }
 
-/// Complete events, each with its terminating blank line.
+/// Complete events, each with its terminating blank line (`\n\n` or `\r\n\r\n`).
 fn split_events(buf: &[u8]) -> Vec<&[u8]> {
     let mut events = Vec::new();
     let mut start = 0;
-    let mut i = 0;
-    while i < buf.len() {
-        let end = if buf[i..].starts_with(b"\n\n") {
-            Some(i + 2)
-        } else if buf[i..].starts_with(b"\r\n\r\n") {
-            Some(i + 4)
-        } else {
-            None
-        };
-        match end {
-            Some(e) => {
-                events.push(&buf[start..e]);
-                start = e;
-                i = e;
-            }
-            None => i += 1,
+    for i in memchr::memchr_iter(b'\n', buf) {
+        if i < start {
+            continue;
         }
+        let end = match buf.get(i + 1) {
+            Some(b'\n') => i + 2,
+            Some(b'\r') if buf.get(i + 2) == Some(&b'\n') => i + 3,
+            _ => continue,
+        };
+        events.push(&buf[start..end]);
+        start = end;
     }
     if start < buf.len() {
         events.push(&buf[start..]);
@@ -322,12 +316,38 @@ fn top_level_null_usage(json: &[u8]) -> Option<(usize, usize)> {
     None
 }
 
+/// The common layout, checked from the end: `"usage":null` followed only by the object's
+/// closing brace. Whatever comes just before the final `}` is a member of the outer object.
+fn last_member_null_usage(json: &[u8]) -> Option<(usize, usize)> {
+    let end = json.iter().rposition(|b| !b.is_ascii_whitespace())?;
+    if json[end] != b'}' {
+        return None;
+    }
+    let v_end = json[..end].iter().rposition(|b| !b.is_ascii_whitespace())? + 1;
+    if !json[..v_end].ends_with(b"null") {
+        return None;
+    }
+    let before_null = json[..v_end - 4]
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())?;
+    if json[before_null] != b':' {
+        return None;
+    }
+    let key_end = json[..before_null]
+        .iter()
+        .rposition(|b| !b.is_ascii_whitespace())?
+        + 1;
+    json[..key_end]
+        .ends_with(b"\"usage\"")
+        .then_some((key_end - 7, v_end))
+}
+
 /// A `data: {...}` line without its top-level `"usage":null` member, or None if it has none.
 fn strip_usage_member(line: &[u8]) -> Option<Vec<u8>> {
     memchr::memmem::find(line, b"\"usage\"")?;
     let json_start = line.iter().position(|b| *b == b'{')?;
     let json = &line[json_start..];
-    let (key_start, v_end) = top_level_null_usage(json)?;
+    let (key_start, v_end) = last_member_null_usage(json).or_else(|| top_level_null_usage(json))?;
     let prev = json[..key_start]
         .iter()
         .rposition(|b| !b.is_ascii_whitespace())?;
