@@ -4,11 +4,15 @@
 # gateway/direct, for modelgate as configured (metered) and for the same build with metering
 # switched off (MODELGATE_METERING=off), so the cost of metering shows. Traffic stays on
 # 127.0.0.1.
-#   DURATION=10 CONNECTIONS=32 CHUNKS=16 bash benches/load.sh
+# Each case runs ROUNDS rounds; a round measures direct, modelgate and modelgate without
+# metering for DURATION/ROUNDS seconds each, one after the other, and the medians are
+# reported. Interleaving keeps slow drift of a shared machine out of the comparison.
+#   DURATION=15 ROUNDS=5 CONNECTIONS=32 CHUNKS=16 bash benches/load.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=${DURATION:-10}
+DURATION=${DURATION:-15}
+ROUNDS=${ROUNDS:-5}
 CONNECTIONS=${CONNECTIONS:-32}
 CHUNKS=${CHUNKS:-16}
 THREADS=${THREADS:-1}
@@ -64,9 +68,11 @@ LUA
   echo "$TMP/$1.lua"
 }
 
+SLICE=$(python3 -c "print(max(1, round($DURATION / $ROUNDS)))")
 rps() { # $1 = url, $2 = lua
-  wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" -s "$2" "$1" | awk '/Requests\/sec/ {print $2}'
+  wrk -t1 -c"$CONNECTIONS" -d"${SLICE}s" -s "$2" "$1" | awk '/Requests\/sec/ {print $2}'
 }
+median() { python3 -c "import statistics,sys; print(f'{statistics.median(map(float, sys.argv[1:])):.0f}')" "$@"; }
 
 printf '%-16s %12s %16s %7s %18s %7s\n' "case" "direct" "modelgate" "ratio" "metering off" "ratio"
 for stream in false true; do
@@ -75,11 +81,15 @@ for stream in false true; do
   for p in $MOCK $DIRECT $DIRECT2; do
     wrk -t1 -c"$CONNECTIONS" -d1s -s "$script" "http://127.0.0.1:$p/v1/chat/completions" >/dev/null
   done
-  d=$(rps "http://127.0.0.1:$MOCK/v1/chat/completions" "$script")
-  g=$(rps "http://127.0.0.1:$DIRECT/v1/chat/completions" "$script")
-  u=$(rps "http://127.0.0.1:$DIRECT2/v1/chat/completions" "$script")
+  ds=(); gs=(); us=()
+  for _ in $(seq "$ROUNDS"); do
+    ds+=("$(rps "http://127.0.0.1:$MOCK/v1/chat/completions" "$script")")
+    gs+=("$(rps "http://127.0.0.1:$DIRECT/v1/chat/completions" "$script")")
+    us+=("$(rps "http://127.0.0.1:$DIRECT2/v1/chat/completions" "$script")")
+  done
+  d=$(median "${ds[@]}"); g=$(median "${gs[@]}"); u=$(median "${us[@]}")
   name=$([ "$stream" = true ] && echo "chat streamed" || echo "chat plain")
   printf '%-16s %12s %16s %7s %18s %7s\n' "$name" "$d" "$g" "$(python3 -c "print(f'{$g/$d:.2f}')")" \
     "$u" "$(python3 -c "print(f'{$u/$d:.2f}')")"
 done
-echo "(${DURATION}s per case, $CONNECTIONS connections, $CHUNKS chunks per reply, gateway threads=$THREADS, $(nproc) cores shared by wrk, mock and gateway)"
+echo "(medians of $ROUNDS interleaved rounds of ${SLICE}s per target, $CONNECTIONS connections, $CHUNKS chunks per reply, gateway threads=$THREADS, $(nproc) cores shared by wrk, mock and gateways)"

@@ -138,15 +138,14 @@ async fn multipart_audio_and_image_uploads_work_on_both_listeners() {
 #[tokio::test]
 async fn the_upstream_sees_the_pool_key_and_upstream_model_never_the_client_key_json() {
     let g = start();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", g.direct))
-        .bearer_auth(KEY)
-        .header("api-key", KEY)
-        .header("x-api-key", KEY)
-        .json(&chat_body("big-model", false))
-        .send()
-        .await
-        .expect("send");
+    let resp = send(
+        &g.direct,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("big-model", false),
+        &[("api-key", KEY), ("x-api-key", KEY)],
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     assert_eq!(
         resp.headers()["x-mock-authorization"],
@@ -184,12 +183,8 @@ async fn the_upstream_sees_the_pool_key_and_upstream_model_never_the_client_key_
 async fn models_are_listed_from_config_filtered_by_the_key() {
     let g = start();
     for base in g.bases() {
-        let v: serde_json::Value = client()
-            .get(format!("{base}/v1/models"))
-            .bearer_auth(KEY)
-            .send()
+        let v: serde_json::Value = get(&base, "/v1/models", Some(KEY))
             .await
-            .expect("send")
             .json()
             .await
             .expect("json");
@@ -205,31 +200,17 @@ async fn models_are_listed_from_config_filtered_by_the_key() {
             assert_eq!(m["object"], "model");
             assert!(m["created"].is_i64() && m["owned_by"].is_string(), "{m}");
         }
-        let v: serde_json::Value = client()
-            .get(format!("{base}/v1/models"))
-            .bearer_auth(ECHO_ONLY_KEY)
-            .send()
+        let v: serde_json::Value = get(&base, "/v1/models", Some(ECHO_ONLY_KEY))
             .await
-            .expect("send")
             .json()
             .await
             .expect("json");
         assert_eq!(v["data"].as_array().map(Vec::len), Some(1), "{v}");
-        let one = client()
-            .get(format!("{base}/v1/models/big-model"))
-            .bearer_auth(KEY)
-            .send()
-            .await
-            .expect("send");
+        let one = get(&base, "/v1/models/big-model", Some(KEY)).await;
         assert_eq!(one.status(), 200);
         let m: serde_json::Value = one.json().await.expect("json");
         assert_eq!(m["id"], "big-model");
-        let hidden = client()
-            .get(format!("{base}/v1/models/big-model"))
-            .bearer_auth(ECHO_ONLY_KEY)
-            .send()
-            .await
-            .expect("send");
+        let hidden = get(&base, "/v1/models/big-model", Some(ECHO_ONLY_KEY)).await;
         let (status, e) = error_of(hidden).await;
         assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")));
     }

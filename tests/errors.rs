@@ -11,13 +11,7 @@ async fn chat_with_key(
     key: Option<&str>,
     body: &serde_json::Value,
 ) -> reqwest::Response {
-    let mut req = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .json(body);
-    if let Some(k) = key {
-        req = req.bearer_auth(k);
-    }
-    req.send().await.expect("send")
+    send(base, "/v1/chat/completions", key, body, &[]).await
 }
 
 #[tokio::test]
@@ -51,11 +45,7 @@ async fn missing_unknown_disabled_and_expired_keys_are_401_invalid_api_key() {
 #[tokio::test]
 async fn a_key_in_the_url_is_not_accepted() {
     let g = start();
-    let resp = client()
-        .get(format!("{}/v1/models?api_key={KEY}", g.main))
-        .send()
-        .await
-        .expect("send");
+    let resp = get(&g.main, &format!("/v1/models?api_key={KEY}"), None).await;
     assert_eq!(error_of(resp).await.0, 401);
 }
 
@@ -165,12 +155,7 @@ async fn refused_model_and_endpoint_are_403_permission_denied() {
             (status, e["code"].as_str(), e["param"].as_str()),
             (403, Some("permission_denied"), Some("endpoint"))
         );
-        let ok = client()
-            .get(format!("{base}/v1/models"))
-            .bearer_auth(MODELS_ONLY_KEY)
-            .send()
-            .await
-            .expect("send");
+        let ok = get(&base, "/v1/models", Some(MODELS_ONLY_KEY)).await;
         assert_eq!(ok.status(), 200);
     }
 }
@@ -195,20 +180,21 @@ async fn unreachable_upstream_is_502_upstream_error() {
 #[tokio::test]
 async fn upstream_401_and_403_become_502_upstream_error() {
     let g = start();
-    for code in ["401", "403"] {
-        let resp = client()
-            .post(format!("{}/v1/chat/completions", g.main))
-            .bearer_auth(KEY)
-            .header("x-mock-status", code)
-            .json(&chat_body("echo-1", false))
-            .send()
-            .await
-            .expect("send");
+    for (code, empty) in [("401", "0"), ("403", "0"), ("401", "1"), ("403", "1")] {
+        let resp = send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &chat_body("echo-1", false),
+            &[("x-mock-status", code), ("x-mock-empty-body", empty)],
+        )
+        .await;
+        // Also when the upstream's refusal has no body: the client still gets a whole reply.
         let (status, e) = error_of(resp).await;
         assert_eq!(
             (status, e["code"].as_str()),
             (502, Some("upstream_error")),
-            "upstream {code}"
+            "upstream {code}, empty body {empty}"
         );
     }
 }
@@ -217,16 +203,10 @@ async fn upstream_401_and_403_become_502_upstream_error() {
 async fn other_upstream_errors_pass_through_unchanged() {
     let g = start();
     for code in ["400", "429", "500", "503"] {
-        let send = |base: String| {
-            client()
-                .post(format!("{base}/v1/chat/completions"))
-                .bearer_auth(KEY)
-                .header("x-mock-status", code)
-                .json(&chat_body("echo-1", false))
-                .send()
-        };
-        let upstream = send(g.mock.clone()).await.expect("send");
-        let through = send(g.direct.clone()).await.expect("send");
+        let (path, body) = ("/v1/chat/completions", chat_body("echo-1", false));
+        let headers = [("x-mock-status", code)];
+        let upstream = send(&g.mock, path, Some(KEY), &body, &headers).await;
+        let through = send(&g.direct, path, Some(KEY), &body, &headers).await;
         assert_eq!(through.status(), upstream.status());
         assert!(through.headers().contains_key("x-request-id"));
         assert_eq!(
@@ -243,15 +223,14 @@ async fn a_slow_upstream_is_504_upstream_timeout() {
         read_timeout_ms: 300,
         ..Setup::default()
     });
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", g.main))
-        .bearer_auth(KEY)
-        .header("x-mock-delay-ms", "3000")
-        .header("x-mock-chunks", "2")
-        .json(&json!({"model": "echo-1", "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
-        .send()
-        .await
-        .expect("send");
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &json!({"model": "echo-1", "stream": true, "messages": [{"role": "user", "content": "hi"}]}),
+        &[("x-mock-delay-ms", "3000"), ("x-mock-chunks", "2")],
+    )
+    .await;
     // The mock sends its header at once and then stalls between events: the reply has begun,
     // so the client sees the stream cut (never a hang, never a [DONE]). A non-streamed slow
     // reply is a 504.
@@ -260,14 +239,14 @@ async fn a_slow_upstream_is_504_upstream_timeout() {
         let text = String::from_utf8_lossy(&body);
         assert!(!text.contains("[DONE]"), "a stalled stream looked complete");
     }
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", g.main))
-        .bearer_auth(KEY)
-        .header("x-mock-delay-ms", "3000")
-        .json(&chat_body("echo-1", false))
-        .send()
-        .await
-        .expect("send");
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", false),
+        &[("x-mock-delay-ms", "3000")],
+    )
+    .await;
     let (status, e) = error_of(resp).await;
     assert_eq!(
         (status, e["code"].as_str()),
@@ -278,14 +257,14 @@ async fn a_slow_upstream_is_504_upstream_timeout() {
 #[tokio::test]
 async fn an_upstream_answering_garbage_is_502_or_a_cut_reply() {
     let g = start();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", g.main))
-        .bearer_auth(KEY)
-        .header("x-mock-garbage", "1")
-        .json(&chat_body("echo-1", false))
-        .send()
-        .await
-        .expect("send");
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", false),
+        &[("x-mock-garbage", "1")],
+    )
+    .await;
     // The header arrived before the body broke, so the client gets the header and then a
     // body that fails to complete — never a hang, never a silent success.
     let complete = resp.bytes().await;

@@ -11,13 +11,14 @@ use common::*;
 use futures_util::StreamExt;
 
 async fn chat(base: &str, key: &str) -> reqwest::Response {
-    client()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(&chat_body("echo-1", false))
-        .send()
-        .await
-        .expect("send")
+    send(
+        base,
+        "/v1/chat/completions",
+        Some(key),
+        &chat_body("echo-1", false),
+        &[],
+    )
+    .await
 }
 
 fn header(resp: &reqwest::Response, name: &str) -> Option<String> {
@@ -108,20 +109,35 @@ async fn tpm_counts_the_metered_tokens_and_refuses_while_the_window_is_full() {
         header(&a, "x-ratelimit-limit-tokens").as_deref(),
         Some("20")
     );
+    let first = header(&a, "x-request-id").expect("request id");
     a.bytes().await.expect("body");
-    // The second is admitted (12 < 20) once the first's tokens are counted; then 24 >= 20.
+    // The first reply's tokens are counted just before its usage record is made: wait for the
+    // record, so the next request sees them (12 of 20 used) and is admitted with 8 left.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let r = chat(&g.direct, TPM_KEY).await;
-        let remaining = header(&r, "x-ratelimit-remaining-tokens");
-        r.bytes().await.expect("body");
-        if remaining.as_deref() == Some("8") {
+        let page = get(&g.main, "/api/usage?limit=10000", Some(TPM_KEY)).await;
+        let text = page.text().await.expect("page");
+        if text.contains(&first) {
             break;
         }
+        assert!(Instant::now() < deadline, "no record for the first request");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let second = chat(&g.direct, TPM_KEY).await;
+    assert_eq!(second.status(), 200);
+    assert_eq!(
+        header(&second, "x-ratelimit-remaining-tokens").as_deref(),
+        Some("8")
+    );
+    second.bytes().await.expect("body");
+    // 24 >= 20 once the second is counted: refused while the window is full.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while chat(&g.main, TPM_KEY).await.status() != 429 {
         assert!(
             Instant::now() < deadline,
-            "the first reply's tokens were never counted"
+            "the second reply's tokens were never counted"
         );
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
     let refused = chat(&g.main, TPM_KEY).await;
     assert!(header(&refused, "retry-after").is_some());
@@ -135,19 +151,10 @@ async fn tpm_counts_the_metered_tokens_and_refuses_while_the_window_is_full() {
 #[tokio::test]
 async fn max_concurrent_refuses_the_third_slow_stream_and_frees_slots_when_replies_end() {
     let g = start();
-    let slow = |base: String| async move {
-        client()
-            .post(format!("{base}/v1/chat/completions"))
-            .bearer_auth(CONC_KEY)
-            .header("x-mock-chunks", "5")
-            .header("x-mock-delay-ms", "200")
-            .json(&chat_body("echo-1", true))
-            .send()
-            .await
-            .expect("send")
-    };
-    let a = slow(g.main.clone()).await;
-    let b = slow(g.direct.clone()).await;
+    let (path, body) = ("/v1/chat/completions", chat_body("echo-1", true));
+    let headers = [("x-mock-chunks", "5"), ("x-mock-delay-ms", "200")];
+    let a = send(&g.main, path, Some(CONC_KEY), &body, &headers).await;
+    let b = send(&g.direct, path, Some(CONC_KEY), &body, &headers).await;
     let (status, e) = error_of(chat(&g.main, CONC_KEY).await).await;
     assert_eq!(
         (status, e["code"].as_str()),
@@ -187,15 +194,14 @@ async fn a_rewritten_keys_file_takes_effect_without_restart_and_a_stream_in_flig
     let g = start();
     let dir = g.dir.path().to_path_buf();
     // A slow stream, in flight across the reload, by a key the reload removes.
-    let stream = client()
-        .post(format!("{}/v1/chat/completions", g.main))
-        .bearer_auth(OTHER_KEY)
-        .header("x-mock-chunks", "10")
-        .header("x-mock-delay-ms", "150")
-        .json(&chat_body("echo-1", true))
-        .send()
-        .await
-        .expect("send");
+    let stream = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(OTHER_KEY),
+        &chat_body("echo-1", true),
+        &[("x-mock-chunks", "10"), ("x-mock-delay-ms", "150")],
+    )
+    .await;
     let text = keys_with(
         &dir,
         "[[keys]]\nid = \"added\"\nsecret = \"sk-test-added-0100\"\n",
@@ -265,11 +271,8 @@ async fn a_broken_keys_file_is_rejected_whole_and_the_old_keys_stay_in_force() {
     // The rejection is counted in /metrics; wait for it rather than for time to pass.
     let deadline = Instant::now() + Duration::from_millis(2500);
     loop {
-        let metrics = client()
-            .get(format!("{}/metrics", g.admin))
-            .send()
+        let metrics = get(&g.admin, "/metrics", None)
             .await
-            .expect("send")
             .text()
             .await
             .expect("text");

@@ -28,14 +28,15 @@ fn content_of(events: &[String]) -> String {
 }
 
 async fn stream_with_split(base: &str, split: usize) -> (reqwest::header::HeaderMap, Vec<u8>) {
-    let resp = client()
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(KEY)
-        .header("x-mock-split", split.to_string())
-        .json(&chat_body("echo-1", true))
-        .send()
-        .await
-        .expect("send");
+    let split = split.to_string();
+    let resp = send(
+        base,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", true),
+        &[("x-mock-split", &split)],
+    )
+    .await;
     assert_eq!(resp.status(), 200);
     let headers = resp.headers().clone();
     (headers, resp.bytes().await.expect("body").to_vec())
@@ -72,16 +73,17 @@ async fn events_split_at_awkward_offsets_arrive_intact_on_both_listeners() {
 #[tokio::test]
 async fn the_stream_is_byte_identical_to_the_upstreams() {
     let g = start();
-    let direct_from_mock = client()
-        .post(format!("{}/v1/chat/completions", g.mock))
-        .header("x-mock-split", "5")
-        .json(&chat_body("echo-1", true))
-        .send()
-        .await
-        .expect("send")
-        .bytes()
-        .await
-        .expect("body");
+    let direct_from_mock = send(
+        &g.mock,
+        "/v1/chat/completions",
+        None,
+        &chat_body("echo-1", true),
+        &[("x-mock-split", "5")],
+    )
+    .await
+    .bytes()
+    .await
+    .expect("body");
     let (_, through) = stream_with_split(&g.main, 5).await;
     // Only the id's counter and `created` may differ between two runs: mask the digits.
     let mask = |b: &[u8]| {
@@ -96,15 +98,14 @@ async fn the_stream_is_byte_identical_to_the_upstreams() {
 async fn the_first_event_reaches_the_client_before_the_upstream_finishes() {
     let g = start();
     // 6 content events, 150 ms apart: the whole reply takes about a second.
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", g.direct))
-        .bearer_auth(KEY)
-        .header("x-mock-chunks", "6")
-        .header("x-mock-delay-ms", "150")
-        .json(&chat_body("echo-1", true))
-        .send()
-        .await
-        .expect("send");
+    let resp = send(
+        &g.direct,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", true),
+        &[("x-mock-chunks", "6"), ("x-mock-delay-ms", "150")],
+    )
+    .await;
     let mut body = resp.bytes_stream();
     let first = body.next().await.expect("a first piece").expect("ok");
     let text = String::from_utf8_lossy(&first).to_string();

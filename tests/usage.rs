@@ -11,12 +11,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 async fn usage_page(base: &str, key: &str, query: &str) -> Value {
-    let resp = client()
-        .get(format!("{base}/api/usage?{query}"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .expect("send");
+    let resp = get(base, &format!("/api/usage?{query}"), Some(key)).await;
     assert_eq!(
         resp.status(),
         200,
@@ -59,14 +54,7 @@ async fn call(
     body: &Value,
     headers: &[(&str, &str)],
 ) -> (String, Vec<u8>) {
-    let mut req = client()
-        .post(format!("{base}{path}"))
-        .bearer_auth(key)
-        .json(body);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().await.expect("send");
+    let resp = send(base, path, Some(key), body, headers).await;
     let id = request_id(&resp);
     (id, resp.bytes().await.expect("body").to_vec())
 }
@@ -252,15 +240,14 @@ async fn an_upstream_that_ignores_include_usage_is_estimated_with_the_tokenizer(
 #[tokio::test]
 async fn a_client_that_goes_away_mid_stream_is_recorded_as_499_with_the_tokens_so_far() {
     let g = start();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", g.main))
-        .bearer_auth(KEY)
-        .header("x-mock-chunks", "40")
-        .header("x-mock-delay-ms", "50")
-        .json(&chat_body("echo-1", true))
-        .send()
-        .await
-        .expect("send");
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", true),
+        &[("x-mock-chunks", "40"), ("x-mock-delay-ms", "50")],
+    )
+    .await;
     let id = request_id(&resp);
     let mut stream = resp.bytes_stream();
     let mut seen = String::new();
@@ -280,14 +267,14 @@ async fn a_client_that_goes_away_mid_stream_is_recorded_as_499_with_the_tokens_s
 #[tokio::test]
 async fn an_upstream_that_cuts_the_stream_is_recorded_as_502_with_the_tokens_so_far() {
     let g = start();
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", g.direct))
-        .bearer_auth(KEY)
-        .header("x-mock-cut-after", "4")
-        .json(&chat_body("echo-1", true))
-        .send()
-        .await
-        .expect("send");
+    let resp = send(
+        &g.direct,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", true),
+        &[("x-mock-cut-after", "4")],
+    )
+    .await;
     let id = request_id(&resp);
     // The client's reply is cut too: it must not look complete.
     if let Ok(body) = resp.bytes().await {
@@ -420,12 +407,7 @@ async fn csv_export_has_the_contract_header_and_the_same_rows_as_json() {
         .await;
         record_of(&g.main, OTHER_KEY, &id).await;
     }
-    let resp = client()
-        .get(format!("{}/api/usage.csv", g.direct))
-        .bearer_auth(OTHER_KEY)
-        .send()
-        .await
-        .expect("send");
+    let resp = get(&g.direct, "/api/usage.csv", Some(OTHER_KEY)).await;
     assert_eq!(resp.status(), 200);
     assert!(
         resp.headers()["content-disposition"]
@@ -468,12 +450,7 @@ async fn a_key_in_the_url_and_bad_ranges_are_refused() {
         "start=yesterday",
         "limit=10001",
     ] {
-        let resp = client()
-            .get(format!("{}/api/usage?{q}", g.main))
-            .bearer_auth(KEY)
-            .send()
-            .await
-            .expect("send");
+        let resp = get(&g.main, &format!("/api/usage?{q}"), Some(KEY)).await;
         let (status, e) = error_of(resp).await;
         assert_eq!(
             (status, e["code"].as_str()),
@@ -481,18 +458,9 @@ async fn a_key_in_the_url_and_bad_ranges_are_refused() {
             "{q}"
         );
     }
-    let resp = client()
-        .get(format!("{}/api/usage", g.main))
-        .send()
-        .await
-        .expect("send");
+    let resp = get(&g.main, "/api/usage", None).await;
     assert_eq!(error_of(resp).await.0, 401);
-    let resp = client()
-        .get(format!("{}/api/usage", g.main))
-        .bearer_auth(MODELS_ONLY_KEY)
-        .send()
-        .await
-        .expect("send");
+    let resp = get(&g.main, "/api/usage", Some(MODELS_ONLY_KEY)).await;
     let (status, e) = error_of(resp).await;
     assert_eq!((status, e["param"].as_str()), (403, Some("endpoint")));
 }
@@ -511,13 +479,14 @@ async fn a_spent_budget_gives_402_and_spend_and_records_survive_a_restart() {
     .await;
     let r = record_of(&g.main, BUDGET_KEY, &id).await;
     assert_eq!(r["cost"].as_f64(), Some(12.5));
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", g.direct))
-        .bearer_auth(BUDGET_KEY)
-        .json(&chat_body("echo-1", false))
-        .send()
-        .await
-        .expect("send");
+    let resp = send(
+        &g.direct,
+        "/v1/chat/completions",
+        Some(BUDGET_KEY),
+        &chat_body("echo-1", false),
+        &[],
+    )
+    .await;
     let refused = request_id(&resp);
     let (status, e) = error_of(resp).await;
     assert_eq!(
@@ -545,13 +514,14 @@ async fn a_spent_budget_gives_402_and_spend_and_records_survive_a_restart() {
             .iter()
             .any(|r| r["request_id"] == id.as_str())
     );
-    let resp = client()
-        .post(format!("{}/v1/chat/completions", g.main))
-        .bearer_auth(BUDGET_KEY)
-        .json(&chat_body("echo-1", false))
-        .send()
-        .await
-        .expect("send");
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(BUDGET_KEY),
+        &chat_body("echo-1", false),
+        &[],
+    )
+    .await;
     assert_eq!(error_of(resp).await.0, 402, "spend survived the restart");
 }
 
@@ -588,12 +558,8 @@ async fn burst_then(signal: &str) {
     let status = g.signal(signal);
     assert!(status.success(), "{signal}: {status}");
     let g = g.restart_stopped();
-    let csv = client()
-        .get(format!("{}/api/usage.csv", g.main))
-        .bearer_auth(OTHER_KEY)
-        .send()
+    let csv = get(&g.main, "/api/usage.csv", Some(OTHER_KEY))
         .await
-        .expect("send")
         .text()
         .await
         .expect("body");

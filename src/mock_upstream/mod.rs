@@ -170,7 +170,11 @@ impl HttpServerApp for MockUpstream {
         }
 
         let reply = if let Some(status) = overrides.status {
-            forced_error(status)
+            let mut r = forced_error(status);
+            if overrides.empty_body {
+                r.body = ReplyBody::Full(bytes::Bytes::new());
+            }
+            r
         } else if body.too_large {
             error_reply(
                 413,

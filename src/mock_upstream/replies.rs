@@ -434,6 +434,7 @@ mod tests {
             ignore_include_usage: false,
             garbage: false,
             cut_after: None,
+            empty_body: false,
         }
     }
 

@@ -31,6 +31,8 @@ pub(super) struct Overrides {
     pub(super) garbage: bool,
     /// `x-mock-cut-after: N`: a stream stops after N events and the connection drops.
     pub(super) cut_after: Option<usize>,
+    /// `x-mock-empty-body: 1`: a forced error (`x-mock-status`) comes with no body at all.
+    pub(super) empty_body: bool,
 }
 
 impl Overrides {
@@ -48,6 +50,7 @@ impl Overrides {
             ignore_include_usage: header_flag(headers, "x-mock-ignore-include-usage"),
             garbage: header_flag(headers, "x-mock-garbage"),
             cut_after: header_parse::<usize>(headers, "x-mock-cut-after"),
+            empty_body: header_flag(headers, "x-mock-empty-body"),
         }
     }
 }

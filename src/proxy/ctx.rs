@@ -48,9 +48,6 @@ pub struct Ctx {
     /// The whole body as it will be sent upstream.
     pub body: Bytes,
     pub stream: bool,
-    /// An upstream reply replaced by the gateway's own (upstream 401/403 → 502).
-    pub replacement: Option<Bytes>,
-    pub replacing: bool,
     pub status: u16,
     pub meter: Meter,
     /// Time to the first content byte sent to the client.
@@ -83,8 +80,6 @@ impl Ctx {
             upstream: 0,
             body: Bytes::new(),
             stream: false,
-            replacement: None,
-            replacing: false,
             status: 0,
             meter: Meter::None,
             ttft_ms: None,

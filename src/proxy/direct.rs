@@ -41,7 +41,10 @@ pub async fn forward(connector: &Connector, session: &mut Session, ctx: &mut Ctx
     let Some(mut resp) = client.response_header().cloned() else {
         return;
     };
-    if reply::on_upstream_header(ctx, &mut resp).is_err() {
+    if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
+        if let Some(g) = reply::classify_failure(&e) {
+            let _ = respond::json(session, ctx, g.status(), g.body()).await;
+        }
         return;
     }
     if session

@@ -10,22 +10,26 @@ use crate::error::GatewayError;
 use crate::meter::Meter;
 
 /// Upstream 401/403 mean the gateway's own credential failed: the client gets 502
-/// `upstream_error` instead of a misleading auth error. Every reply gets `x-request-id`.
+/// `upstream_error` instead of a misleading auth error. That is an error returned here, before
+/// the client's header is written, so `fail_to_proxy` answers it whole — also when the
+/// upstream's refusal has no body. Every reply gets `x-request-id`.
 pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_error::Result<()> {
-    let status = resp.status.as_u16();
-    if status == 401 || status == 403 {
-        let body: Bytes = GatewayError::UpstreamError(format!(
-            "The upstream refused the gateway's credential (HTTP {status}); check the pool's api_key."
-        ))
-        .body()
-        .into();
-        resp.set_status(502)?;
-        resp.remove_header(&http::header::TRANSFER_ENCODING);
-        resp.remove_header(&http::header::CONTENT_ENCODING);
-        resp.insert_header(http::header::CONTENT_TYPE, "application/json")?;
-        resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-        ctx.replacement = Some(body);
-        ctx.replacing = true;
+    match resp.status.as_u16() {
+        401 => {
+            return Err(Error::explain(
+                ErrorType::Custom(UPSTREAM_401),
+                "upstream refused the pool's credential",
+            )
+            .into_up());
+        }
+        403 => {
+            return Err(Error::explain(
+                ErrorType::Custom(UPSTREAM_403),
+                "upstream refused the pool's credential",
+            )
+            .into_up());
+        }
+        _ => {}
     }
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     crate::limit::rate::write_headers(&ctx.headroom, resp)?;
@@ -40,18 +44,16 @@ pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_e
     Ok(())
 }
 
-/// Called for each piece of the reply body as it passes: the replacement (if any), then the
-/// meter, which may edit streamed events; notes when content first reaches the client.
+/// Called for each piece of the reply body as it passes: the meter, which may edit streamed
+/// events; notes when content first reaches the client.
 pub fn on_body(ctx: &mut Ctx, body: &mut Option<Bytes>, end: bool) {
-    if ctx.replacing {
-        // The first piece carries the whole replacement; later pieces are dropped.
-        *body = ctx.replacement.take();
-        return;
-    }
     if ctx.meter.feed(body, end) && ctx.ttft_ms.is_none() {
         ctx.ttft_ms = Some(ctx.started.elapsed().as_millis() as u64);
     }
 }
+
+const UPSTREAM_401: &str = "upstream answered 401";
+const UPSTREAM_403: &str = "upstream answered 403";
 
 /// The gateway error for a failure while proxying, or None when the client itself went away
 /// (nobody to answer).
@@ -59,6 +61,9 @@ pub fn classify_failure(e: &Error) -> Option<GatewayError> {
     use ErrorType::*;
     let what = || format!("upstream failed: {}", e.etype().as_str());
     Some(match e.etype() {
+        Custom(code @ (UPSTREAM_401 | UPSTREAM_403)) => GatewayError::UpstreamError(format!(
+            "The upstream refused the gateway's credential ({code}); check the pool's api_key."
+        )),
         ConnectTimedout | ReadTimedout | WriteTimedout | TLSHandshakeTimedout
             if e.esource() != &ErrorSource::Downstream =>
         {

@@ -336,15 +336,36 @@ pub fn chat_body(model: &str, stream: bool) -> serde_json::Value {
     serde_json::json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "say hello to me"}]})
 }
 
+/// POSTs JSON with a key (if any) and extra headers; the response, unread.
+pub async fn send(
+    base: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &serde_json::Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut req = client().post(format!("{base}{path}"));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.json(body).send().await.expect("send")
+}
+
+/// GETs with a key (if any); the response, unread.
+pub async fn get(base: &str, path: &str, key: Option<&str>) -> reqwest::Response {
+    let mut req = client().get(format!("{base}{path}"));
+    if let Some(k) = key {
+        req = req.bearer_auth(k);
+    }
+    req.send().await.expect("send")
+}
+
 /// POSTs JSON with the full-access key.
 pub async fn post_json(base: &str, path: &str, body: &serde_json::Value) -> reqwest::Response {
-    client()
-        .post(format!("{base}{path}"))
-        .bearer_auth(KEY)
-        .json(body)
-        .send()
-        .await
-        .expect("request")
+    send(base, path, Some(KEY), body, &[]).await
 }
 
 /// The error object of a gateway error reply, checking shape and content type.
