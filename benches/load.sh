@@ -58,10 +58,12 @@ for p in $MOCK $DIRECT $DIRECT2; do
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done
 done
 
-lua() { # $1 = stream true/false
+lua() { # $1 = false | true | usage (streamed, the client asks for include_usage itself)
+  local stream=$1 extra=""
+  if [ "$1" = usage ]; then stream=true; extra=',"stream_options":{"include_usage":true}'; fi
   cat > "$TMP/$1.lua" <<LUA
 wrk.method = "POST"
-wrk.body = '{"model":"echo-1","stream":$1,"messages":[{"role":"user","content":"hello there, how are you"}]}'
+wrk.body = '{"model":"echo-1","stream":$stream$extra,"messages":[{"role":"user","content":"hello there, how are you"}]}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $KEY"
 LUA
@@ -75,7 +77,7 @@ rps() { # $1 = url, $2 = lua
 median() { python3 -c "import statistics,sys; print(f'{statistics.median(map(float, sys.argv[1:])):.0f}')" "$@"; }
 
 printf '%-16s %12s %16s %7s %18s %7s\n' "case" "direct" "modelgate" "ratio" "metering off" "ratio"
-for stream in false true; do
+for stream in false true usage; do
   script=$(lua $stream)
   # Warm every path (connection pools, page cache) before measuring.
   for p in $MOCK $DIRECT $DIRECT2; do
@@ -88,7 +90,7 @@ for stream in false true; do
     us+=("$(rps "http://127.0.0.1:$DIRECT2/v1/chat/completions" "$script")")
   done
   d=$(median "${ds[@]}"); g=$(median "${gs[@]}"); u=$(median "${us[@]}")
-  name=$([ "$stream" = true ] && echo "chat streamed" || echo "chat plain")
+  case $stream in false) name="chat plain" ;; true) name="chat streamed" ;; *) name="streamed+usage" ;; esac
   printf '%-16s %12s %16s %7s %18s %7s\n' "$name" "$d" "$g" "$(python3 -c "print(f'{$g/$d:.2f}')")" \
     "$u" "$(python3 -c "print(f'{$u/$d:.2f}')")"
 done
