@@ -20,6 +20,17 @@ pub fn bearer(header: Option<&[u8]>) -> Option<&[u8]> {
     (!token.is_empty()).then_some(token)
 }
 
+/// Query parameters that would carry a key. Such a URL is refused outright: a key in a URL
+/// ends up in logs and histories.
+const KEY_PARAMS: [&str; 5] = ["api_key", "key", "token", "access_token", "authorization"];
+
+pub fn key_in_query(query: Option<&str>) -> bool {
+    query.unwrap_or("").split('&').any(|pair| {
+        let name = pair.split('=').next().unwrap_or("");
+        KEY_PARAMS.iter().any(|k| k.eq_ignore_ascii_case(name))
+    })
+}
+
 /// The key for a request, or 401 `invalid_api_key`.
 pub fn authenticate(
     table: &KeyTable,

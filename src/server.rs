@@ -18,6 +18,9 @@ pub fn build(shared: Arc<Shared>) -> Server {
     let config = shared.live.config.clone();
     let conf = ServerConf {
         threads: config.threads,
+        // One thread per service: a current-thread runtime, no cross-thread wake-ups
+        // (pingora-perf-notes.md §1). With more threads, work stealing keeps them balanced.
+        work_stealing: config.threads > 1,
         grace_period_seconds: Some(config.grace_period_seconds),
         graceful_shutdown_timeout_seconds: Some(5),
         // Idle upstream connections kept for reuse; more than any expected concurrency.

@@ -8,7 +8,9 @@ use pingora_http::RequestHeader;
 use crate::route::{Pool, Upstream};
 
 /// Headers that may carry the client's gateway credential or session; none goes upstream.
-const CLIENT_CREDENTIALS: [&str; 5] = [
+const CLIENT_CREDENTIALS: [&str; 7] = [
+    "openai-organization",
+    "openai-project",
     "authorization",
     "proxy-authorization",
     "api-key",
@@ -54,15 +56,12 @@ pub fn rewrite_request(
     req.remove_header(&http::header::TRANSFER_ENCODING);
     req.remove_header(&http::header::EXPECT);
     req.insert_header(http::header::CONTENT_LENGTH, body_len.to_string())?;
-    if !up.cfg.base_path.is_empty() {
-        let pq = req.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let uri: http::Uri = format!("{}{}", up.cfg.base_path, pq).parse().map_err(|_| {
-            pingora_error::Error::explain(
-                pingora_error::ErrorType::InternalError,
-                "bad upstream path",
-            )
-        })?;
-        req.set_uri(uri);
-    }
+    // Always origin-form (`/v1/...`): an absolute-form target from the client would name a
+    // host of its choosing, which a front end might route the pool's credential to.
+    let pq = req.uri.path_and_query().map_or("/", |p| p.as_str());
+    let uri: http::Uri = format!("{}{}", up.cfg.base_path, pq).parse().map_err(|_| {
+        pingora_error::Error::explain(pingora_error::ErrorType::InternalError, "bad upstream path")
+    })?;
+    req.set_uri(uri);
     Ok(())
 }

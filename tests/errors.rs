@@ -43,10 +43,60 @@ async fn missing_unknown_disabled_and_expired_keys_are_401_invalid_api_key() {
 }
 
 #[tokio::test]
-async fn a_key_in_the_url_is_not_accepted() {
+async fn a_key_in_the_url_is_refused_even_with_a_good_header() {
     let g = start();
-    let resp = get(&g.main, &format!("/v1/models?api_key={KEY}"), None).await;
-    assert_eq!(error_of(resp).await.0, 401);
+    let resp = get(&g.main, &format!("/v1/models?api_key={KEY}"), Some(KEY)).await;
+    let (status, e) = error_of(resp).await;
+    assert_eq!((status, e["param"].as_str()), (400, Some("api_key")));
+    let path = format!("/v1/chat/completions?key={KEY}");
+    let resp = send(
+        &g.direct,
+        &path,
+        Some(KEY),
+        &chat_body("echo-1", false),
+        &[],
+    )
+    .await;
+    let (status, e) = error_of(resp).await;
+    assert_eq!((status, e["param"].as_str()), (400, Some("api_key")));
+}
+
+#[tokio::test]
+async fn a_client_waiting_for_100_continue_gets_it_and_then_its_reply() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start();
+    let addr = g.main.trim_start_matches("http://").to_string();
+    let body = serde_json::to_vec(&chat_body("echo-1", false)).expect("json");
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    let mut buf = vec![0u8; 256];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("100 in time")
+        .expect("read");
+    assert!(
+        String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    s.write_all(&body).await.expect("body");
+    let mut reply = Vec::new();
+    while !String::from_utf8_lossy(&reply).contains("chat.completion") {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut chunk))
+            .await
+            .expect("reply in time")
+            .expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&reply));
+        reply.extend_from_slice(&chunk[..n]);
+    }
+    assert!(String::from_utf8_lossy(&reply).contains("200 OK"));
 }
 
 #[tokio::test]

@@ -45,16 +45,35 @@ impl KeysReloader {
     }
 
     /// Loads the keys file and swaps it in, or leaves the keys in force and says why.
-    pub fn reload(&self) -> Result<usize, Problems> {
+    /// Loads the keys file and swaps it in, or leaves the keys in force and says why.
+    /// `Ok(None)`: the file changed while it was read (a write in progress); try again later.
+    pub fn reload(&self) -> Result<Option<usize>, Problems> {
+        let before = fingerprint(&self.path);
         let table = KeyTable::load(&self.path)?;
+        if fingerprint(&self.path) != before {
+            return Ok(None);
+        }
+        if table.is_empty() && !self.live.keys.load().is_empty() {
+            // Most likely a file caught between truncate and write. To revoke every key on
+            // purpose, set `disabled = true` on them.
+            let file = self.path.display().to_string();
+            return Err(Problems::one(super::Problem::new(
+                &file,
+                None,
+                "keys",
+                "the file has no keys while keys are in force; treated as a partial write",
+            )));
+        }
         let n = table.len();
         self.live.keys.store(Arc::new(table));
-        Ok(n)
+        Ok(Some(n))
     }
 
-    fn reload_and_report(&self, why: &str) {
+    /// Returns false when the file was mid-write and should be looked at again.
+    fn reload_and_report(&self, why: &str) -> bool {
         match self.reload() {
-            Ok(n) => {
+            Ok(None) => return false,
+            Ok(Some(n)) => {
                 tracing::info!(keys = n, file = %self.path.display(), "keys reloaded ({why})");
                 if let Some(m) = crate::metrics::get() {
                     m.keys.set(n as i64);
@@ -69,6 +88,7 @@ impl KeysReloader {
                 }
             }
         }
+        true
     }
 }
 
@@ -117,9 +137,10 @@ impl BackgroundService for KeysReloader {
                 _ = tick.tick() => false,
             };
             let now = fingerprint(&self.path);
-            if forced || now != seen {
+            if (forced || now != seen)
+                && self.reload_and_report(if forced { "SIGHUP" } else { "file changed" })
+            {
                 seen = now;
-                self.reload_and_report(if forced { "SIGHUP" } else { "file changed" });
             }
         }
     }

@@ -55,7 +55,7 @@ impl KeyWindows {
                 break;
             }
             self.tokens.pop_front();
-            self.token_sum -= n;
+            self.token_sum = self.token_sum.saturating_sub(n);
         }
     }
 
@@ -73,7 +73,7 @@ impl KeyWindows {
             if sum < tpm {
                 break;
             }
-            sum -= n;
+            sum = sum.saturating_sub(*n);
             if sum < tpm {
                 return (*t + WINDOW).saturating_duration_since(now);
             }
@@ -177,7 +177,7 @@ impl Limiter {
         if let Ok(mut w) = windows.lock() {
             w.prune(now);
             w.tokens.push_back((now, tokens));
-            w.token_sum += tokens;
+            w.token_sum = w.token_sum.saturating_add(tokens);
         }
     }
 }

@@ -286,7 +286,7 @@ fn top_level_null_usage(json: &[u8]) -> Option<(usize, usize)> {
                 i += 1;
                 // To the closing quote, stepping over escapes.
                 loop {
-                    let j = i + memchr::memchr2(b'"', b'\\', &json[i..])?;
+                    let j = i + memchr::memchr2(b'"', b'\\', json.get(i..)?)?;
                     if json[j] == b'\\' {
                         i = j + 2;
                     } else {
@@ -337,9 +337,10 @@ fn last_member_null_usage(json: &[u8]) -> Option<(usize, usize)> {
         .iter()
         .rposition(|b| !b.is_ascii_whitespace())?
         + 1;
-    json[..key_end]
-        .ends_with(b"\"usage\"")
-        .then_some((key_end - 7, v_end))
+    // The key must be exactly `"usage"`, not the tail of an escaped string like `"x\"usage"`.
+    let plain =
+        json[..key_end].ends_with(b"\"usage\"") && key_end >= 8 && json[key_end - 8] != b'\\';
+    plain.then_some((key_end - 7, v_end))
 }
 
 /// A `data: {...}` line without its top-level `"usage":null` member, or None if it has none.
@@ -442,6 +443,26 @@ mod tests {
             String::from_utf8(out).expect("utf-8"),
             "data: {\"id\":\"x\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n"
         );
+    }
+
+    #[test]
+    fn malformed_events_never_panic_and_escaped_keys_are_not_cut() {
+        for line in [
+            &b"data: {\"usage\":1,\"x\":\"\\"[..],
+            b"data: {\"x\":\"\\",
+            b"data: {\"id\":\"a\",\"x\\\"usage\":null}",
+            b"data: {",
+            b"data: }",
+        ] {
+            let out = strip_usage_member(line);
+            if line.ends_with(b"null}") {
+                assert_eq!(out, None, "an escaped key is not a member");
+            }
+            let mut m = SseMeter::new(true);
+            let mut piece = line.to_vec();
+            piece.extend_from_slice(b"\n\n");
+            m.feed(Bytes::from(piece), true);
+        }
     }
 
     #[test]

@@ -19,6 +19,10 @@ pub async fn forward(connector: &Connector, session: &mut Session, ctx: &mut Ctx
     let result = async {
         upstream::rewrite_request(&mut req, pool, up, ctx.body.len(), &ctx.request_id)?;
         let (mut client, _reused) = connector.get_http_session(&*peer).await?;
+        // Pingora's proxy sets these from the peer; our own client must too, or a silent
+        // upstream would hold the client (and its limit slot) forever.
+        client.set_read_timeout(peer.options.read_timeout);
+        client.set_write_timeout(peer.options.write_timeout);
         client.write_request_header(Box::new(req)).await?;
         client.write_request_body(ctx.body.clone(), true).await?;
         client.finish_request_body().await?;

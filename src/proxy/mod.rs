@@ -70,6 +70,19 @@ impl Gateway {
             respond::error(session, ctx, &GatewayError::NotFound(path)).await?;
             return Ok(true);
         }
+        if auth::key_in_query(req.uri.query()) {
+            let message =
+                "Keys are read only from 'Authorization: Bearer', never from the URL.".into();
+            return refuse(
+                session,
+                ctx,
+                GatewayError::InvalidParameter {
+                    param: "api_key",
+                    message,
+                },
+            )
+            .await;
+        }
         let authorization = req
             .headers
             .get(http::header::AUTHORIZATION)
@@ -124,6 +137,19 @@ impl Gateway {
         ctx.group = endpoint.group.name();
         if !key.may_use(endpoint.group) {
             return refuse(session, ctx, denied_endpoint(endpoint.group)).await;
+        }
+        // The body is read here, before any upstream: a client waiting for 100 Continue gets it
+        // now (only once its key has passed).
+        if session
+            .req_header()
+            .headers
+            .get(http::header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+        {
+            session
+                .as_downstream_mut()
+                .write_continue_response()
+                .await?;
         }
         let read = match body::read(session, live.config.max_body_bytes).await? {
             Ok(r) => r,

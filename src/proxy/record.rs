@@ -51,7 +51,7 @@ pub fn build(ctx: &Ctx, key_id: &str) -> UsageRecord {
 /// Some upstreams leave `total_tokens` out; it is the sum.
 fn complete(mut u: Usage) -> Usage {
     if u.total_tokens == 0 {
-        u.total_tokens = u.prompt_tokens + u.completion_tokens;
+        u.total_tokens = u.prompt_tokens.saturating_add(u.completion_tokens);
     }
     u
 }
@@ -61,7 +61,7 @@ fn estimated_usage(ctx: &Ctx) -> Usage {
         .route
         .as_ref()
         .map_or(ctx.model.as_str(), |r| r.model.upstream_model.as_str());
-    let prompt = estimate::count(model, &estimate::prompt_text(&ctx.body));
+    let prompt = estimate::prompt_tokens(model, &ctx.body);
     let completion = ctx
         .meter
         .output_text()
@@ -69,7 +69,7 @@ fn estimated_usage(ctx: &Ctx) -> Usage {
     Usage {
         prompt_tokens: prompt,
         completion_tokens: completion,
-        total_tokens: prompt + completion,
+        total_tokens: prompt.saturating_add(completion),
     }
 }
 

@@ -30,8 +30,15 @@ struct JsonProbe<'a> {
     model: Option<&'a RawValue>,
     #[serde(default)]
     stream: Option<serde_json::Value>,
-    #[serde(default, borrow)]
+    /// Kept even when `null` (a plain Option would drop it), so it is replaced in place.
+    #[serde(default, borrow, deserialize_with = "raw_even_null")]
     stream_options: Option<&'a RawValue>,
+}
+
+fn raw_even_null<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -74,6 +81,7 @@ pub fn probe_json(body: &[u8]) -> Result<Probe, GatewayError> {
     if model.is_empty() {
         return Err(GatewayError::MissingParameter("model"));
     }
+    check_model_len(&model)?;
     let stream = match p.stream {
         None | Some(serde_json::Value::Null) => false,
         Some(serde_json::Value::Bool(b)) => b,
@@ -100,8 +108,21 @@ pub fn probe_json(body: &[u8]) -> Result<Probe, GatewayError> {
         model_span: span(raw),
         multipart_boundary: None,
         include_usage,
-        stream_options_span: p.stream_options.filter(|so| so.get() != "null").map(span),
+        stream_options_span: p.stream_options.map(span),
     })
+}
+
+/// Longest model name accepted: longer ones are refused rather than stored in every record.
+pub const MAX_MODEL_LEN: usize = 256;
+
+fn check_model_len(model: &str) -> Result<(), GatewayError> {
+    if model.len() > MAX_MODEL_LEN {
+        return Err(GatewayError::InvalidParameter {
+            param: "model",
+            message: format!("'model' is longer than {MAX_MODEL_LEN} bytes."),
+        });
+    }
+    Ok(())
 }
 
 /// The boundary of a `multipart/form-data` content type.
@@ -126,8 +147,15 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
     let stream = futures_util::stream::once(async move { Ok::<Bytes, std::io::Error>(chunk) });
     let mut form = multer::Multipart::new(stream, boundary);
     let mut model = None;
+    let mut model_fields = 0;
     let mut stream_flag = false;
     while let Some(field) = form.next_field().await.map_err(|e| bad(e.to_string()))? {
+        if field
+            .name()
+            .is_some_and(|n| n.eq_ignore_ascii_case("model"))
+        {
+            model_fields += 1;
+        }
         match field.name() {
             Some("model") if model.is_none() => {
                 model = Some(field.text().await.map_err(|e| bad(e.to_string()))?)
@@ -141,9 +169,17 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
             }
         }
     }
+    // One model field only: with two, the gateway and the upstream could each read another.
+    if model_fields > 1 {
+        return Err(GatewayError::InvalidParameter {
+            param: "model",
+            message: "The form has more than one 'model' field.".into(),
+        });
+    }
     let model = model
         .filter(|m| !m.is_empty())
         .ok_or(GatewayError::MissingParameter("model"))?;
+    check_model_len(&model)?;
     let model_span = multipart_field_span(body, boundary, "model")
         .ok_or_else(|| bad("cannot locate the model field".into()))?;
     Ok(Probe {
@@ -156,26 +192,38 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
     })
 }
 
-/// Byte range of the content of the first part named `name`. Parts are delimited by
-/// `\r\n--boundary`, which by RFC 2046 never occurs inside a part.
+/// Byte range of the content of the first part named exactly `name`. Parts are delimited by
+/// `\r\n--boundary` (the first may start the body), which by RFC 2046 never occurs inside a
+/// part; a part that cannot be read is skipped, not fatal.
 fn multipart_field_span(body: &[u8], boundary: &str, name: &str) -> Option<(usize, usize)> {
-    let delim = format!("--{boundary}");
-    let finder = memchr::memmem::Finder::new(delim.as_bytes());
-    let positions: Vec<usize> = finder.find_iter(body).collect();
-    for w in positions.windows(2) {
-        let part_start = w[0] + delim.len();
-        // Content ends before the CRLF that precedes the next delimiter.
-        let part_end = w[1].checked_sub(2)?;
-        let part = body.get(part_start..part_end)?;
-        let head_end = memchr::memmem::find(part, b"\r\n\r\n")?;
-        let head = String::from_utf8_lossy(&part[..head_end]).to_ascii_lowercase();
-        let disposition = head
-            .lines()
-            .find(|l| l.trim_start().starts_with("content-disposition:"))?;
-        let wanted = format!("name=\"{}\"", name.to_ascii_lowercase());
-        if disposition.split(';').any(|p| p.trim() == wanted) {
-            let start = part_start + head_end + 4;
-            return Some((start, part_end.max(start)));
+    let delim = format!("\r\n--{boundary}");
+    let mut starts: Vec<usize> = Vec::new();
+    if body.starts_with(&delim.as_bytes()[2..]) {
+        starts.push(delim.len() - 2);
+    }
+    let mut ends: Vec<usize> = Vec::new();
+    for at in memchr::memmem::find_iter(body, delim.as_bytes()) {
+        ends.push(at);
+        starts.push(at + delim.len());
+    }
+    let wanted = format!("name=\"{name}\"");
+    for (start, end) in starts.iter().zip(ends.iter().filter(|e| **e >= starts[0])) {
+        let Some(part) = body.get(*start..*end) else {
+            continue;
+        };
+        let Some(head_end) = memchr::memmem::find(part, b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&part[..head_end]);
+        let is_it = head.lines().any(|l| {
+            l.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("content-disposition:")
+                && l.split(';').any(|p| p.trim() == wanted)
+        });
+        if is_it {
+            let content = start + head_end + 4;
+            return Some((content, (*end).max(content)));
         }
     }
     None
@@ -351,6 +399,45 @@ mod tests {
             b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nabc",
         );
         assert!(probe_multipart(&broken, "XyZ").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn two_model_fields_are_refused_and_only_an_exact_name_counts() {
+        let two = Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\na\r\n--XyZ\r\nContent-Disposition: form-data; name=\"MODEL\"\r\n\r\nb\r\n--XyZ--\r\n");
+        assert!(matches!(
+            probe_multipart(&two, "XyZ").await,
+            Err(GatewayError::InvalidParameter { param: "model", .. })
+        ));
+        let upper = Bytes::from_static(
+            b"--XyZ\r\nContent-Disposition: form-data; name=\"MODEL\"\r\n\r\na\r\n--XyZ--\r\n",
+        );
+        assert_eq!(
+            probe_multipart(&upper, "XyZ").await,
+            Err(GatewayError::MissingParameter("model"))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_file_containing_the_boundary_text_mid_line_is_fine() {
+        let body = Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nabc--XyZdef\r\n--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm1\r\n--XyZ--\r\n");
+        let p = probe_multipart(&body, "XyZ").await.expect("ok");
+        assert_eq!(&body[p.model_span.0..p.model_span.1], b"m1");
+    }
+
+    #[test]
+    fn overlong_model_names_and_null_stream_options_are_handled() {
+        let long = format!(r#"{{"model":"{}"}}"#, "m".repeat(300));
+        assert!(matches!(
+            probe_json(long.as_bytes()),
+            Err(GatewayError::InvalidParameter { param: "model", .. })
+        ));
+        let body = Bytes::from_static(br#"{"model":"a","stream":true,"stream_options":null}"#);
+        let p = probe_json(&body).expect("ok");
+        let out = for_upstream(&body, &p, None, true);
+        assert_eq!(
+            std::str::from_utf8(&out).expect("utf-8"),
+            r#"{"model":"a","stream":true,"stream_options":{"include_usage":true}}"#
+        );
     }
 
     #[test]

@@ -60,6 +60,14 @@ pub fn parse_time(s: &str) -> Option<i64> {
 }
 
 fn csv_field(out: &mut String, s: &str) {
+    // A cell a spreadsheet would run as a formula is defused with a leading quote (OWASP).
+    let defused;
+    let s = if s.starts_with(['=', '+', '-', '@']) {
+        defused = format!("'{s}");
+        defused.as_str()
+    } else {
+        s
+    };
     if s.contains([',', '"', '\n', '\r']) {
         out.push('"');
         out.push_str(&s.replace('"', "\"\""));
@@ -163,6 +171,15 @@ mod tests {
         for k in keys {
             assert!(v.get(k).is_some(), "json lacks {k}");
         }
+    }
+
+    #[test]
+    fn formula_cells_are_defused() {
+        let mut r = sample();
+        r.model = "=HYPERLINK(\"x\")".into();
+        let mut out = String::new();
+        r.write_csv(&mut out);
+        assert!(out.contains(",\"'=HYPERLINK(\"\"x\"\")\","), "{out}");
     }
 
     #[test]

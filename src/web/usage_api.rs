@@ -66,8 +66,8 @@ pub fn parse_query(
             _ => {}
         }
     }
-    let end_ms = end.unwrap_or(now_ms + 1);
-    let start_ms = start.unwrap_or(end_ms - DAY_MS);
+    let end_ms = end.unwrap_or(now_ms.saturating_add(1));
+    let start_ms = start.unwrap_or(end_ms.saturating_sub(DAY_MS));
     if start_ms > end_ms {
         return Err(bad("start", "start is after end".into()));
     }
@@ -188,6 +188,7 @@ pub async fn send_csv(
     )?;
     h.insert_header("x-request-id", ctx.request_id.as_str())?;
     h.insert_header("cache-control", "no-store")?;
+    crate::limit::rate::write_headers(&ctx.headroom, &mut h)?;
     ctx.status = 200;
     session.write_response_header(Box::new(h), false).await?;
     // A small channel between the blocking reader and this task: memory stays a few chunks.
