@@ -104,11 +104,17 @@ impl SseMeter {
             self.observe(&piece);
             return piece;
         }
+        // What was held had no complete event, so an event end must touch the new bytes:
+        // search only from just before them (a terminator may straddle the seam).
+        let from = self.held.len().saturating_sub(3);
         self.held.extend_from_slice(&piece);
         let cut = if end {
             self.held.len()
         } else {
-            last_event_end(&self.held)
+            match last_event_end(&self.held[from..]) {
+                0 => 0,
+                n => from + n,
+            }
         };
         if cut == 0 {
             if self.held.len() > MAX_HELD {
