@@ -19,9 +19,6 @@ pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 10_000;
 const DAY_MS: i64 = 24 * 3600 * 1000;
 
-/// Query parameters that would carry a key: refused, keys come only from `Authorization`.
-const KEY_PARAMS: [&str; 5] = ["api_key", "key", "token", "access_token", "authorization"];
-
 /// Parses `start`, `end`, `limit`, `cursor`; `end` exclusive, default the last 24 h.
 pub fn parse_query(
     query: Option<&str>,
@@ -31,6 +28,10 @@ pub fn parse_query(
     let bad =
         |param: &'static str, message: String| GatewayError::InvalidParameter { param, message };
     let (mut start, mut end, mut limit, mut cursor) = (None, None, DEFAULT_LIMIT, None);
+    if crate::auth::key_in_query(query) {
+        let message = "Keys are read only from 'Authorization: Bearer', never from the URL.";
+        return Err(bad("api_key", message.into()));
+    }
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let v = percent_decode(v);
@@ -56,12 +57,6 @@ pub fn parse_query(
             "cursor" => {
                 cursor =
                     Some(Cursor::decode(&v).ok_or_else(|| bad("cursor", "unknown cursor".into()))?)
-            }
-            k if KEY_PARAMS.contains(&k.to_ascii_lowercase().as_str()) => {
-                return Err(bad(
-                    "api_key",
-                    "Keys are read only from 'Authorization: Bearer', never from the URL.".into(),
-                ));
             }
             _ => {}
         }
