@@ -98,7 +98,7 @@ fn export(rows: u64) {
         start_ms: 0,
         end_ms: i64::MAX,
         limit: 0,
-        cursor: None,
+        ..Query::default()
     };
     for run in 0..2 {
         // Reset the peak so VmHWM below is this export's own (Linux ≥ 4.0).

@@ -9,7 +9,7 @@ use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::services::listening::Service;
 
-use crate::proxy::Shared;
+use crate::state::Shared;
 
 pub struct Admin {
     shared: Arc<Shared>,

@@ -13,7 +13,7 @@ use crate::config::keys::sha256;
 use crate::config::live::Live;
 use crate::limit::budget::Spend;
 use crate::mock_upstream::{self, MockOptions};
-use crate::proxy::Shared;
+use crate::state::Shared;
 use crate::store::{Store, StoreOptions};
 
 #[derive(Parser)]
@@ -172,6 +172,7 @@ fn serve(path: &Path) -> ExitCode {
         store: store.clone(),
         spend,
         limiter: Default::default(),
+        web: Default::default(),
     });
     crate::server::build(shared).run(pingora_core::server::RunArgs::default());
     // Every runtime has exited, so every request has handed over its record: write them all.

@@ -11,8 +11,8 @@ use crate::admin;
 use crate::config::reload::KeysReloader;
 use crate::mock_upstream;
 use crate::proxy::Gateway;
-use crate::proxy::Shared;
 use crate::proxy::ctx::Listener;
+use crate::state::Shared;
 
 pub fn build(shared: Arc<Shared>) -> Server {
     let config = shared.live.config.clone();

@@ -127,7 +127,9 @@ async fn unknown_path_is_404_not_found() {
             ("POST", "/v1/nope"),
             ("GET", "/v2/models"),
             ("DELETE", "/v1/models"),
-            ("GET", "/"),
+            ("GET", "/nope"),
+            ("GET", "/api/usage/nope"),
+            ("POST", "/api/usage"),
         ] {
             let req = client()
                 .request(method.parse().expect("method"), format!("{base}{path}"))

@@ -12,21 +12,7 @@ use crate::limit::rate::{Headroom, Slot};
 use crate::meter::Meter;
 use crate::route::endpoint::Endpoint;
 use crate::route::{Route, Router};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listener {
-    Main,
-    Direct,
-}
-
-impl Listener {
-    pub fn name(self) -> &'static str {
-        match self {
-            Listener::Main => "main",
-            Listener::Direct => "direct",
-        }
-    }
-}
+pub use crate::state::Listener;
 
 pub struct Ctx {
     pub request_id: String,
@@ -58,8 +44,6 @@ pub struct Ctx {
     pub headroom: Headroom,
     /// One of the key's `max_concurrent` slots, freed when the request ends.
     pub slot: Option<Slot>,
-    /// Seconds for a `Retry-After` header on the gateway's own reply.
-    pub retry_after: Option<u64>,
 }
 
 impl Ctx {
@@ -86,7 +70,6 @@ impl Ctx {
             proxied: false,
             headroom: Headroom::default(),
             slot: None,
-            retry_after: None,
         }
     }
 }

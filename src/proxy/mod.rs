@@ -23,26 +23,16 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::auth;
-use crate::config::live::Live;
 use crate::error::GatewayError;
-use crate::limit::budget::Spend;
-use crate::limit::rate::{Limiter, retry_after_secs};
+use crate::limit::rate::retry_after_secs;
 use crate::meter::Meter;
 use crate::meter::sse::SseMeter;
 use crate::route::body as route_body;
 use crate::route::endpoint::{BodyKind, Endpoint, Group, Target, classify};
-use crate::store::Store;
+use crate::state::Shared;
 use crate::upstream;
-use crate::web::usage_api;
+use crate::web;
 use ctx::{Ctx, Listener};
-
-/// What both API listeners share: one key table and router, one store, one spend ledger.
-pub struct Shared {
-    pub live: Arc<Live>,
-    pub store: Arc<Store>,
-    pub spend: Spend,
-    pub limiter: Limiter,
-}
 
 pub struct Gateway {
     shared: Arc<Shared>,
@@ -64,6 +54,9 @@ impl Gateway {
     async fn admit(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {
         let live = &self.shared.live;
         let req = session.req_header();
+        if web::owns(req.uri.path()) {
+            return self.web(session, ctx).await;
+        }
         let target = classify(&req.method, req.uri.path());
         if target == Target::Other {
             let path = req.uri.path().to_string();
@@ -120,14 +113,6 @@ impl Gateway {
                     },
                     _ => respond::json(session, ctx, 200, models::list(&router, &key)).await?,
                 }
-                return Ok(true);
-            }
-            Target::Usage { csv } => {
-                ctx.group = Group::Usage.name();
-                if !key.may_use(Group::Usage) {
-                    return refuse(session, ctx, denied_endpoint(Group::Usage)).await;
-                }
-                usage_api::answer(session, ctx, &self.shared.store, &key.id, csv).await?;
                 return Ok(true);
             }
             Target::Proxy(ep) => ep,
@@ -216,6 +201,29 @@ impl Gateway {
             return Ok(true);
         }
         Ok(false)
+    }
+}
+
+impl Gateway {
+    /// Hands a non-proxied path to the web stage; a key that passed auth there makes the
+    /// request leave its usage record (group `usage`) like any other.
+    async fn web(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {
+        let client = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        let mut ex = web::Exchange {
+            request_id: ctx.request_id.clone(),
+            listener: self.listener,
+            client,
+            key: None,
+            status: 0,
+        };
+        let sent = web::serve(&self.shared, session, &mut ex).await;
+        ctx.key = ex.key;
+        ctx.status = ex.status;
+        ctx.group = Group::Usage.name();
+        sent.map(|()| true)
     }
 }
 

@@ -65,10 +65,6 @@ pub enum Target {
     Proxy(Endpoint),
     ListModels,
     GetModel(String),
-    /// `GET /api/usage` (JSON) or `/api/usage.csv`: the key's own records.
-    Usage {
-        csv: bool,
-    },
     /// Unknown here → 404.
     Other,
 }
@@ -88,11 +84,7 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
         if let Some(id) = path.strip_prefix("/v1/models/") {
             return Target::GetModel(id.to_string());
         }
-        return match path {
-            "/api/usage" => Target::Usage { csv: false },
-            "/api/usage.csv" => Target::Usage { csv: true },
-            _ => Target::Other,
-        };
+        return Target::Other;
     }
     if method != http::Method::POST {
         return Target::Other;

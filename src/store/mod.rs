@@ -3,6 +3,7 @@
 //! to SQLite; queries and CSV exports read through their own read-only connections.
 
 pub mod record;
+pub mod rollup;
 
 mod query;
 mod sqlite;
@@ -22,6 +23,28 @@ pub use query::{Cursor, Page, Query};
 pub use record::{CSV_HEADER, UsageRecord};
 
 use writer::{Msg, Shared, Writer, WriterConfig};
+
+/// A failed read of the store. Its detail is for the log; clients get a generic message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreError(pub String);
+
+impl StoreError {
+    pub(crate) fn query(e: rusqlite::Error) -> StoreError {
+        StoreError(format!("usage store: query: {e}"))
+    }
+}
+
+impl From<String> for StoreError {
+    fn from(s: String) -> StoreError {
+        StoreError(s)
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct StoreOptions {
@@ -167,8 +190,8 @@ impl Store {
     }
 
     /// key_id → total spend, from the spend table (for loading at start).
-    pub fn spend_totals(&self) -> Result<HashMap<String, f64>, String> {
-        self.with_reader(sqlite::spend_totals)
+    pub fn spend_totals(&self) -> Result<HashMap<String, f64>, StoreError> {
+        self.with_reader(|c| sqlite::spend_totals(c).map_err(StoreError))
     }
 
     /// Drains the channel and the overflow queue, commits, stops and joins the writer.
@@ -242,7 +265,7 @@ impl Store {
     }
 
     /// Blocking (callers use spawn_blocking). One page ordered by (time_ms, rowid) ascending.
-    pub fn query(&self, q: &Query) -> Result<Page, String> {
+    pub fn query(&self, q: &Query) -> Result<Page, StoreError> {
         self.with_reader(|conn| query::page(conn, q))
     }
 
@@ -253,20 +276,25 @@ impl Store {
         &self,
         q: &Query,
         sink: &mut dyn FnMut(bytes::Bytes) -> bool,
-    ) -> Result<u64, String> {
+    ) -> Result<u64, StoreError> {
         self.with_reader(|conn| query::export(conn, q, sink))
+    }
+
+    /// Blocking. The rollup rows of a range (see `rollup`): exact for any `start`/`end`.
+    pub fn rollup(&self, q: &rollup::RollupQuery) -> Result<rollup::Rollup, StoreError> {
+        self.with_reader(|conn| rollup::read(conn, q))
     }
 
     /// Runs `f` on a pooled read-only connection (opened on demand); a connection that saw an
     /// error is not pooled again.
     fn with_reader<T>(
         &self,
-        f: impl FnOnce(&Connection) -> Result<T, String>,
-    ) -> Result<T, String> {
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let pooled = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let conn = match pooled {
             Some(c) => c,
-            None => sqlite::open_reader(&self.path)?,
+            None => sqlite::open_reader(&self.path).map_err(StoreError)?,
         };
         let out = f(&conn);
         if out.is_ok() && !self.closed.load(Ordering::SeqCst) {
@@ -327,7 +355,7 @@ mod tests {
             start_ms: 0,
             end_ms: i64::MAX,
             limit: 1,
-            cursor: None,
+            ..Query::default()
         };
         let rows = store.export_csv(&q, &mut |_| true).unwrap();
         assert_eq!(rows, 40_000);

@@ -5,12 +5,14 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
-use rusqlite::{Connection, params};
+use rusqlite::types::Value;
+use rusqlite::{Connection, params_from_iter};
 
+use super::StoreError;
 use super::record::{CSV_HEADER, UsageRecord};
 use super::sqlite::{SELECT_COLUMNS, blank_record, read_row};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Query {
     /// None = every key (the console).
     pub key_id: Option<String>,
@@ -21,6 +23,12 @@ pub struct Query {
     /// Page size for `Store::query` (0 is taken as 1; callers cap it); ignored by exports.
     pub limit: usize,
     pub cursor: Option<Cursor>,
+    /// Newest first (the cursor then walks backwards).
+    pub desc: bool,
+    /// Only this model (exact).
+    pub model: Option<String>,
+    /// Only statuses in this inclusive range (`429`, or `400..=499` for `4xx`).
+    pub status: Option<(u16, u16)>,
 }
 
 /// Where the previous page stopped: the last row it returned.
@@ -65,10 +73,15 @@ const EXPORT_PAGE: usize = 4_096;
 /// Export chunks handed to the sink are about this size.
 const CHUNK: usize = 64 * 1024;
 
-/// The first (time_ms, rowid) to return, inclusive: the query's start, or just past the
-/// cursor when that is later; None when the cursor is already past the end of the key space.
-fn lower_bound(start_ms: i64, cursor: Option<Cursor>) -> Option<(i64, i64)> {
-    let start = (start_ms, i64::MIN);
+/// Where a walk starts: the first (time_ms, rowid) to return. Ascending it is inclusive (the
+/// query's start, or just past the cursor); descending it is exclusive (the query's end, or
+/// the cursor). None when the cursor already lies past the end of the key space.
+fn first_bound(q: &Query, cursor: Option<Cursor>) -> Option<(i64, i64)> {
+    if q.desc {
+        let end = (q.end_ms, i64::MIN);
+        return Some(cursor.map_or(end, |c| (c.time_ms, c.rowid).min(end)));
+    }
+    let start = (q.start_ms, i64::MIN);
     let Some(c) = cursor else {
         return Some(start);
     };
@@ -79,40 +92,68 @@ fn lower_bound(start_ms: i64, cursor: Option<Cursor>) -> Option<(i64, i64)> {
     Some(after.max(start))
 }
 
-/// ?1, ?2: inclusive (time_ms, rowid) lower bound; ?3: exclusive end; ?4: limit; ?5: key.
-/// The redundant `time_ms >= ?1` keeps a plain range on the index even where the planner
-/// would not use the row-value comparison for one.
-fn select_sql(keyed: bool) -> String {
-    let key = if keyed { "key_id = ?5 AND " } else { "" };
-    format!(
-        "SELECT {SELECT_COLUMNS} FROM usage WHERE {key}time_ms >= ?1 \
-         AND (time_ms, rowid) >= (?1, ?2) AND time_ms < ?3 ORDER BY time_ms, rowid LIMIT ?4"
-    )
+/// The SELECT for one keyset page and its parameters, in order. Ascending:
+/// `(time_ms, rowid) >= bound AND time_ms < end`; descending:
+/// `(time_ms, rowid) < bound AND time_ms >= start`.
+/// The redundant plain `time_ms` bound keeps a range on the index even where the planner would
+/// not use the row-value comparison for one. Filters on model and status are checked on the
+/// rows the index walk yields.
+fn select(q: &Query, from: (i64, i64), limit: usize) -> (String, Vec<Value>) {
+    let mut sql = format!("SELECT {SELECT_COLUMNS} FROM usage WHERE ");
+    let mut args: Vec<Value> = Vec::with_capacity(8);
+    let mut arg = |sql: &mut String, text: &str, v: Value| {
+        args.push(v);
+        sql.push_str(&text.replace('?', &format!("?{}", args.len())));
+    };
+    if let Some(key) = &q.key_id {
+        arg(&mut sql, "key_id = ? AND ", Value::Text(key.clone()));
+    }
+    if let Some(model) = &q.model {
+        arg(&mut sql, "model = ? AND ", Value::Text(model.clone()));
+    }
+    if let Some((lo, hi)) = q.status {
+        arg(&mut sql, "status >= ? AND ", Value::Integer(lo.into()));
+        arg(&mut sql, "status <= ? AND ", Value::Integer(hi.into()));
+    }
+    let (t, r) = (Value::Integer(from.0), Value::Integer(from.1));
+    if q.desc {
+        arg(&mut sql, "time_ms >= ? AND ", Value::Integer(q.start_ms));
+        arg(&mut sql, "time_ms <= ? AND ", t.clone());
+        arg(&mut sql, "(time_ms, rowid) < (?, ", t);
+        arg(&mut sql, "?) ORDER BY time_ms DESC, rowid DESC ", r);
+    } else {
+        arg(&mut sql, "time_ms >= ? AND ", t.clone());
+        arg(&mut sql, "(time_ms, rowid) >= (?, ", t);
+        arg(&mut sql, "?) AND ", r);
+        arg(
+            &mut sql,
+            "time_ms < ? ORDER BY time_ms, rowid ",
+            Value::Integer(q.end_ms),
+        );
+    }
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    arg(&mut sql, "LIMIT ?", Value::Integer(limit));
+    (sql, args)
 }
 
-/// Runs one keyset SELECT from `from` (inclusive) and calls `each` per row with its rowid;
-/// `each` returns false to stop early. Returns the number of rows seen.
+/// Runs one keyset SELECT from `from` and calls `each` per row with its rowid; `each` returns
+/// false to stop early. Returns the number of rows seen.
 fn scan(
     conn: &Connection,
     q: &Query,
     from: (i64, i64),
     limit: usize,
     each: &mut dyn FnMut(i64, &UsageRecord) -> bool,
-) -> Result<usize, String> {
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let sql_err = |e: rusqlite::Error| format!("usage store: query: {e}");
-    let key = q.key_id.as_deref();
-    let sql = select_sql(key.is_some());
-    let mut stmt = conn.prepare_cached(&sql).map_err(sql_err)?;
-    let mut rows = match key {
-        Some(key) => stmt.query(params![from.0, from.1, q.end_ms, limit, key]),
-        None => stmt.query(params![from.0, from.1, q.end_ms, limit]),
-    }
-    .map_err(sql_err)?;
+) -> Result<usize, StoreError> {
+    let (sql, args) = select(q, from, limit);
+    let mut stmt = conn.prepare_cached(&sql).map_err(StoreError::query)?;
+    let mut rows = stmt
+        .query(params_from_iter(args))
+        .map_err(StoreError::query)?;
     let mut rec = blank_record();
     let mut seen = 0;
-    while let Some(row) = rows.next().map_err(sql_err)? {
-        let rowid = read_row(row, &mut rec).map_err(sql_err)?;
+    while let Some(row) = rows.next().map_err(StoreError::query)? {
+        let rowid = read_row(row, &mut rec).map_err(StoreError::query)?;
         seen += 1;
         if !each(rowid, &rec) {
             break;
@@ -121,13 +162,13 @@ fn scan(
     Ok(seen)
 }
 
-pub(super) fn page(conn: &Connection, q: &Query) -> Result<Page, String> {
+pub(super) fn page(conn: &Connection, q: &Query) -> Result<Page, StoreError> {
     let limit = q.limit.max(1);
     let empty = Page {
         records: Vec::new(),
         next_cursor: None,
     };
-    let Some(from) = lower_bound(q.start_ms, q.cursor) else {
+    let Some(from) = first_bound(q, q.cursor) else {
         return Ok(empty);
     };
     let mut records = Vec::with_capacity(limit.min(1024));
@@ -159,11 +200,11 @@ pub(super) fn export(
     conn: &Connection,
     q: &Query,
     sink: &mut dyn FnMut(Bytes) -> bool,
-) -> Result<u64, String> {
+) -> Result<u64, StoreError> {
     let mut buf = String::with_capacity(CHUNK + 1024);
     buf.push_str(CSV_HEADER);
     buf.push('\n');
-    let mut from = lower_bound(q.start_ms, q.cursor);
+    let mut from = first_bound(q, q.cursor);
     let mut in_buf: u64 = 0;
     let mut sent: u64 = 0;
     // Full chunks of the current page with their row counts.
@@ -190,7 +231,7 @@ pub(super) fn export(
         }
         from = match last {
             Some((time_ms, rowid)) if seen == EXPORT_PAGE => {
-                lower_bound(q.start_ms, Some(Cursor { time_ms, rowid }))
+                first_bound(q, Some(Cursor { time_ms, rowid }))
             }
             _ => None,
         };
@@ -218,7 +259,7 @@ mod tests {
             start_ms,
             end_ms,
             limit,
-            cursor: None,
+            ..Query::default()
         }
     }
 
@@ -406,19 +447,65 @@ mod tests {
     }
 
     #[test]
+    fn newest_first_pages_walk_backwards_and_filters_hold() {
+        let records: Vec<UsageRecord> = (0..500)
+            .map(|i| sample_record(i, ["a", "b"][i as usize % 2], 1_000 + (i as i64 / 3)))
+            .collect();
+        let (_dir, store) = store_with(&records);
+        let mut want: Vec<UsageRecord> = records
+            .iter()
+            .filter(|r| r.key_id == "a" && r.time_ms >= 1_010 && r.time_ms < 1_100)
+            .cloned()
+            .collect();
+        want.reverse();
+        for limit in [1, 7, 1_000] {
+            let mut q = all(Some("a"), 1_010, 1_100, limit);
+            q.desc = true;
+            assert_eq!(every_page(&store, q), want, "{limit}");
+        }
+        let mut q = all(None, 0, i64::MAX, 50);
+        q.model = Some(records[3].model.clone());
+        q.status = Some((200, 299));
+        let got = every_page(&store, q.clone());
+        let expect: Vec<UsageRecord> = records
+            .iter()
+            .filter(|r| r.model == records[3].model && (200..300).contains(&r.status))
+            .cloned()
+            .collect();
+        assert!(!expect.is_empty());
+        assert_eq!(got, expect);
+        let mut csv = Vec::new();
+        q.desc = true;
+        store
+            .export_csv(&q, &mut |b| {
+                csv.extend_from_slice(&b);
+                true
+            })
+            .unwrap();
+        let mut expected = format!("{CSV_HEADER}\n");
+        for r in expect.iter().rev() {
+            r.write_csv(&mut expected);
+        }
+        assert_eq!(String::from_utf8(csv).unwrap(), expected);
+    }
+
+    #[test]
     fn both_queries_walk_an_index_without_sorting() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("u.db");
         let _store = Store::open(&path, StoreOptions::default()).unwrap();
         let conn = rusqlite::Connection::open(&path).unwrap();
-        for (keyed, index) in [(true, "usage_key_time"), (false, "usage_time")] {
-            let sql = format!("EXPLAIN QUERY PLAN {}", select_sql(keyed));
-            let mut stmt = conn.prepare(&sql).unwrap();
-            let mut rows = if keyed {
-                stmt.query(params![0, 0, 0, 0, "k"]).unwrap()
-            } else {
-                stmt.query(params![0, 0, 0, 0]).unwrap()
-            };
+        for (keyed, desc, index) in [
+            (true, false, "usage_key_time"),
+            (false, false, "usage_time"),
+            (true, true, "usage_key_time"),
+            (false, true, "usage_time"),
+        ] {
+            let mut q = all(keyed.then_some("k"), 0, 10, 10);
+            q.desc = desc;
+            let (sql, args) = select(&q, (0, 0), 10);
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+            let mut rows = stmt.query(params_from_iter(args)).unwrap();
             let mut plan = Vec::new();
             while let Some(row) = rows.next().unwrap() {
                 plan.push(row.get::<_, String>(3).unwrap());

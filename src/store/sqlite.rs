@@ -92,6 +92,10 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, String> {
         .map_err(|e| db_err("synchronous", e))?;
     conn.execute_batch(SCHEMA)
         .map_err(|e| db_err("creating schema", e))?;
+    conn.execute_batch(super::rollup::SCHEMA)
+        .map_err(|e| db_err("creating the rollup schema", e))?;
+    let mut conn = conn;
+    super::rollup::backfill(&mut conn)?;
     Ok(conn)
 }
 
@@ -112,8 +116,8 @@ fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-/// Inserts one batch and adds its cost per key to `spend`, in a single transaction, so the
-/// spend table never disagrees with the rows that were committed.
+/// Inserts one batch, adds its cost per key to `spend` and its sums to the rollups, in a single
+/// transaction, so neither ever disagrees with the rows that were committed.
 pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Result<(), String> {
     let tx = conn.transaction().map_err(|e| db_err("begin", e))?;
     let mut spend: HashMap<&str, f64> = HashMap::new();
@@ -153,6 +157,7 @@ pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Resu
                 .map_err(|e| db_err("spend", e))?;
         }
     }
+    super::rollup::add_batch(&tx, batch)?;
     tx.commit().map_err(|e| db_err("commit", e))
 }
 
@@ -291,7 +296,7 @@ mod tests {
                 start_ms: 0,
                 end_ms: i64::MAX,
                 limit: 100,
-                cursor: None,
+                ..Query::default()
             })
             .unwrap();
         assert_eq!(page.records, sent);

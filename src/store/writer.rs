@@ -332,7 +332,7 @@ mod tests {
             start_ms: i64::MIN,
             end_ms: i64::MAX,
             limit: 10_000,
-            cursor: None,
+            ..Query::default()
         };
         let mut out = Vec::new();
         loop {

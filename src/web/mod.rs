@@ -1,4 +1,223 @@
-//! Web stage: what the gateway answers itself over HTTP besides `/v1`: the usage API (and,
-//! later, the usage page and the console).
+//! Web stage: every path the gateway answers itself instead of proxying: the usage-record page
+//! on `direct /` and its assets, the usage API (`/api/usage…`) and the OpenAI-compatible billing
+//! endpoints (`/v1/dashboard/billing/…`). `request_filter` hands such a path here in one call;
+//! this stage owns its routes and state, answers through the shared responder, and tells the
+//! proxy only which key (if any) passed auth, so the request leaves its usage record.
+//! Usage queries do not count against a key's rpm/tpm.
 
+mod billing;
+mod page;
+pub mod params;
+pub mod summary;
+mod throttle;
 pub mod usage_api;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pingora_proxy::Session;
+
+use crate::auth;
+use crate::config::keys::Key;
+use crate::error::GatewayError;
+use crate::respond;
+use crate::route::endpoint::Group;
+use crate::state::{Listener, Shared};
+use crate::store::StoreError;
+
+pub use throttle::Throttle;
+
+/// The web stage's own state, shared by both listeners.
+#[derive(Debug, Default)]
+pub struct WebState {
+    /// Wrong keys per client address.
+    pub throttle: Throttle,
+}
+
+/// One request as the web stage sees it, and what it tells the proxy back.
+pub struct Exchange {
+    pub request_id: String,
+    pub listener: Listener,
+    pub client: Option<IpAddr>,
+    /// Set once a key passed auth: the request then leaves a usage record.
+    pub key: Option<Arc<Key>>,
+    /// The status sent.
+    pub status: u16,
+}
+
+/// The paths this stage answers: all but the proxied `/v1` API.
+pub fn owns(path: &str) -> bool {
+    !path.starts_with("/v1/") || path.starts_with("/v1/dashboard/")
+}
+
+enum Route {
+    Page,
+    Asset(&'static page::Asset),
+    Usage { csv: bool },
+    Summary,
+    Subscription,
+    BillingUsage,
+    NotFound,
+}
+
+fn route(method: &http::Method, path: &str, listener: Listener) -> Route {
+    if method != http::Method::GET && method != http::Method::HEAD {
+        return Route::NotFound;
+    }
+    let path = path
+        .strip_suffix('/')
+        .filter(|p| !p.is_empty())
+        .unwrap_or(path);
+    match path {
+        "/" if listener == Listener::Direct => Route::Page,
+        "/api/usage" => Route::Usage { csv: false },
+        "/api/usage.csv" => Route::Usage { csv: true },
+        "/api/usage/summary" => Route::Summary,
+        "/v1/dashboard/billing/subscription" => Route::Subscription,
+        "/v1/dashboard/billing/usage" => Route::BillingUsage,
+        _ => match page::asset(path) {
+            Some(a) => Route::Asset(a),
+            None => Route::NotFound,
+        },
+    }
+}
+
+/// Answers one request. Errors here are only write errors to the client.
+pub async fn serve(
+    shared: &Shared,
+    session: &mut Session,
+    ex: &mut Exchange,
+) -> pingora_error::Result<()> {
+    let req = session.req_header();
+    let path = req.uri.path().to_string();
+    if auth::key_in_query(req.uri.query()) {
+        let message = "Keys are read only from 'Authorization: Bearer', never from the URL.";
+        let e = GatewayError::InvalidParameter {
+            param: "api_key",
+            message: message.into(),
+        };
+        return fail(session, ex, &e).await;
+    }
+    match route(&req.method, &path, ex.listener) {
+        Route::Page => page::send_page(session, ex).await,
+        Route::Asset(a) => page::send_asset(session, ex, a).await,
+        Route::NotFound => fail(session, ex, &GatewayError::NotFound(path)).await,
+        keyed => {
+            let Some(key) = authorize(shared, session, ex).await? else {
+                return Ok(());
+            };
+            match keyed {
+                Route::Usage { csv } => usage_api::answer(shared, session, ex, &key, csv).await,
+                Route::Summary => summary::answer(shared, session, ex, &key).await,
+                Route::Subscription => billing::subscription(shared, session, ex, &key).await,
+                Route::BillingUsage => billing::usage(shared, session, ex, &key).await,
+                Route::Page | Route::Asset(_) | Route::NotFound => Ok(()),
+            }
+        }
+    }
+}
+
+/// The bearer key with the `usage` permission, or None once a refusal is sent. Wrong keys count
+/// against the client address; an address over the limit is refused before its key is looked at.
+async fn authorize(
+    shared: &Shared,
+    session: &mut Session,
+    ex: &mut Exchange,
+) -> pingora_error::Result<Option<Arc<Key>>> {
+    let now = Instant::now();
+    if let Some(ip) = ex.client {
+        if let Err(wait) = shared.web.throttle.check(ip, now) {
+            let e = GatewayError::RateLimited {
+                message: "Too many wrong keys from this address; try again later.".into(),
+                retry_after: crate::limit::rate::retry_after_secs(wait),
+            };
+            fail(session, ex, &e).await?;
+            return Ok(None);
+        }
+    }
+    let authorization = session
+        .req_header()
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let presented = auth::bearer(authorization).is_some();
+    let keys = shared.live.keys.load();
+    match auth::authenticate(&keys, authorization, now_unix()) {
+        Ok(key) => {
+            ex.key = Some(key.clone());
+            if !key.may_use(Group::Usage) {
+                let e = GatewayError::PermissionDenied {
+                    param: "endpoint",
+                    message: "This key may not use the 'usage' endpoints.".into(),
+                };
+                fail(session, ex, &e).await?;
+                return Ok(None);
+            }
+            Ok(Some(key))
+        }
+        Err(e) => {
+            if let (Some(ip), true) = (ex.client, presented) {
+                shared.web.throttle.fail(ip, now);
+            }
+            fail(session, ex, &e).await?;
+            Ok(None)
+        }
+    }
+}
+
+/// Sends an error in the contract's shape and notes its status.
+async fn fail(
+    session: &mut Session,
+    ex: &mut Exchange,
+    e: &GatewayError,
+) -> pingora_error::Result<()> {
+    ex.status = e.status();
+    respond::error(session, &ex.request_id, e, respond::plain).await
+}
+
+/// Sends a JSON body with `Cache-Control: no-store` (usage data is per key).
+async fn json(
+    session: &mut Session,
+    ex: &mut Exchange,
+    body: &serde_json::Value,
+) -> pingora_error::Result<()> {
+    ex.status = 200;
+    let body = bytes::Bytes::from(body.to_string());
+    respond::send(
+        session,
+        &ex.request_id,
+        200,
+        "application/json",
+        body,
+        no_store,
+    )
+    .await
+}
+
+fn no_store(h: &mut pingora_http::ResponseHeader) -> pingora_error::Result<()> {
+    h.insert_header("cache-control", "no-store")
+}
+
+/// A store failure: logged in full, answered with a generic 500.
+fn store_failed(request_id: &str, e: &StoreError) -> GatewayError {
+    tracing::error!(request_id, "usage store read failed: {e}");
+    GatewayError::Internal("The usage store could not answer; try again.".into())
+}
+
+/// Runs a blocking store read off the proxy's runtime.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(StoreError(format!("usage store: reader task: {e}"))))
+}
+
+fn now_unix() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+fn now_ms() -> i64 {
+    jiff::Timestamp::now().as_millisecond()
+}

@@ -9,133 +9,132 @@ use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 use serde_json::json;
 
+use super::{Exchange, blocking, fail, params, store_failed};
+use crate::config::keys::Key;
 use crate::error::GatewayError;
-use crate::proxy::ctx::Ctx;
-use crate::proxy::respond;
-use crate::store::record::parse_time;
+use crate::state::Shared;
+use crate::store::record::format_time;
 use crate::store::{Cursor, Query, Store};
 
 pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 10_000;
 const DAY_MS: i64 = 24 * 3600 * 1000;
 
-/// Parses `start`, `end`, `limit`, `cursor`; `end` exclusive, default the last 24 h.
+const PAGE_PARAMS: [&str; 8] = [
+    "start", "end", "tz", "limit", "cursor", "order", "model", "status",
+];
+const CSV_PARAMS: [&str; 6] = ["start", "end", "tz", "order", "model", "status"];
+
+/// Parses the usage query: `start`/`end` (end exclusive, default the last 24 h; RFC 3339, unix
+/// seconds or `YYYY-MM-DD` in `tz`), `limit`, `cursor`, `order=asc|desc`, `model`, `status`
+/// (`429` or a class such as `5xx`). Unknown parameters are refused.
 pub fn parse_query(
     query: Option<&str>,
     key_id: Option<&str>,
     now_ms: i64,
+    csv: bool,
 ) -> Result<Query, GatewayError> {
     let bad =
         |param: &'static str, message: String| GatewayError::InvalidParameter { param, message };
-    let (mut start, mut end, mut limit, mut cursor) = (None, None, DEFAULT_LIMIT, None);
-    if crate::auth::key_in_query(query) {
-        let message = "Keys are read only from 'Authorization: Bearer', never from the URL.";
-        return Err(bad("api_key", message.into()));
-    }
-    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let v = percent_decode(v);
+    let pairs = params::parse(query, if csv { &CSV_PARAMS } else { &PAGE_PARAMS })?;
+    let tz = match pairs.iter().find(|(k, _)| *k == "tz") {
+        Some((_, v)) => params::zone(v)?,
+        None => jiff::tz::TimeZone::UTC,
+    };
+    let mut q = Query {
+        key_id: key_id.map(str::to_string),
+        limit: DEFAULT_LIMIT,
+        ..Query::default()
+    };
+    let (mut start, mut end) = (None, None);
+    for (k, v) in pairs {
         match k {
-            "start" => {
-                start = Some(parse_time(&v).ok_or_else(|| {
-                    bad("start", format!("'{v}' is not RFC 3339 or unix seconds"))
-                })?)
-            }
-            "end" => {
-                end =
-                    Some(parse_time(&v).ok_or_else(|| {
-                        bad("end", format!("'{v}' is not RFC 3339 or unix seconds"))
-                    })?)
-            }
+            "start" => start = Some(params::time("start", &v, &tz)?),
+            "end" => end = Some(params::time("end", &v, &tz)?),
             "limit" => {
-                limit = v
+                q.limit = v
                     .parse::<usize>()
                     .ok()
                     .filter(|n| (1..=MAX_LIMIT).contains(n))
                     .ok_or_else(|| bad("limit", format!("limit must be 1..={MAX_LIMIT}")))?;
             }
             "cursor" => {
-                cursor =
+                q.cursor =
                     Some(Cursor::decode(&v).ok_or_else(|| bad("cursor", "unknown cursor".into()))?)
+            }
+            "order" => {
+                q.desc = match v.as_str() {
+                    "asc" => false,
+                    "desc" => true,
+                    _ => return Err(bad("order", format!("order is asc or desc, not '{v}'"))),
+                }
+            }
+            "model" => q.model = Some(v),
+            "status" => {
+                q.status = Some(status_range(&v).ok_or_else(|| {
+                    bad(
+                        "status",
+                        format!(
+                            "'{v}' is not a status: use a code such as 429 or a class such as 5xx"
+                        ),
+                    )
+                })?)
             }
             _ => {}
         }
     }
-    let end_ms = end.unwrap_or(now_ms.saturating_add(1));
-    let start_ms = start.unwrap_or(end_ms.saturating_sub(DAY_MS));
-    if start_ms > end_ms {
+    q.end_ms = end.unwrap_or(now_ms.saturating_add(1));
+    q.start_ms = start.unwrap_or(q.end_ms.saturating_sub(DAY_MS));
+    if q.start_ms > q.end_ms {
         return Err(bad("start", "start is after end".into()));
     }
-    Ok(Query {
-        key_id: key_id.map(str::to_string),
-        start_ms,
-        end_ms,
-        limit,
-        cursor,
-    })
+    Ok(q)
 }
 
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b'+', _) => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
+/// `429` → (429, 429); `4xx` → (400, 499).
+fn status_range(v: &str) -> Option<(u16, u16)> {
+    let v = v.trim().to_ascii_lowercase();
+    if let Some(class) = v.strip_suffix("xx") {
+        let c: u16 = class.parse().ok().filter(|c| (1..=5).contains(c))?;
+        return Some((c * 100, c * 100 + 99));
     }
-    String::from_utf8_lossy(&out).into_owned()
+    let code: u16 = v.parse().ok().filter(|c| (100..=599).contains(c))?;
+    Some((code, code))
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// Answers a usage request for `key_id`'s records (or every key's when None: console).
+/// Answers `/api/usage` or `/api/usage.csv` with the key's own records.
 pub async fn answer(
+    shared: &Shared,
     session: &mut Session,
-    ctx: &mut Ctx,
-    store: &Arc<Store>,
-    key_id: &str,
+    ex: &mut Exchange,
+    key: &Key,
     csv: bool,
 ) -> pingora_error::Result<()> {
-    let query = match parse_query(session.req_header().uri.query(), Some(key_id), now_ms()) {
+    let query = match parse_query(
+        session.req_header().uri.query(),
+        Some(&key.id),
+        super::now_ms(),
+        csv,
+    ) {
         Ok(q) => q,
-        Err(e) => return respond::error(session, ctx, &e).await,
+        Err(e) => return fail(session, ex, &e).await,
     };
     if csv {
-        send_csv(session, ctx, store, query).await
+        send_csv(session, ex, &shared.store, query).await
     } else {
-        send_page(session, ctx, store, query).await
+        send_page(session, ex, &shared.store, query).await
     }
 }
 
 pub async fn send_page(
     session: &mut Session,
-    ctx: &mut Ctx,
+    ex: &mut Exchange,
     store: &Arc<Store>,
     query: Query,
 ) -> pingora_error::Result<()> {
     let s = store.clone();
-    let page = tokio::task::spawn_blocking(move || s.query(&query)).await;
-    match page {
-        Ok(Ok(page)) => {
+    match blocking(move || s.query(&query)).await {
+        Ok(page) => {
             let data: Vec<serde_json::Value> = page.records.iter().map(|r| r.to_json()).collect();
             let body = json!({
                 "object": "list",
@@ -143,48 +142,54 @@ pub async fn send_page(
                 "has_more": page.next_cursor.is_some(),
                 "next_cursor": page.next_cursor.map(|c| c.encode()),
             });
-            respond::json(session, ctx, 200, body.to_string().into_bytes()).await
+            super::json(session, ex, &body).await
         }
-        Ok(Err(e)) => {
-            respond::error(
-                session,
-                ctx,
-                &GatewayError::Internal(format!("usage store: {e}")),
-            )
-            .await
-        }
-        Err(e) => {
-            respond::error(
-                session,
-                ctx,
-                &GatewayError::Internal(format!("usage store: {e}")),
-            )
-            .await
-        }
+        Err(e) => fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     }
+}
+
+/// `usage-<key>-<start>-<end>.csv`, times in compact UTC (`20261122T000000Z`).
+pub fn csv_filename(query: &Query) -> String {
+    let t = |ms| {
+        format_time(ms)
+            .replace(['-', ':'], "")
+            .split('.')
+            .next()
+            .unwrap_or_default()
+            .to_string()
+            + "Z"
+    };
+    let key: String = query
+        .key_id
+        .as_deref()
+        .unwrap_or("all")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("usage-{key}-{}-{}.csv", t(query.start_ms), t(query.end_ms))
 }
 
 pub async fn send_csv(
     session: &mut Session,
-    ctx: &mut Ctx,
+    ex: &mut Exchange,
     store: &Arc<Store>,
     query: Query,
 ) -> pingora_error::Result<()> {
-    let filename = format!(
-        "usage-{}-{}.csv",
-        query.key_id.as_deref().unwrap_or("all"),
-        crate::store::record::format_time(query.start_ms).replace([':', '.'], "")
-    );
     let mut h = ResponseHeader::build(200, Some(4))?;
     h.insert_header("content-type", "text/csv; charset=utf-8")?;
     h.insert_header(
         "content-disposition",
-        format!("attachment; filename=\"{}\"", filename.replace('"', "")),
+        format!("attachment; filename=\"{}\"", csv_filename(&query)),
     )?;
-    h.insert_header("x-request-id", ctx.request_id.as_str())?;
+    h.insert_header("x-request-id", ex.request_id.as_str())?;
     h.insert_header("cache-control", "no-store")?;
-    crate::limit::rate::write_headers(&ctx.headroom, &mut h)?;
-    ctx.status = 200;
+    ex.status = 200;
     session.write_response_header(Box::new(h), false).await?;
     // A small channel between the blocking reader and this task: memory stays a few chunks.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
@@ -194,7 +199,7 @@ pub async fn send_csv(
     });
     while let Some(chunk) = rx.recv().await {
         if let Err(e) = session.write_response_body(Some(chunk), false).await {
-            ctx.status = 499;
+            ex.status = 499;
             drop(rx);
             let _ = reader.await;
             return Err(e);
@@ -202,9 +207,15 @@ pub async fn send_csv(
     }
     match reader.await {
         Ok(Ok(_rows)) => session.write_response_body(Some(Bytes::new()), true).await,
-        _ => {
+        failed => {
+            let e = match failed {
+                Ok(Err(e)) => e,
+                Err(e) => crate::store::StoreError(format!("usage store: export task: {e}")),
+                Ok(Ok(_)) => crate::store::StoreError(String::new()),
+            };
+            tracing::error!(request_id = %ex.request_id, "usage export failed: {e}");
             // The header is out: all that is left is to cut the reply so it cannot look complete.
-            ctx.status = 500;
+            ex.status = 500;
             session.as_downstream_mut().set_keepalive(None);
             Ok(())
         }
@@ -217,7 +228,7 @@ mod tests {
 
     #[test]
     fn the_default_range_is_the_last_24_hours_end_exclusive() {
-        let q = parse_query(None, Some("k"), 100 * DAY_MS).expect("ok");
+        let q = parse_query(None, Some("k"), 100 * DAY_MS, false).expect("ok");
         assert_eq!((q.start_ms, q.end_ms), (99 * DAY_MS + 1, 100 * DAY_MS + 1));
         assert_eq!(q.limit, DEFAULT_LIMIT);
         assert_eq!(q.key_id.as_deref(), Some("k"));
@@ -229,6 +240,7 @@ mod tests {
             Some("start=2026-11-22T00%3A00%3A00Z&end=1795400000&limit=5"),
             None,
             0,
+            false,
         )
         .expect("ok");
         assert_eq!(q.start_ms, 1_795_305_600_000);
@@ -245,8 +257,38 @@ mod tests {
             "cursor=zzz",
             "api_key=sk-x",
             "start=20&end=10",
+            "start=1795400000000",
+            "order=up",
+            "status=6xx",
+            "status=abc",
+            "tz=Mars/Base",
+            "limit=5&colour=red",
         ] {
-            assert!(parse_query(Some(q), None, 0).is_err(), "{q}");
+            assert!(parse_query(Some(q), None, 0, false).is_err(), "{q}");
         }
+        assert!(
+            parse_query(Some("limit=5"), None, 0, true).is_err(),
+            "no limit on CSV"
+        );
+    }
+
+    #[test]
+    fn order_filters_and_dates_in_a_zone() {
+        let q = parse_query(
+            Some("start=2026-11-22&end=2026-11-23&tz=Asia/Kolkata&order=desc&model=echo-1&status=4xx"),
+            None,
+            0,
+            false,
+        )
+        .expect("ok");
+        assert_eq!(q.start_ms, 1_795_305_600_000 - 19_800_000);
+        assert_eq!(q.end_ms - q.start_ms, DAY_MS);
+        assert!(q.desc);
+        assert_eq!(q.model.as_deref(), Some("echo-1"));
+        assert_eq!(q.status, Some((400, 499)));
+        assert_eq!(
+            csv_filename(&q),
+            "usage-all-20261121T183000Z-20261122T183000Z.csv"
+        );
     }
 }

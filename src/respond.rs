@@ -1,0 +1,80 @@
+//! Writing the gateway's own replies (errors, model lists, pages, usage data) to the client:
+//! always with `x-request-id`, a content type and an exact length. The proxy and the web stage
+//! both answer through here; `decorate` adds what a caller's reply carries besides (rate-limit
+//! headers, a page's security headers).
+
+use bytes::Bytes;
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+
+use crate::error::GatewayError;
+
+pub async fn send(
+    session: &mut Session,
+    request_id: &str,
+    status: u16,
+    content_type: &str,
+    body: Bytes,
+    decorate: impl FnOnce(&mut ResponseHeader) -> pingora_error::Result<()>,
+) -> pingora_error::Result<()> {
+    let mut h = ResponseHeader::build(status, Some(6))?;
+    h.insert_header("content-type", content_type)?;
+    h.insert_header("content-length", body.len().to_string())?;
+    h.insert_header("x-request-id", request_id)?;
+    decorate(&mut h)?;
+    session.write_response_header(Box::new(h), false).await?;
+    session.write_response_body(Some(body), true).await?;
+    Ok(())
+}
+
+/// A refusal in the OpenAI error shape. If the request body has not been read, a small one is
+/// drained first so the connection stays usable (Pingora closes it otherwise); a large one is
+/// left and the connection closes after the reply. A rate-limit refusal carries `Retry-After`.
+pub async fn error(
+    session: &mut Session,
+    request_id: &str,
+    e: &GatewayError,
+    decorate: impl FnOnce(&mut ResponseHeader) -> pingora_error::Result<()>,
+) -> pingora_error::Result<()> {
+    drain_small_body(session).await;
+    let retry_after = match e {
+        GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
+        _ => None,
+    };
+    let body = Bytes::from(e.body());
+    send(
+        session,
+        request_id,
+        e.status(),
+        "application/json",
+        body,
+        |h| {
+            if let Some(secs) = retry_after {
+                h.insert_header("retry-after", secs.to_string())?;
+            }
+            decorate(h)
+        },
+    )
+    .await
+}
+
+async fn drain_small_body(session: &mut Session) {
+    if session.is_body_done() {
+        return;
+    }
+    let small = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .is_some_and(|n| n <= 64 * 1024);
+    if small {
+        // A failed drain only means the connection will not be reused.
+        let _ = session.drain_request_body().await;
+    }
+}
+
+/// No extra headers.
+pub fn plain(_: &mut ResponseHeader) -> pingora_error::Result<()> {
+    Ok(())
+}

@@ -1,0 +1,34 @@
+//! What the `main` and `direct` listeners (and the admin listener) share: the live config and
+//! keys, the usage store, the spend ledger, the rate limiter and the web stage's own state.
+//! Built once in `serve`; every request reads it through one `Arc`.
+
+use std::sync::Arc;
+
+use crate::config::live::Live;
+use crate::limit::budget::Spend;
+use crate::limit::rate::Limiter;
+use crate::store::Store;
+
+pub struct Shared {
+    pub live: Arc<Live>,
+    pub store: Arc<Store>,
+    pub spend: Spend,
+    pub limiter: Limiter,
+    pub web: crate::web::WebState,
+}
+
+/// Which API listener a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Main,
+    Direct,
+}
+
+impl Listener {
+    pub fn name(self) -> &'static str {
+        match self {
+            Listener::Main => "main",
+            Listener::Direct => "direct",
+        }
+    }
+}

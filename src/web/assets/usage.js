@@ -1,0 +1,345 @@
+// The usage-record page (direct listener, GET /). Vanilla JS, no inline script (strict CSP).
+// Everything that came from the server is put into the page with textContent, never as HTML.
+// The token lives only in the input and in the Authorization header of our own requests.
+"use strict";
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const BROWSER_TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
+  const PAGE_SIZE = 50;
+  const FIELDS = ["time", "request_id", "key_id", "listener", "endpoint", "model", "status", "stream",
+    "prompt_tokens", "completion_tokens", "total_tokens", "cost", "latency_ms", "ttft_ms", "upstream", "estimated"];
+
+  const state = { startMs: 0, endMs: 0, cursor: null, chart: null, shownRange: null };
+
+  function zone() {
+    return $("tz").value === "UTC" ? "UTC" : BROWSER_TZ;
+  }
+
+  // The zone's offset at an instant, as +hh:mm.
+  function offsetText(ms, tz) {
+    const parts = new Intl.DateTimeFormat("en-US", { timeZone: tz, timeZoneName: "longOffset" })
+      .formatToParts(new Date(ms));
+    const name = (parts.find((p) => p.type === "timeZoneName") || {}).value || "GMT";
+    const m = name.match(/GMT([+-]\d\d:\d\d)/);
+    return m ? m[1] : "+00:00";
+  }
+
+  // Wall-clock fields of an instant in a zone.
+  function wall(ms, tz) {
+    const f = new Intl.DateTimeFormat("en-CA", {
+      timeZone: tz, year: "numeric", month: "2-digit", day: "2-digit",
+      hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23",
+    });
+    const o = {};
+    for (const p of f.formatToParts(new Date(ms))) o[p.type] = p.value;
+    return o;
+  }
+
+  function inputValue(ms, tz) {
+    const w = wall(ms, tz);
+    return `${w.year}-${w.month}-${w.day}T${w.hour}:${w.minute}:${w.second}`;
+  }
+
+  // A datetime-local value read as wall-clock time in the zone → unix ms.
+  function parseInput(value, tz) {
+    if (!value) return NaN;
+    const v = value.length === 16 ? value + ":00" : value;
+    const asUtc = Date.parse(v + "Z");
+    if (Number.isNaN(asUtc)) return NaN;
+    // The zone's offset around that wall time; twice to settle across a DST change.
+    let ms = asUtc;
+    for (let i = 0; i < 2; i++) {
+      const off = offsetText(ms, tz);
+      const sign = off[0] === "-" ? -1 : 1;
+      const mins = sign * (parseInt(off.slice(1, 3), 10) * 60 + parseInt(off.slice(4, 6), 10));
+      ms = asUtc - mins * 60000;
+    }
+    return ms;
+  }
+
+  function showTime(ms) {
+    const tz = zone();
+    const w = wall(ms, tz);
+    return `${w.year}-${w.month}-${w.day} ${w.hour}:${w.minute}:${w.second}`;
+  }
+
+  function showZone() {
+    const tz = zone();
+    const label = `${tz} (UTC${offsetText(Date.now(), tz)})`;
+    $("tz-shown").textContent = label;
+    $("tz-browser").textContent = `This browser: ${BROWSER_TZ}`;
+  }
+
+  function setRange(startMs, endMs) {
+    state.startMs = startMs;
+    state.endMs = endMs;
+    $("from").value = inputValue(startMs, zone());
+    $("to").value = inputValue(endMs, zone());
+  }
+
+  function readRange() {
+    const s = parseInput($("from").value, zone());
+    const e = parseInput($("to").value, zone());
+    if (Number.isNaN(s) || Number.isNaN(e)) return "Enter both From and To.";
+    if (s >= e) return "From must be before To.";
+    state.startMs = s;
+    state.endMs = e;
+    return null;
+  }
+
+  function say(text, kind) {
+    const el = $("status");
+    el.textContent = text;
+    el.className = "status" + (kind ? " " + kind : "");
+  }
+
+  function qs(params) {
+    return Object.entries(params)
+      .filter(([, v]) => v !== null && v !== undefined)
+      .map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`)
+      .join("&");
+  }
+
+  function rangeParams() {
+    return {
+      start: new Date(state.startMs).toISOString(),
+      end: new Date(state.endMs).toISOString(),
+    };
+  }
+
+  // Our own API call with the token in the header. Resolves to the Response, or throws an Error
+  // whose message is meant for a person.
+  async function call(path, params) {
+    const token = $("token").value.trim();
+    let res;
+    try {
+      res = await fetch(`${path}?${qs(params)}`, {
+        headers: { Authorization: `Bearer ${token}` },
+        cache: "no-store",
+        credentials: "omit",
+        referrerPolicy: "no-referrer",
+      });
+    } catch (e) {
+      throw new Error(`The request failed before the gateway answered (${e.message}). Check the connection and try again.`);
+    }
+    if (res.ok) return res;
+    let detail = "";
+    try {
+      const body = await res.json();
+      detail = (body && body.error && body.error.message) || "";
+    } catch (_) { /* not JSON */ }
+    if (res.status === 401) throw new Error("This token was not accepted (401): it is unknown, disabled or expired.");
+    if (res.status === 403) throw new Error(`This token may not read usage (403). ${detail}`);
+    if (res.status === 429) {
+      const wait = res.headers.get("retry-after");
+      throw new Error(`Too many attempts (429). Try again${wait ? ` in ${wait} s` : " later"}. ${detail}`);
+    }
+    throw new Error(`The gateway answered ${res.status}: ${detail || res.statusText}`);
+  }
+
+  function fact(dl, name, value) {
+    const dt = document.createElement("dt");
+    dt.textContent = name;
+    const dd = document.createElement("dd");
+    dd.textContent = value;
+    dl.append(dt, dd);
+  }
+
+  const num = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
+  const credits = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US", { maximumFractionDigits: 6 }));
+
+  function renderKey(k) {
+    const dl = $("key-facts");
+    dl.replaceChildren();
+    fact(dl, "Key", k.id);
+    fact(dl, "Budget", k.budget === null ? "No budget (unlimited)" : credits(k.budget));
+    fact(dl, "Spent", credits(k.spend));
+    fact(dl, "Remaining", k.remaining === null ? "Unlimited" : credits(k.remaining));
+    fact(dl, "Requests per minute", k.rpm === null ? "No limit" : num(k.rpm));
+    fact(dl, "Tokens per minute", k.tpm === null ? "No limit" : num(k.tpm));
+    fact(dl, "Concurrent requests", k.max_concurrent === null ? "No limit" : num(k.max_concurrent));
+    fact(dl, "Expires", k.expires_at === null ? "Never" : showTime(Date.parse(k.expires_at)));
+    fact(dl, "Models", (k.models || []).join(", "));
+  }
+
+  function renderTotals(t) {
+    const dl = $("total-facts");
+    dl.replaceChildren();
+    fact(dl, "Requests", num(t.requests));
+    fact(dl, "Success rate", t.success_rate === null ? "—" : `${(t.success_rate * 100).toFixed(1)}% (${num(t.succeeded)} of ${num(t.requests)})`);
+    fact(dl, "Prompt tokens", num(t.prompt_tokens));
+    fact(dl, "Completion tokens", num(t.completion_tokens));
+    fact(dl, "Total tokens", num(t.total_tokens));
+    fact(dl, "Cost", credits(t.cost));
+    fact(dl, "Latency p50", t.latency_p50_ms === null ? "—" : `${num(t.latency_p50_ms)} ms`);
+    fact(dl, "Latency p95", t.latency_p95_ms === null ? "—" : `${num(t.latency_p95_ms)} ms`);
+  }
+
+  function renderChart(summary) {
+    const b = summary.buckets;
+    const xs = b.map((x) => x.start_ms / 1000);
+    const tokens = b.map((x) => x.total_tokens);
+    const cost = b.map((x) => x.cost);
+    $("chart-note").textContent = `${b.length} buckets of one ${summary.range.bucket === "15m" ? "quarter hour" : summary.range.bucket}, in ${summary.range.tz}.`;
+    if (state.chart) { state.chart.destroy(); state.chart = null; }
+    const box = $("chart");
+    box.replaceChildren();
+    if (typeof uPlot !== "function") {
+      box.textContent = "The chart library did not load.";
+      return;
+    }
+    const tz = zone();
+    const width = Math.max(320, Math.min(box.clientWidth || 900, 1100));
+    state.chart = new uPlot({
+      width,
+      height: 260,
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), tz),
+      scales: { x: { time: true }, cost: { auto: true } },
+      series: [
+        {},
+        { label: "Tokens", stroke: "#2f6fdb", fill: "rgba(47,111,219,0.15)", width: 2 },
+        { label: "Cost", stroke: "#d9822b", width: 2, scale: "cost" },
+      ],
+      axes: [
+        {},
+        { label: "tokens", size: 70 },
+        { label: "cost", side: 1, scale: "cost", grid: { show: false }, size: 70 },
+      ],
+    }, [xs, tokens, cost], box);
+  }
+
+  function renderModels(models) {
+    const body = $("models").tBodies[0];
+    body.replaceChildren();
+    for (const m of models) {
+      const tr = body.insertRow();
+      const rate = m.requests ? `${((m.succeeded / m.requests) * 100).toFixed(1)}%` : "—";
+      for (const v of [m.model || "(none)", num(m.requests), rate, num(m.prompt_tokens), num(m.completion_tokens),
+        num(m.total_tokens), credits(m.cost), m.latency_p50_ms === null ? "—" : `${num(m.latency_p50_ms)} ms`]) {
+        tr.insertCell().textContent = v;
+      }
+    }
+  }
+
+  function appendRecords(rows) {
+    const body = $("records").tBodies[0];
+    for (const r of rows) {
+      const tr = body.insertRow();
+      for (const f of FIELDS) {
+        let v = r[f];
+        if (f === "time") v = showTime(Date.parse(v));
+        else if (v === null || v === undefined) v = "—";
+        else if (typeof v === "boolean") v = v ? "yes" : "no";
+        const td = tr.insertCell();
+        td.textContent = String(v);
+        if (f === "status" && r.status >= 400) td.className = "bad";
+      }
+    }
+  }
+
+  async function loadRecords(first) {
+    const params = { ...rangeParams(), order: "desc", limit: PAGE_SIZE };
+    if (!first && state.cursor) params.cursor = state.cursor;
+    const res = await call("/api/usage", params);
+    const page = await res.json();
+    if (first) $("records").tBodies[0].replaceChildren();
+    appendRecords(page.data);
+    state.cursor = page.has_more ? page.next_cursor : null;
+    $("more").hidden = !page.has_more;
+    const shown = $("records").tBodies[0].rows.length;
+    $("records-note").textContent = page.has_more
+      ? `Showing the newest ${num(shown)} records; more follow.`
+      : `All ${num(shown)} records of the range are shown.`;
+  }
+
+  async function query(ev) {
+    if (ev) ev.preventDefault();
+    if (!$("token").value.trim()) { say("Enter a token first.", "error"); $("token").focus(); return; }
+    const bad = readRange();
+    if (bad) { say(bad, "error"); return; }
+    say("Loading…");
+    $("query").disabled = true;
+    try {
+      const res = await call("/api/usage/summary", { ...rangeParams(), tz: zone() });
+      const summary = await res.json();
+      $("results").hidden = false;
+      renderKey(summary.key);
+      const from = showTime(state.startMs), to = showTime(state.endMs);
+      state.shownRange = `${from} – ${to} (${zone()})`;
+      if (summary.totals.requests === 0) {
+        $("filled").hidden = true;
+        $("empty").hidden = false;
+        $("empty").textContent = `No usage records between ${from} and ${to} (${zone()}).`;
+        say(`No records in the range.`);
+        return;
+      }
+      $("empty").hidden = true;
+      $("filled").hidden = false;
+      renderTotals(summary.totals);
+      renderModels(summary.models);
+      renderChart(summary);
+      await loadRecords(true);
+      say(`Usage from ${state.shownRange}.`, "ok");
+    } catch (e) {
+      $("results").hidden = true;
+      say(e.message, "error");
+    } finally {
+      $("query").disabled = false;
+    }
+  }
+
+  async function more() {
+    $("more").disabled = true;
+    try { await loadRecords(false); } catch (e) { say(e.message, "error"); } finally { $("more").disabled = false; }
+  }
+
+  async function exportCsv() {
+    if (!$("token").value.trim()) { say("Enter a token first.", "error"); $("token").focus(); return; }
+    const bad = readRange();
+    if (bad) { say(bad, "error"); return; }
+    say("Preparing the CSV…");
+    try {
+      const res = await call("/api/usage.csv", rangeParams());
+      const blob = await res.blob();
+      const cd = res.headers.get("content-disposition") || "";
+      const m = cd.match(/filename="([^"]+)"/);
+      const name = m ? m[1] : "usage.csv";
+      const url = URL.createObjectURL(blob);
+      const a = document.createElement("a");
+      a.href = url;
+      a.download = name;
+      document.body.append(a);
+      a.click();
+      a.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60000);
+      say(`Exported ${name} (${num(blob.size)} bytes).`, "ok");
+    } catch (e) {
+      say(e.message, "error");
+    }
+  }
+
+  function switchZone() {
+    // Keep the same instants; show them in the new zone.
+    const bad = readRange();
+    showZone();
+    if (!bad) setRange(state.startMs, state.endMs);
+    if (!$("results").hidden) query();
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    showZone();
+    const now = Date.now();
+    setRange(now - 86400000, now + 60000);
+    $("query-form").addEventListener("submit", query);
+    $("export").addEventListener("click", exportCsv);
+    $("more").addEventListener("click", more);
+    $("tz").addEventListener("change", switchZone);
+    for (const b of document.querySelectorAll("[data-range]")) {
+      b.addEventListener("click", () => {
+        const t = Date.now();
+        setRange(t - Number(b.dataset.range) * 1000, t + 60000);
+        if ($("token").value.trim()) query();
+      });
+    }
+  });
+})();

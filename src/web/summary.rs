@@ -1,0 +1,469 @@
+//! Web stage, `GET /api/usage/summary`: a key's totals, time buckets and per-model breakdown
+//! for a range, plus what it may spend. Built from the store's 15-minute rollups (never a scan
+//! of raw rows); buckets are local hours or days in the asked time zone, so a day in
+//! Asia/Kolkata (+05:30) is exactly the records of that local day.
+
+use std::collections::HashMap;
+
+use jiff::tz::TimeZone;
+use jiff::{Timestamp, ToSpan, Zoned};
+use pingora_proxy::Session;
+use serde_json::{Value, json};
+
+use super::{Exchange, blocking, fail, params, store_failed};
+use crate::config::keys::Key;
+use crate::error::GatewayError;
+use crate::state::Shared;
+use crate::store::rollup::{self, Rollup, RollupQuery, Sums};
+
+const DAY_MS: i64 = 24 * 3600 * 1000;
+/// More buckets than a chart can show; a finer bucket over a long range is refused.
+pub const MAX_BUCKETS: usize = 2_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bucket {
+    Quarter,
+    Hour,
+    Day,
+}
+
+impl Bucket {
+    pub fn name(self) -> &'static str {
+        match self {
+            Bucket::Quarter => "15m",
+            Bucket::Hour => "hour",
+            Bucket::Day => "day",
+        }
+    }
+
+    /// `auto` picks by the range's length: up to 6 h in quarters, up to 3 days in hours.
+    fn parse(v: &str, span_ms: i64) -> Result<Bucket, GatewayError> {
+        match v {
+            "15m" => Ok(Bucket::Quarter),
+            "hour" => Ok(Bucket::Hour),
+            "day" => Ok(Bucket::Day),
+            "auto" | "" if span_ms <= 6 * 3600 * 1000 => Ok(Bucket::Quarter),
+            "auto" | "" if span_ms <= 3 * DAY_MS => Ok(Bucket::Hour),
+            "auto" | "" => Ok(Bucket::Day),
+            _ => Err(GatewayError::InvalidParameter {
+                param: "bucket",
+                message: format!("bucket is auto, 15m, hour or day, not '{v}'"),
+            }),
+        }
+    }
+}
+
+/// The range of a summary, parsed from `start`, `end`, `tz`, `bucket` (and `model`).
+#[derive(Debug, Clone)]
+pub struct Range {
+    pub start_ms: i64,
+    pub end_ms: i64,
+    pub tz: TimeZone,
+    pub tz_name: String,
+    pub bucket: Bucket,
+    pub model: Option<String>,
+}
+
+pub fn parse_range(query: Option<&str>, now_ms: i64) -> Result<Range, GatewayError> {
+    let pairs = params::parse(query, &["start", "end", "tz", "bucket", "model"])?;
+    let get = |name: &str| {
+        pairs
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let tz_name = get("tz").unwrap_or("UTC").trim().to_string();
+    let tz = params::zone(&tz_name)?;
+    let tz_name = tz.iana_name().map_or(tz_name, str::to_string);
+    let end_ms = match get("end") {
+        Some(v) => params::time("end", v, &tz)?,
+        None => now_ms.saturating_add(1),
+    };
+    let start_ms = match get("start") {
+        Some(v) => params::time("start", v, &tz)?,
+        None => end_ms.saturating_sub(DAY_MS),
+    };
+    if start_ms > end_ms {
+        return Err(GatewayError::InvalidParameter {
+            param: "start",
+            message: "start is after end".into(),
+        });
+    }
+    let bucket = Bucket::parse(get("bucket").unwrap_or("auto"), end_ms - start_ms)?;
+    Ok(Range {
+        start_ms,
+        end_ms,
+        tz,
+        tz_name,
+        bucket,
+        model: get("model").map(str::to_string),
+    })
+}
+
+fn zoned(ms: i64, tz: &TimeZone) -> Result<Zoned, GatewayError> {
+    Timestamp::from_millisecond(ms)
+        .map(|t| t.to_zoned(tz.clone()))
+        .map_err(|_| GatewayError::InvalidParameter {
+            param: "start",
+            message: "the range is outside the supported years".into(),
+        })
+}
+
+/// The starts (unix ms) of the local buckets that cover `[start, end)`: the first one at or
+/// before `start`. Days follow the zone's calendar (23 or 25 hours across a DST change).
+pub fn bucket_starts(r: &Range) -> Result<Vec<i64>, GatewayError> {
+    let too_many = || GatewayError::InvalidParameter {
+        param: "bucket",
+        message: format!(
+            "the range holds more than {MAX_BUCKETS} {} buckets; choose a larger bucket",
+            r.bucket.name()
+        ),
+    };
+    let mut starts = Vec::new();
+    let z = zoned(r.start_ms, &r.tz)?;
+    let mut at = match r.bucket {
+        Bucket::Quarter => zoned(rollup::bucket_of(r.start_ms), &r.tz)?,
+        Bucket::Hour => z
+            .with()
+            .minute(0)
+            .second(0)
+            .subsec_nanosecond(0)
+            .build()
+            .map_err(|_| too_many())?,
+        Bucket::Day => z.start_of_day().map_err(|_| too_many())?,
+    };
+    loop {
+        let ms = at.timestamp().as_millisecond();
+        if ms >= r.end_ms && !starts.is_empty() {
+            return Ok(starts);
+        }
+        if starts.len() == MAX_BUCKETS {
+            return Err(too_many());
+        }
+        starts.push(ms);
+        at = match r.bucket {
+            Bucket::Quarter => at.checked_add(15.minutes()),
+            Bucket::Hour => at.checked_add(1.hour()),
+            Bucket::Day => at.tomorrow().and_then(|d| d.start_of_day()),
+        }
+        .map_err(|_| too_many())?;
+    }
+}
+
+fn ok(status: u16) -> bool {
+    (200..300).contains(&status)
+}
+
+/// Cost sums of many f64 additions, shown without float noise.
+fn credits(c: f64) -> f64 {
+    (c * 1e9).round() / 1e9
+}
+
+fn sums_json(s: &Sums, succeeded: u64) -> Value {
+    json!({
+        "requests": s.requests,
+        "succeeded": succeeded,
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "total_tokens": s.total_tokens,
+        "cost": credits(s.cost),
+    })
+}
+
+/// Totals, buckets, per-model and per-status breakdowns of a rollup, as the API's JSON.
+pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
+    let starts = bucket_starts(r)?;
+    let mut buckets = vec![(Sums::default(), 0u64); starts.len()];
+    let mut total = Sums::default();
+    let mut succeeded = 0;
+    let mut models: HashMap<&str, (Sums, u64)> = HashMap::new();
+    let mut statuses: HashMap<u16, u64> = HashMap::new();
+    for row in &rollup.rows {
+        let good = if ok(row.status) { row.sums.requests } else { 0 };
+        let i = starts
+            .partition_point(|s| *s <= row.bucket_ms.max(r.start_ms))
+            .saturating_sub(1);
+        if let Some(b) = buckets.get_mut(i) {
+            b.0.add(&row.sums);
+            b.1 += good;
+        }
+        total.add(&row.sums);
+        succeeded += good;
+        let m = models.entry(row.model.as_str()).or_default();
+        m.0.add(&row.sums);
+        m.1 += good;
+        *statuses.entry(row.status).or_default() += row.sums.requests;
+    }
+    let all_bins: Vec<(u32, u64)> = rollup.latency.values().flatten().copied().collect();
+    let mut totals = sums_json(&total, succeeded);
+    totals["failed"] = json!(total.requests - succeeded);
+    totals["success_rate"] =
+        json!((total.requests > 0).then(|| succeeded as f64 / total.requests as f64));
+    totals["latency_avg_ms"] =
+        json!((total.requests > 0).then(|| total.latency_ms / total.requests));
+    totals["latency_p50_ms"] = json!(rollup::percentile(&all_bins, 0.50));
+    totals["latency_p95_ms"] = json!(rollup::percentile(&all_bins, 0.95));
+    totals["estimated"] = json!(total.estimated);
+    let buckets: Vec<Value> = starts
+        .iter()
+        .zip(&buckets)
+        .map(|(start, (s, good))| {
+            let mut v = sums_json(s, *good);
+            v["start_ms"] = json!(start);
+            v["start"] = json!(local_time(*start, &r.tz));
+            v
+        })
+        .collect();
+    let mut by_model: Vec<(&str, (Sums, u64))> = models.into_iter().collect();
+    by_model.sort_by(|a, b| {
+        b.1.0
+            .cost
+            .total_cmp(&a.1.0.cost)
+            .then(b.1.0.requests.cmp(&a.1.0.requests))
+            .then(a.0.cmp(b.0))
+    });
+    let models: Vec<Value> = by_model
+        .iter()
+        .map(|(model, (s, good))| {
+            let mut v = sums_json(s, *good);
+            v["model"] = json!(model);
+            v["latency_p50_ms"] = json!(
+                rollup
+                    .latency
+                    .get(*model)
+                    .and_then(|b| rollup::percentile(b, 0.5))
+            );
+            v
+        })
+        .collect();
+    let mut statuses: Vec<(u16, u64)> = statuses.into_iter().collect();
+    statuses.sort_unstable();
+    let statuses: Vec<Value> = statuses
+        .into_iter()
+        .map(|(status, requests)| json!({"status": status, "requests": requests}))
+        .collect();
+    Ok(json!({
+        "object": "usage.summary",
+        "range": {
+            "start": local_time(r.start_ms, &r.tz),
+            "end": local_time(r.end_ms, &r.tz),
+            "start_ms": r.start_ms,
+            "end_ms": r.end_ms,
+            "tz": r.tz_name,
+            "bucket": r.bucket.name(),
+        },
+        "totals": totals,
+        "buckets": buckets,
+        "models": models,
+        "statuses": statuses,
+    }))
+}
+
+/// RFC 3339 with the zone's offset at that instant, e.g. `2026-11-22T00:00:00+05:30`.
+pub fn local_time(ms: i64, tz: &TimeZone) -> String {
+    match Timestamp::from_millisecond(ms) {
+        Ok(t) => {
+            let z = t.to_zoned(tz.clone());
+            z.strftime("%Y-%m-%dT%H:%M:%S%:z").to_string()
+        }
+        Err(_) => String::new(),
+    }
+}
+
+/// What the key may spend and use: budget, spend, remaining, limits, expiry.
+pub fn key_json(key: &Key, spend: f64) -> Value {
+    json!({
+        "id": key.id,
+        "budget": key.budget,
+        "spend": credits(spend),
+        "remaining": key.budget.map(|b| credits((b - spend).max(0.0))),
+        "rpm": key.rpm,
+        "tpm": key.tpm,
+        "max_concurrent": key.max_concurrent,
+        "expires_at": key.expires_at.map(|s| local_time(s.saturating_mul(1000), &TimeZone::UTC)),
+        "disabled": key.disabled,
+        "models": key.model_patterns,
+    })
+}
+
+pub async fn answer(
+    shared: &Shared,
+    session: &mut Session,
+    ex: &mut Exchange,
+    key: &Key,
+) -> pingora_error::Result<()> {
+    let range = match parse_range(session.req_header().uri.query(), super::now_ms()) {
+        Ok(r) => r,
+        Err(e) => return fail(session, ex, &e).await,
+    };
+    // Refuse a bucket count the chart cannot take before reading anything.
+    if let Err(e) = bucket_starts(&range) {
+        return fail(session, ex, &e).await;
+    }
+    let q = RollupQuery {
+        key_id: Some(key.id.clone()),
+        start_ms: range.start_ms,
+        end_ms: range.end_ms,
+        model: range.model.clone(),
+    };
+    let store = shared.store.clone();
+    let rollup = match blocking(move || store.rollup(&q)).await {
+        Ok(r) => r,
+        Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
+    };
+    let mut body = match compute(&rollup, &range) {
+        Ok(b) => b,
+        Err(e) => return fail(session, ex, &e).await,
+    };
+    body["key"] = key_json(key, shared.spend.get(&key.id));
+    super::json(session, ex, &body).await
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::store::record::UsageRecord;
+    use crate::store::{Store, StoreOptions};
+
+    const MIDNIGHT_IST: i64 = 1_795_305_600_000 - 19_800_000; // 2026-11-22T00:00+05:30
+
+    fn rec(time_ms: i64, model: &str, status: u16, tokens: u64, latency_ms: u64) -> UsageRecord {
+        UsageRecord {
+            time_ms,
+            request_id: format!("req_{time_ms}"),
+            key_id: "k".into(),
+            listener: "direct".into(),
+            endpoint: "chat".into(),
+            model: model.into(),
+            status,
+            stream: false,
+            prompt_tokens: tokens,
+            completion_tokens: tokens,
+            total_tokens: 2 * tokens,
+            cost: 0.5,
+            latency_ms,
+            ttft_ms: None,
+            upstream: String::new(),
+            estimated: false,
+        }
+    }
+
+    /// Records a minute either side of local midnights in IST: each local day adds up to exactly
+    /// its own records, and the totals to all of them.
+    #[test]
+    fn an_ist_day_adds_up_to_its_own_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("u.db"), StoreOptions::default()).unwrap();
+        let min = 60_000;
+        let times = [
+            MIDNIGHT_IST - min,           // 21 Nov, 23:59 IST
+            MIDNIGHT_IST,                 // 22 Nov, 00:00 IST
+            MIDNIGHT_IST + 7 * 3_600_000, // 22 Nov
+            MIDNIGHT_IST + DAY_MS - 1,    // 22 Nov, 23:59:59.999 IST
+            MIDNIGHT_IST + DAY_MS,        // 23 Nov
+            MIDNIGHT_IST + DAY_MS + min,  // 23 Nov
+        ];
+        for (i, t) in times.iter().enumerate() {
+            let status = if i == 2 { 429 } else { 200 };
+            store.record(rec(*t, if i % 2 == 0 { "a" } else { "b" }, status, 10, 100));
+        }
+        assert!(store.flush(Duration::from_secs(10)));
+        let range = parse_range(
+            Some("start=2026-11-21&end=2026-11-24&tz=Asia/Kolkata&bucket=day"),
+            0,
+        )
+        .unwrap();
+        assert_eq!(range.start_ms, MIDNIGHT_IST - DAY_MS);
+        let q = RollupQuery {
+            key_id: Some("k".into()),
+            start_ms: range.start_ms,
+            end_ms: range.end_ms,
+            model: None,
+        };
+        let v = compute(&store.rollup(&q).unwrap(), &range).unwrap();
+        let days: Vec<(String, u64)> = v["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                (
+                    b["start"].as_str().unwrap().to_string(),
+                    b["requests"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            days,
+            vec![
+                ("2026-11-21T00:00:00+05:30".to_string(), 1),
+                ("2026-11-22T00:00:00+05:30".to_string(), 3),
+                ("2026-11-23T00:00:00+05:30".to_string(), 2),
+            ]
+        );
+        assert_eq!(v["totals"]["requests"], 6);
+        assert_eq!(v["totals"]["succeeded"], 5);
+        assert_eq!(v["totals"]["total_tokens"], 120);
+        assert_eq!(v["totals"]["cost"], 3.0);
+        let p50 = v["totals"]["latency_p50_ms"].as_u64().unwrap();
+        assert!(
+            (95..=105).contains(&p50),
+            "{p50}: within the histogram's 5%"
+        );
+        assert_eq!(v["range"]["tz"], "Asia/Kolkata");
+        let models = v["models"].as_array().unwrap();
+        assert_eq!(models.len(), 2);
+        assert_eq!(
+            models[0]["requests"].as_u64().unwrap() + models[1]["requests"].as_u64().unwrap(),
+            6
+        );
+        // The same range in UTC days splits the records differently.
+        let utc = parse_range(
+            Some(
+                "start=2026-11-21T00:00:00%2B05:30&end=2026-11-24T00:00:00+05:30&tz=UTC&bucket=day",
+            ),
+            0,
+        )
+        .unwrap();
+        assert_eq!((utc.start_ms, utc.end_ms), (range.start_ms, range.end_ms));
+        let v = compute(&store.rollup(&q).unwrap(), &utc).unwrap();
+        let per_day: Vec<u64> = v["buckets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["requests"].as_u64().unwrap())
+            .collect();
+        assert_eq!(per_day.iter().sum::<u64>(), 6);
+        assert_eq!(v["buckets"][0]["start"], "2026-11-20T00:00:00+00:00");
+    }
+
+    #[test]
+    fn buckets_follow_the_zone_and_are_bounded() {
+        let r = parse_range(
+            Some("start=2026-03-07&end=2026-03-10&tz=America/New_York&bucket=day"),
+            0,
+        )
+        .unwrap();
+        let starts = bucket_starts(&r).unwrap();
+        assert_eq!(starts.len(), 3);
+        // 8 March 2026 is 23 hours long in New York (DST starts).
+        assert_eq!(starts[2] - starts[1], 23 * 3_600_000);
+        let r = parse_range(Some("start=2026-01-01&end=2026-11-01&bucket=15m"), 0).unwrap();
+        assert_eq!(bucket_starts(&r).unwrap_err().status(), 400);
+        let r = parse_range(
+            Some("start=2026-11-22T10:07:00Z&end=2026-11-22T11:00:00Z"),
+            0,
+        )
+        .unwrap();
+        assert_eq!(r.bucket, Bucket::Quarter);
+        let starts = bucket_starts(&r).unwrap();
+        assert_eq!(
+            starts[0], 1_795_341_600_000,
+            "10:00Z, the quarter holding the start"
+        );
+        assert_eq!(starts.len(), 4);
+        assert!(parse_range(Some("bucket=week"), 0).is_err());
+    }
+}
