@@ -2,7 +2,8 @@
 # Installs what a fresh Debian machine lacks to build (and, with --test, to test) modelgate.
 # Idempotent: does nothing that is already done.
 #   scripts/install-deps.sh          cmake (pingora's zlib-ng build needs it)
-#   scripts/install-deps.sh --test   also .venv with tests/sdk/requirements.txt
+#   scripts/install-deps.sh --test   also Debian's chromium (browser tests) and .venv with
+#                                    tests/sdk/requirements.txt
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,7 +11,7 @@ WITH_TEST=0
 for arg in "$@"; do
   case "$arg" in
     --test) WITH_TEST=1 ;;
-    -h|--help) sed -n '2,5p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
     *) echo "install-deps: unknown option: $arg" >&2; exit 2 ;;
   esac
 done
@@ -30,6 +31,12 @@ if ! command -v cmake >/dev/null 2>&1; then
   echo "install-deps: installing cmake" >&2
   as_root apt-get update
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends cmake
+fi
+
+if [ "$WITH_TEST" -eq 1 ] && ! command -v chromium >/dev/null 2>&1; then
+  echo "install-deps: installing chromium (headless, for the page tests)" >&2
+  as_root apt-get update
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
 fi
 
 if [ "$WITH_TEST" -eq 1 ]; then

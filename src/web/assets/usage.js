@@ -9,10 +9,11 @@
   const FIELDS = ["time", "request_id", "key_id", "listener", "endpoint", "model", "status", "stream",
     "prompt_tokens", "completion_tokens", "total_tokens", "cost", "latency_ms", "ttft_ms", "upstream", "estimated"];
 
-  const state = { startMs: 0, endMs: 0, cursor: null, chart: null, shownRange: null };
+  // tz: the zone the From/To inputs and every time on the page are in.
+  const state = { startMs: 0, endMs: 0, cursor: null, chart: null, shownRange: null, tz: BROWSER_TZ };
 
   function zone() {
-    return $("tz").value === "UTC" ? "UTC" : BROWSER_TZ;
+    return state.tz;
   }
 
   // The zone's offset at an instant, as +hh:mm.
@@ -138,11 +139,13 @@
   }
 
   function fact(dl, name, value) {
+    const pair = document.createElement("div");
     const dt = document.createElement("dt");
     dt.textContent = name;
     const dd = document.createElement("dd");
     dd.textContent = value;
-    dl.append(dt, dd);
+    pair.append(dt, dd);
+    dl.append(pair);
   }
 
   const num = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
@@ -189,7 +192,8 @@
       return;
     }
     const tz = zone();
-    const width = Math.max(320, Math.min(box.clientWidth || 900, 1100));
+    const panel = box.parentElement.getBoundingClientRect().width;
+    const width = Math.max(320, Math.floor(panel) - 40);
     state.chart = new uPlot({
       width,
       height: 260,
@@ -319,8 +323,9 @@
   }
 
   function switchZone() {
-    // Keep the same instants; show them in the new zone.
+    // Keep the same instants: read the inputs in the old zone, show them in the new one.
     const bad = readRange();
+    state.tz = $("tz").value === "UTC" ? "UTC" : BROWSER_TZ;
     showZone();
     if (!bad) setRange(state.startMs, state.endMs);
     if (!$("results").hidden) query();

@@ -1,0 +1,206 @@
+"""The gateway under test for the Python suites (official SDKs, browser): one real modelgate
+binary started from a temp config on free loopback ports, with its in-process mock upstream,
+the demo models and a keys file covering each kind of key the tests need."""
+
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# What the mock upstream says: its first 8 words, space-separated (see src/mock_upstream.rs).
+MOCK_REPLY = "Hello from the mock café naïve ✓ 日本語"
+MOCK_REPLY_TOKENS = 8
+
+# name -> upstream_model (None: sent upstream unchanged).
+MODELS = {
+    "echo-1": None,
+    "demo-large": "echo-1",
+    "text-embedding-demo": None,
+    "moderation-demo": None,
+    "image-demo": None,
+    "whisper-demo": None,
+    "tts-demo": None,
+}
+
+FULL_KEY = "sk-sdk-test-full-0000000000000000"
+ECHO_ONLY_KEY = "sk-sdk-test-echo-only-000000000000"
+MODELS_ONLY_KEY = "sk-sdk-test-models-only-0000000000"
+DISABLED_KEY = "sk-sdk-test-disabled-0000000000000"
+UNKNOWN_KEY = "sk-sdk-test-nobody-knows-this-key"
+RATE_KEY = "sk-sdk-test-rate-limited-00000000"
+PAGE_KEY = "sk-sdk-test-usage-page-0000000000"
+
+KEYS_TOML = f"""
+[[keys]]
+id = "full"
+secret = "{FULL_KEY}"
+
+[[keys]]
+id = "echo-only"
+secret = "{ECHO_ONLY_KEY}"
+models = ["echo-*"]
+
+[[keys]]
+id = "models-only"
+secret = "{MODELS_ONLY_KEY}"
+endpoints = ["models"]
+
+[[keys]]
+id = "disabled"
+secret = "{DISABLED_KEY}"
+disabled = true
+
+[[keys]]
+id = "rate-limited"
+secret = "{RATE_KEY}"
+rpm = 2
+
+[[keys]]
+id = "page"
+secret = "{PAGE_KEY}"
+budget = 50.0
+rpm = 600
+tpm = 100000
+"""
+
+STARTUP_DEADLINE_S = 30
+START_ATTEMPTS = 3
+
+
+# ---------------------------------------------------------------------------------------
+# The gateway process
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Gateway:
+    process: subprocess.Popen
+    ports: dict  # main, direct, admin, mock -> port
+    stderr_path: Path
+
+    def base_url(self, listener: str) -> str:
+        return f"http://127.0.0.1:{self.ports[listener]}/v1"
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")[-8000:]
+
+
+def free_ports(n: int) -> list:
+    """n distinct free loopback ports: bind port 0, read the port, close (all at the end)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def gateway_config(ports: dict) -> str:
+    models = "".join(
+        f'\n[[models]]\nname = "{name}"\npool = "local"\n'
+        + (f'upstream_model = "{upstream}"\n' if upstream else "")
+        for name, upstream in MODELS.items()
+    )
+    return f"""
+[listeners]
+main = "127.0.0.1:{ports['main']}"
+direct = "127.0.0.1:{ports['direct']}"
+admin = "127.0.0.1:{ports['admin']}"
+
+[keys]
+file = "keys.toml"
+
+[storage]
+sqlite = "usage.db"
+
+[demo]
+mock_upstream = "127.0.0.1:{ports['mock']}"
+
+[[pools]]
+name = "local"
+upstreams = ["http://127.0.0.1:{ports['mock']}"]
+{models}"""
+
+
+def http_get(url: str):
+    """(status, headers) of a GET, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status, response.headers
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers
+    except OSError:
+        return None
+
+
+def is_ready(ports: dict) -> bool:
+    """/healthz says 200, the mock answers, and `main` and `direct` answer a keyless request
+    as the gateway does (401 with an x-request-id), not as some other process on the port."""
+    health = http_get(f"http://127.0.0.1:{ports['admin']}/healthz")
+    mock = http_get(f"http://127.0.0.1:{ports['mock']}/v1/models")
+    if not (health and health[0] == 200 and mock and mock[0] == 200):
+        return False
+    for listener in ("main", "direct"):
+        answer = http_get(f"http://127.0.0.1:{ports[listener]}/v1/models")
+        if not (answer and answer[0] == 401 and answer[1].get("x-request-id")):
+            return False
+    return True
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM (graceful shutdown), then SIGKILL if it takes too long."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
+
+
+def start_gateway(binary: Path, workdir: Path):
+    """Starts the gateway on fresh free ports and waits until it is ready.
+    Returns (gateway, None), or (gateway, why) with the process stopped if startup failed,
+    for example because another process took one of the ports in the meantime."""
+    ports = dict(zip(["main", "direct", "admin", "mock"], free_ports(4)))
+    config = workdir / "modelgate.toml"
+    config.write_text(gateway_config(ports))
+    (workdir / "keys.toml").write_text(KEYS_TOML)
+    stderr_path = workdir / "gateway.stderr"
+    with open(stderr_path, "wb") as stderr, open(workdir / "gateway.stdout", "wb") as stdout:
+        process = subprocess.Popen(
+            [str(binary), "serve", "--config", str(config)],
+            cwd=workdir,
+            stdout=stdout,
+            stderr=stderr,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
+        )
+    gateway = Gateway(process, ports, stderr_path)
+    deadline = time.monotonic() + STARTUP_DEADLINE_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return gateway, f"exited with code {process.returncode}"
+        if is_ready(ports):
+            return gateway, None
+        # Pingora keeps retrying a port that is taken instead of exiting: give up at once.
+        if "is in use" in gateway.stderr():
+            stop(process)
+            return gateway, "a port was in use"
+        time.sleep(0.1)
+    stop(process)
+    return gateway, f"not ready within {STARTUP_DEADLINE_S} s"
