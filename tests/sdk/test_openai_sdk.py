@@ -283,3 +283,19 @@ def test_the_gateway_error_body_is_openai_shaped_json(client):
     body = json.loads(caught.value.response.text)
     assert set(body) == {"error"}
     assert set(body["error"]) >= {"message", "type", "param", "code"}
+
+
+def test_billing_endpoints_answer_through_the_sdks_raw_client(client_for):
+    """Chat front-ends read the balance with the SDK's generic GET; it must parse unchanged."""
+    client = client_for(PAGE_KEY)
+    sub = client.get("/dashboard/billing/subscription", cast_to=object)
+    assert sub["object"] == "billing_subscription"
+    assert sub["hard_limit_usd"] == 50.0
+    usage = client.get("/dashboard/billing/usage", cast_to=object,
+                       options={"params": {"start_date": "2026-01-01", "end_date": "2026-02-01"}})
+    assert usage["object"] == "list" and usage["total_usage"] == 0
+    assert len(usage["daily_costs"]) == 31
+    with pytest.raises(openai.BadRequestError) as e:
+        client.get("/dashboard/billing/usage", cast_to=object,
+                   options={"params": {"start_date": "2026-01-01", "end_date": "2026-12-31"}})
+    assert_gateway_error(e.value, 400, "invalid_parameter", "start_date")
