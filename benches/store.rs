@@ -1,6 +1,6 @@
 //! Usage store benches (plain `main`, figures printed): writer throughput (200,000 records
 //! recorded then flushed) and CSV export of 1,000,000 rows with resident memory sampled to show
-//! it stays flat. Run: `cargo bench --bench store`.
+//! it stays flat. Run: `cargo bench --bench store` (under `cargo test`, a run 100 times smaller).
 
 use std::time::{Duration, Instant};
 
@@ -161,10 +161,16 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let wants = |name: &str| filter.is_empty() || filter.iter().any(|f| name.contains(f.as_str()));
+    // Under `cargo test` (no `--bench`) a small smoke run, so the test suite stays quick.
+    let scale = if std::env::args().any(|a| a == "--bench") {
+        1
+    } else {
+        100
+    };
     if wants("writer") {
-        writer_throughput(200_000);
+        writer_throughput(200_000 / scale);
     }
     if wants("export") {
-        export(1_000_000);
+        export(1_000_000 / scale);
     }
 }
