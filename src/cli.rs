@@ -5,7 +5,6 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use base64::Engine;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
@@ -215,11 +214,7 @@ fn check(path: &Path) -> ExitCode {
 
 /// `sk-` + 48 url-safe characters (36 random bytes), and the entry to paste.
 pub fn new_key(id: &str) -> String {
-    let bytes: [u8; 36] = rand::random();
-    let secret = format!(
-        "sk-{}",
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-    );
+    let secret = crate::config::keys::new_secret();
     format!(
         "{secret}\n\n[[keys]]\nid = \"{id}\"\nsecret_sha256 = \"{}\"\n",
         hex::encode(sha256(secret.as_bytes()))

@@ -37,6 +37,9 @@ pub struct Key {
     pub disabled: bool,
     /// Unix seconds.
     pub expires_at: Option<i64>,
+    /// The start and last 4 characters of the secret, for people to tell keys apart; None when
+    /// only its SHA-256 is known.
+    pub hint: Option<String>,
 }
 
 impl Key {
@@ -217,6 +220,10 @@ impl KeyTable {
                     ));
                 }
             }
+            let hint = match &rk.secret {
+                Some(s) => Some(secret_hint(s.get_ref())),
+                None => rk.secret_hint.clone(),
+            };
             if let Some(sha256) = sha256 {
                 let key = Key {
                     id,
@@ -230,6 +237,7 @@ impl KeyTable {
                     budget: rk.budget.map(Spanned::into_inner),
                     disabled: rk.disabled,
                     expires_at,
+                    hint,
                 };
                 if by_hash.insert(sha256, Arc::new(key)).is_some() {
                     p.push(Problem::new(
@@ -243,6 +251,27 @@ impl KeyTable {
         }
         p.into_result(KeyTable { by_hash })
     }
+}
+
+/// A fresh key: `sk-` + 48 url-safe characters (36 random bytes).
+pub fn new_secret() -> String {
+    use base64::Engine;
+    let bytes: [u8; 36] = rand::random();
+    format!(
+        "sk-{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+/// `sk-AbCd…wxyz`: enough to tell keys apart, far too little to guess one.
+pub fn secret_hint(secret: &str) -> String {
+    let chars: Vec<char> = secret.chars().collect();
+    if chars.len() < 12 {
+        return "…".into();
+    }
+    let head: String = chars[..7].iter().collect();
+    let tail: String = chars[chars.len() - 4..].iter().collect();
+    format!("{head}…{tail}")
 }
 
 pub fn sha256(bytes: &[u8]) -> [u8; 32] {
@@ -274,6 +303,8 @@ struct RawKey {
     id: Spanned<String>,
     secret: Option<Spanned<String>>,
     secret_sha256: Option<Spanned<String>>,
+    /// What the console shows of a secret it created: `sk-AbCd…wxyz`.
+    secret_hint: Option<String>,
     models: Option<Vec<Spanned<String>>>,
     endpoints: Option<Vec<Spanned<String>>>,
     rpm: Option<u32>,

@@ -3,6 +3,7 @@
 //! stops at the first one. Relative paths resolve against the config file's folder.
 
 pub mod keys;
+pub mod keys_file;
 pub mod live;
 mod problem;
 pub mod reload;

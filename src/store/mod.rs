@@ -2,6 +2,7 @@
 //! one writer thread (bounded channel, then an in-memory overflow queue) that commits batches
 //! to SQLite; queries and CSV exports read through their own read-only connections.
 
+pub mod console;
 pub mod record;
 pub mod rollup;
 
@@ -101,6 +102,8 @@ pub struct Store {
     /// so nothing can be queued behind it.
     in_flight: AtomicUsize,
     readers: Mutex<Vec<Connection>>,
+    /// The console's sessions and audit log, in the same file.
+    pub console: console::ConsoleDb,
 }
 
 impl Store {
@@ -108,6 +111,7 @@ impl Store {
     /// 5 s), creates the schema, starts the writer thread.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Arc<Store>, String> {
         let conn = sqlite::open_writer(path)?;
+        let console = console::ConsoleDb::open(path)?;
         let (tx, rx) = mpsc::sync_channel(opts.channel_capacity.max(1));
         let shared = Arc::new(Shared::default());
         let cfg = WriterConfig {
@@ -129,6 +133,7 @@ impl Store {
             closed: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             readers: Mutex::new(Vec::new()),
+            console,
         }))
     }
 
@@ -192,6 +197,11 @@ impl Store {
     /// key_id → total spend, from the spend table (for loading at start).
     pub fn spend_totals(&self) -> Result<HashMap<String, f64>, StoreError> {
         self.with_reader(|c| sqlite::spend_totals(c).map_err(StoreError))
+    }
+
+    /// key_id → unix ms of its last committed request (for loading at start).
+    pub fn last_used(&self) -> Result<HashMap<String, i64>, StoreError> {
+        self.with_reader(|c| sqlite::last_used(c).map_err(StoreError))
     }
 
     /// Drains the channel and the overflow queue, commits, stops and joins the writer.

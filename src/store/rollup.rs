@@ -293,6 +293,23 @@ pub(super) fn read(conn: &Connection, q: &RollupQuery) -> Result<Rollup, StoreEr
     Ok(out)
 }
 
+/// Runs `sql` with `args` and hands each row to `f`.
+fn each_row(
+    conn: &Connection,
+    sql: &str,
+    args: &[Value],
+    mut f: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
+) -> Result<(), StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(StoreError::query)?;
+    let mut rows = stmt
+        .query(params_from_iter(args.iter()))
+        .map_err(StoreError::query)?;
+    while let Some(r) = rows.next().map_err(StoreError::query)? {
+        f(r).map_err(StoreError::query)?;
+    }
+    Ok(())
+}
+
 fn whole_buckets(
     conn: &Connection,
     q: &RollupQuery,
@@ -307,28 +324,25 @@ fn whole_buckets(
          WHERE bucket_ms >= ?1 AND bucket_ms < ?2",
     );
     filters(q, &mut sql, &mut args);
-    let mut stmt = conn.prepare_cached(&sql).map_err(StoreError::query)?;
-    let mut rows = stmt
-        .query(params_from_iter(args.iter()))
-        .map_err(StoreError::query)?;
-    while let Some(r) = rows.next().map_err(StoreError::query)? {
+    each_row(conn, &sql, &args, |r| {
         let g = |i| r.get::<_, i64>(i).map(uint);
         out.rows.push(RollupRow {
-            bucket_ms: r.get(0).map_err(StoreError::query)?,
-            key_id: r.get(1).map_err(StoreError::query)?,
-            model: r.get(2).map_err(StoreError::query)?,
-            status: u16::try_from(r.get::<_, i64>(3).map_err(StoreError::query)?).unwrap_or(0),
+            bucket_ms: r.get(0)?,
+            key_id: r.get(1)?,
+            model: r.get(2)?,
+            status: u16::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
             sums: Sums {
-                requests: g(4).map_err(StoreError::query)?,
-                prompt_tokens: g(5).map_err(StoreError::query)?,
-                completion_tokens: g(6).map_err(StoreError::query)?,
-                total_tokens: g(7).map_err(StoreError::query)?,
-                cost: r.get(8).map_err(StoreError::query)?,
-                latency_ms: g(9).map_err(StoreError::query)?,
-                estimated: g(10).map_err(StoreError::query)?,
+                requests: g(4)?,
+                prompt_tokens: g(5)?,
+                completion_tokens: g(6)?,
+                total_tokens: g(7)?,
+                cost: r.get(8)?,
+                latency_ms: g(9)?,
+                estimated: g(10)?,
             },
         });
-    }
+        Ok(())
+    })?;
     let mut sql = String::from(
         "SELECT model, bin, SUM(requests) FROM usage_latency \
          WHERE bucket_ms >= ?1 AND bucket_ms < ?2",
@@ -336,17 +350,13 @@ fn whole_buckets(
     let mut args = vec![Value::Integer(from), Value::Integer(to)];
     filters(q, &mut sql, &mut args);
     sql.push_str(" GROUP BY model, bin");
-    let mut stmt = conn.prepare_cached(&sql).map_err(StoreError::query)?;
-    let mut rows = stmt
-        .query(params_from_iter(args.iter()))
-        .map_err(StoreError::query)?;
-    while let Some(r) = rows.next().map_err(StoreError::query)? {
-        let model: String = r.get(0).map_err(StoreError::query)?;
-        let bin = u32::try_from(r.get::<_, i64>(1).map_err(StoreError::query)?).unwrap_or(0);
-        let n = uint(r.get(2).map_err(StoreError::query)?);
+    each_row(conn, &sql, &args, |r| {
+        let model: String = r.get(0)?;
+        let bin = u32::try_from(r.get::<_, i64>(1)?).unwrap_or(0);
+        let n = uint(r.get(2)?);
         out.latency.entry(model).or_default().push((bin, n));
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Sums the raw rows of `[from, to)` (less than one bucket) into `out`.
@@ -361,16 +371,13 @@ fn raw_rows(
     let mut sql =
         format!("SELECT {SELECT_COLUMNS} FROM usage WHERE time_ms >= ?1 AND time_ms < ?2");
     filters(q, &mut sql, &mut args);
-    let mut stmt = conn.prepare_cached(&sql).map_err(StoreError::query)?;
-    let mut rows = stmt
-        .query(params_from_iter(args.iter()))
-        .map_err(StoreError::query)?;
     let mut records = Vec::new();
     let mut rec = blank_record();
-    while let Some(row) = rows.next().map_err(StoreError::query)? {
-        read_row(row, &mut rec).map_err(StoreError::query)?;
+    each_row(conn, &sql, &args, |row| {
+        read_row(row, &mut rec)?;
         records.push(rec.clone());
-    }
+        Ok(())
+    })?;
     let (sums, bins) = aggregate(&records);
     for ((bucket_ms, key, model, status), sums) in sums {
         out.rows.push(RollupRow {

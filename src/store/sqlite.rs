@@ -50,8 +50,9 @@ const INSERT: &str = "INSERT INTO usage (time_ms, request_id, key_id, listener, 
      upstream, estimated) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
      ?15, ?16)";
 
-const SPEND_UPSERT: &str = "INSERT INTO spend (key_id, spend) VALUES (?1, ?2) \
-     ON CONFLICT(key_id) DO UPDATE SET spend = spend + excluded.spend";
+const SPEND_UPSERT: &str = "INSERT INTO spend (key_id, spend, last_used_ms) VALUES (?1, ?2, ?3) \
+     ON CONFLICT(key_id) DO UPDATE SET spend = spend + excluded.spend, \
+     last_used_ms = MAX(last_used_ms, excluded.last_used_ms)";
 
 /// Small enough that one DELETE never holds the write lock long enough to stall a batch.
 pub(super) const RETENTION_CHUNK: usize = 5_000;
@@ -92,11 +93,28 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, String> {
         .map_err(|e| db_err("synchronous", e))?;
     conn.execute_batch(SCHEMA)
         .map_err(|e| db_err("creating schema", e))?;
+    add_last_used(&conn)?;
     conn.execute_batch(super::rollup::SCHEMA)
         .map_err(|e| db_err("creating the rollup schema", e))?;
     let mut conn = conn;
     super::rollup::backfill(&mut conn)?;
     Ok(conn)
+}
+
+/// `spend.last_used_ms` (when each key last made a request) came after the first release.
+fn add_last_used(conn: &Connection) -> Result<(), String> {
+    let has: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('spend') WHERE name = 'last_used_ms')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| db_err("reading the spend table", e))?;
+    if !has {
+        conn.execute_batch("ALTER TABLE spend ADD COLUMN last_used_ms INTEGER NOT NULL DEFAULT 0")
+            .map_err(|e| db_err("adding spend.last_used_ms", e))?;
+    }
+    Ok(())
 }
 
 /// A read-only connection for queries and exports; WAL lets it read while the writer commits.
@@ -120,7 +138,7 @@ fn int(v: u64) -> i64 {
 /// transaction, so neither ever disagrees with the rows that were committed.
 pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Result<(), String> {
     let tx = conn.transaction().map_err(|e| db_err("begin", e))?;
-    let mut spend: HashMap<&str, f64> = HashMap::new();
+    let mut spend: HashMap<&str, (f64, i64)> = HashMap::new();
     {
         let mut insert = tx
             .prepare_cached(INSERT)
@@ -146,14 +164,16 @@ pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Resu
                     r.estimated,
                 ])
                 .map_err(|e| db_err("insert", e))?;
-            *spend.entry(r.key_id.as_str()).or_insert(0.0) += r.cost;
+            let s = spend.entry(r.key_id.as_str()).or_insert((0.0, i64::MIN));
+            s.0 += r.cost;
+            s.1 = s.1.max(r.time_ms);
         }
         let mut upsert = tx
             .prepare_cached(SPEND_UPSERT)
             .map_err(|e| db_err("prepare spend", e))?;
-        for (key, cost) in spend {
+        for (key, (cost, last)) in spend {
             upsert
-                .execute(params![key, cost])
+                .execute(params![key, cost, last])
                 .map_err(|e| db_err("spend", e))?;
         }
     }
@@ -169,6 +189,18 @@ pub(super) fn delete_expired(conn: &Connection, cutoff_ms: i64) -> Result<usize,
         .map_err(|e| db_err("prepare retention", e))?;
     stmt.execute(params![cutoff_ms, RETENTION_CHUNK as i64])
         .map_err(|e| db_err("retention", e))
+}
+
+/// key_id → unix ms of its last request (as committed).
+pub(super) fn last_used(conn: &Connection) -> Result<HashMap<String, i64>, String> {
+    let mut stmt = conn
+        .prepare_cached("SELECT key_id, last_used_ms FROM spend")
+        .map_err(|e| db_err("prepare last used", e))?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))
+        .map_err(|e| db_err("last used", e))?;
+    rows.collect::<Result<HashMap<_, _>, _>>()
+        .map_err(|e| db_err("last used", e))
 }
 
 pub(super) fn spend_totals(conn: &Connection) -> Result<HashMap<String, f64>, String> {

@@ -8,11 +8,10 @@ use pingora_proxy::Session;
 use serde_json::json;
 
 use super::summary::{Bucket, Range, compute};
-use super::{Exchange, blocking, fail, params, store_failed};
+use super::{Exchange, fail, params, store_failed};
 use crate::config::keys::Key;
 use crate::error::GatewayError;
 use crate::state::Shared;
-use crate::store::rollup::RollupQuery;
 
 const UNLIMITED: f64 = 100_000_000.0;
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -54,18 +53,11 @@ pub async fn usage(
         Ok(r) => r,
         Err(e) => return fail(session, ex, &e).await,
     };
-    let q = RollupQuery {
-        key_id: Some(key.id.clone()),
-        start_ms: range.start_ms,
-        end_ms: range.end_ms,
-        model: None,
-    };
-    let store = shared.store.clone();
-    let rollup = match blocking(move || store.rollup(&q)).await {
+    let rollup = match super::summary::read(shared, Some(&key.id), &range).await {
         Ok(r) => r,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     };
-    // Per day and model: one summary per day would re-read; group the rows here instead.
+    // The day totals come from the summary; the per-model line items from the same rows.
     let summary = match compute(&rollup, &range) {
         Ok(s) => s,
         Err(e) => return fail(session, ex, &e).await,

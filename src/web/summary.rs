@@ -286,6 +286,22 @@ pub fn key_json(key: &Key, spend: f64) -> Value {
     })
 }
 
+/// The rollup of a range for one key (None: every key), read off the proxy's runtime.
+pub(super) async fn read(
+    shared: &Shared,
+    key_id: Option<&str>,
+    r: &Range,
+) -> Result<Rollup, crate::store::StoreError> {
+    let q = RollupQuery {
+        key_id: key_id.map(str::to_string),
+        start_ms: r.start_ms,
+        end_ms: r.end_ms,
+        model: r.model.clone(),
+    };
+    let store = shared.store.clone();
+    blocking(move || store.rollup(&q)).await
+}
+
 pub async fn answer(
     shared: &Shared,
     session: &mut Session,
@@ -300,14 +316,7 @@ pub async fn answer(
     if let Err(e) = bucket_starts(&range) {
         return fail(session, ex, &e).await;
     }
-    let q = RollupQuery {
-        key_id: Some(key.id.clone()),
-        start_ms: range.start_ms,
-        end_ms: range.end_ms,
-        model: range.model.clone(),
-    };
-    let store = shared.store.clone();
-    let rollup = match blocking(move || store.rollup(&q)).await {
+    let rollup = match read(shared, Some(&key.id), &range).await {
         Ok(r) => r,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     };
