@@ -20,6 +20,14 @@ pub enum GatewayError {
     },
     ModelNotFound(String),
     NotFound(String),
+    /// Console: wrong user or password.
+    BadCredentials,
+    /// Console: no live session.
+    NotSignedIn,
+    /// Console: a state-changing call without a same-origin `Origin` or the page's CSRF token.
+    CrossSite,
+    /// Console: the thing to create exists already (a key id).
+    Conflict(String),
     RequestTooLarge(usize),
     /// `retry_after`: whole seconds until a request would be admitted (the Retry-After header).
     RateLimited {
@@ -101,6 +109,28 @@ impl GatewayError {
                 None,
                 format!("Unknown path: {path}"),
             ),
+            E::BadCredentials => (
+                401,
+                "invalid_request_error",
+                "invalid_credentials",
+                None,
+                "Wrong user or password.".into(),
+            ),
+            E::NotSignedIn => (
+                401,
+                "invalid_request_error",
+                "not_signed_in",
+                None,
+                "Sign in to the console first.".into(),
+            ),
+            E::CrossSite => (
+                403,
+                "permission_error",
+                "csrf_rejected",
+                None,
+                "This change must come from the console page itself (same-origin Origin or its CSRF token).".into(),
+            ),
+            E::Conflict(m) => (409, "invalid_request_error", "conflict", None, m.clone()),
             E::RequestTooLarge(limit) => (
                 413,
                 "invalid_request_error",

@@ -365,6 +365,18 @@ impl Config {
                         None
                     }
                 });
+            if let Some(h) = &c.password_hash {
+                let argon2id = argon2::PasswordHash::new(h)
+                    .is_ok_and(|ph| ph.algorithm == argon2::Algorithm::Argon2id.ident());
+                if !argon2id {
+                    p.push(Problem::new(
+                        &file,
+                        None,
+                        "console.password_hash",
+                        "is not an argon2id hash: make one with `modelgate password-hash`",
+                    ));
+                }
+            }
             if c.password_hash.is_none() && password.is_none() {
                 p.push(Problem::new(
                     &file,

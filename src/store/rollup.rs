@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use rusqlite::types::Value;
-use rusqlite::{Connection, Transaction, params, params_from_iter};
+use rusqlite::{Connection, OptionalExtension, Transaction, params, params_from_iter};
 
 use super::StoreError;
 use super::record::UsageRecord;
@@ -17,6 +17,9 @@ use super::sqlite::{SELECT_COLUMNS, blank_record, read_row};
 
 pub const BUCKET_MS: i64 = 15 * 60 * 1000;
 
+/// `latency` is the rows' latency histogram: (bin u8, count u32 LE) pairs, bins ascending. Kept
+/// in the row, not a table of its own, so a 30-day summary reads one row per bucket × model ×
+/// status instead of one per latency bin too.
 pub(super) const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS usage_rollup (
     key_id TEXT NOT NULL,
@@ -30,45 +33,58 @@ CREATE TABLE IF NOT EXISTS usage_rollup (
     cost REAL NOT NULL,
     latency_ms INTEGER NOT NULL,
     estimated INTEGER NOT NULL,
+    latency BLOB NOT NULL,
     PRIMARY KEY (key_id, bucket_ms, model, status)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS usage_rollup_time ON usage_rollup (bucket_ms);
-CREATE TABLE IF NOT EXISTS usage_latency (
-    key_id TEXT NOT NULL,
-    bucket_ms INTEGER NOT NULL,
-    model TEXT NOT NULL,
-    bin INTEGER NOT NULL,
-    requests INTEGER NOT NULL,
-    PRIMARY KEY (key_id, bucket_ms, model, bin)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS usage_latency_time ON usage_latency (bucket_ms);
 ";
 
 const UPSERT_ROLLUP: &str = "INSERT INTO usage_rollup (key_id, bucket_ms, model, status, \
-     requests, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, estimated) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+     requests, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, estimated, \
+     latency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
      ON CONFLICT(key_id, bucket_ms, model, status) DO UPDATE SET \
      requests = requests + excluded.requests, \
      prompt_tokens = prompt_tokens + excluded.prompt_tokens, \
      completion_tokens = completion_tokens + excluded.completion_tokens, \
      total_tokens = total_tokens + excluded.total_tokens, cost = cost + excluded.cost, \
-     latency_ms = latency_ms + excluded.latency_ms, estimated = estimated + excluded.estimated";
+     latency_ms = latency_ms + excluded.latency_ms, estimated = estimated + excluded.estimated, \
+     latency = excluded.latency";
 
-const UPSERT_LATENCY: &str = "INSERT INTO usage_latency (key_id, bucket_ms, model, bin, \
-     requests) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT(key_id, bucket_ms, model, bin) \
-     DO UPDATE SET requests = requests + excluded.requests";
+const SELECT_LATENCY: &str = "SELECT latency FROM usage_rollup \
+     WHERE key_id = ?1 AND bucket_ms = ?2 AND model = ?3 AND status = ?4";
 
 pub fn bucket_of(ms: i64) -> i64 {
     ms.div_euclid(BUCKET_MS) * BUCKET_MS
 }
 
-/// Latency histogram bins grow by 10%: bin 0 is 0 ms, bin b ≥ 1 holds [1.1^(b-1), 1.1^b) ms.
-/// A percentile read back is within 5% of the true one (and exact below 10 ms).
+/// Latency histogram bins grow by 10%: bin 0 is 0 ms, bin b ≥ 1 holds [1.1^(b-1), 1.1^b) ms
+/// (the last, 255, everything from about 8 months up). A percentile read back is within 5% of
+/// the true one (and exact below 10 ms).
 pub fn latency_bin(ms: u64) -> u32 {
     if ms == 0 {
         return 0;
     }
-    ((ms as f64).ln() / 1.1f64.ln()).floor() as u32 + 1
+    (((ms as f64).ln() / 1.1f64.ln()).floor() as u32 + 1).min(255)
+}
+
+/// A latency histogram: bin → requests.
+pub type Hist = std::collections::BTreeMap<u32, u64>;
+
+fn encode(h: &Hist) -> Vec<u8> {
+    let mut out = Vec::with_capacity(h.len() * 5);
+    for (bin, n) in h {
+        out.push(u8::try_from(*bin).unwrap_or(u8::MAX));
+        out.extend_from_slice(&u32::try_from(*n).unwrap_or(u32::MAX).to_le_bytes());
+    }
+    out
+}
+
+/// Adds an encoded histogram into `h`; a malformed tail is ignored.
+fn add_encoded(h: &mut Hist, bytes: &[u8]) {
+    for pair in bytes.chunks_exact(5) {
+        let n = u32::from_le_bytes([pair[1], pair[2], pair[3], pair[4]]);
+        *h.entry(u32::from(pair[0])).or_default() += u64::from(n);
+    }
 }
 
 /// The value a bin stands for: its geometric middle, in whole milliseconds.
@@ -79,20 +95,18 @@ pub fn bin_value(bin: u32) -> u64 {
     1.1f64.powf(f64::from(bin) - 0.5).round() as u64
 }
 
-/// The nearest-rank percentile (`p` in 0..=1) of a histogram of (bin, count); None when empty.
-pub fn percentile(bins: &[(u32, u64)], p: f64) -> Option<u64> {
-    let mut sorted = bins.to_vec();
-    sorted.sort_unstable();
-    let n: u64 = sorted.iter().map(|b| b.1).sum();
+/// The nearest-rank percentile (`p` in 0..=1) of a histogram; None when empty.
+pub fn percentile(hist: &Hist, p: f64) -> Option<u64> {
+    let n: u64 = hist.values().sum();
     if n == 0 {
         return None;
     }
     let rank = ((p * n as f64).ceil() as u64).clamp(1, n);
     let mut seen = 0;
-    for (bin, count) in sorted {
+    for (bin, count) in hist {
         seen += count;
         if seen >= rank {
-            return Some(bin_value(bin));
+            return Some(bin_value(*bin));
         }
     }
     None
@@ -157,8 +171,8 @@ pub struct RollupQuery {
 pub struct Rollup {
     /// Ordered by bucket; the edge buckets hold only the part inside the range.
     pub rows: Vec<RollupRow>,
-    /// model → latency histogram (bin, requests) over the whole range.
-    pub latency: HashMap<String, Vec<(u32, u64)>>,
+    /// model → latency histogram over the whole range.
+    pub latency: HashMap<String, Hist>,
 }
 
 fn int(v: u64) -> i64 {
@@ -170,37 +184,44 @@ fn uint(v: i64) -> u64 {
 }
 
 type RowKey<'a> = (i64, &'a str, &'a str, u16);
-type BinKey<'a> = (i64, &'a str, &'a str, u32);
 
-/// Sums `records` per rollup row and per latency bin.
-fn aggregate(records: &[UsageRecord]) -> (HashMap<RowKey<'_>, Sums>, HashMap<BinKey<'_>, u64>) {
-    let mut rows: HashMap<RowKey<'_>, Sums> = HashMap::new();
-    let mut bins: HashMap<BinKey<'_>, u64> = HashMap::new();
+/// Sums `records` per rollup row, each with its latency histogram.
+fn aggregate(records: &[UsageRecord]) -> HashMap<RowKey<'_>, (Sums, Hist)> {
+    let mut rows: HashMap<RowKey<'_>, (Sums, Hist)> = HashMap::new();
     for r in records {
-        let b = bucket_of(r.time_ms);
-        rows.entry((b, &r.key_id, &r.model, r.status))
-            .or_default()
-            .add_record(r);
-        *bins
-            .entry((b, &r.key_id, &r.model, latency_bin(r.latency_ms)))
-            .or_default() += 1;
+        let row = rows
+            .entry((bucket_of(r.time_ms), &r.key_id, &r.model, r.status))
+            .or_default();
+        row.0.add_record(r);
+        *row.1.entry(latency_bin(r.latency_ms)).or_default() += 1;
     }
-    (rows, bins)
+    rows
 }
 
-/// Adds a batch to the rollups, inside the writer's transaction.
+/// Adds a batch to the rollups, inside the writer's transaction. A row's histogram is merged
+/// with the stored one here (the writer is the only one writing, so read-then-write holds).
 pub(super) fn add_batch(tx: &Transaction<'_>, batch: &[UsageRecord]) -> Result<(), String> {
     let err = |what: &str, e: rusqlite::Error| format!("usage store: rollup {what}: {e}");
-    let (rows, bins) = aggregate(batch);
+    let mut select = tx
+        .prepare_cached(SELECT_LATENCY)
+        .map_err(|e| err("prepare", e))?;
     let mut up = tx
         .prepare_cached(UPSERT_ROLLUP)
         .map_err(|e| err("prepare", e))?;
-    for ((bucket, key, model, status), s) in rows {
+    for ((bucket, key, model, status), (s, mut hist)) in aggregate(batch) {
+        let status = i64::from(status);
+        let stored: Option<Vec<u8>> = select
+            .query_row(params![key, bucket, model, status], |r| r.get(0))
+            .optional()
+            .map_err(|e| err("read", e))?;
+        if let Some(bytes) = stored {
+            add_encoded(&mut hist, &bytes);
+        }
         up.execute(params![
             key,
             bucket,
             model,
-            i64::from(status),
+            status,
             int(s.requests),
             int(s.prompt_tokens),
             int(s.completion_tokens),
@@ -208,15 +229,9 @@ pub(super) fn add_batch(tx: &Transaction<'_>, batch: &[UsageRecord]) -> Result<(
             s.cost,
             int(s.latency_ms),
             int(s.estimated),
+            encode(&hist),
         ])
         .map_err(|e| err("upsert", e))?;
-    }
-    let mut lat = tx
-        .prepare_cached(UPSERT_LATENCY)
-        .map_err(|e| err("prepare latency", e))?;
-    for ((bucket, key, model, bin), n) in bins {
-        lat.execute(params![key, bucket, model, i64::from(bin), int(n)])
-            .map_err(|e| err("latency", e))?;
     }
     Ok(())
 }
@@ -320,16 +335,19 @@ fn whole_buckets(
     let mut args = vec![Value::Integer(from), Value::Integer(to)];
     let mut sql = String::from(
         "SELECT bucket_ms, key_id, model, status, requests, prompt_tokens, completion_tokens, \
-         total_tokens, cost, latency_ms, estimated FROM usage_rollup \
+         total_tokens, cost, latency_ms, estimated, latency FROM usage_rollup \
          WHERE bucket_ms >= ?1 AND bucket_ms < ?2",
     );
     filters(q, &mut sql, &mut args);
     each_row(conn, &sql, &args, |r| {
         let g = |i| r.get::<_, i64>(i).map(uint);
+        let model: String = r.get(2)?;
+        let hist = out.latency.entry(model.clone()).or_default();
+        add_encoded(hist, r.get_ref(11)?.as_blob()?);
         out.rows.push(RollupRow {
             bucket_ms: r.get(0)?,
             key_id: r.get(1)?,
-            model: r.get(2)?,
+            model,
             status: u16::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
             sums: Sums {
                 requests: g(4)?,
@@ -341,20 +359,6 @@ fn whole_buckets(
                 estimated: g(10)?,
             },
         });
-        Ok(())
-    })?;
-    let mut sql = String::from(
-        "SELECT model, bin, SUM(requests) FROM usage_latency \
-         WHERE bucket_ms >= ?1 AND bucket_ms < ?2",
-    );
-    let mut args = vec![Value::Integer(from), Value::Integer(to)];
-    filters(q, &mut sql, &mut args);
-    sql.push_str(" GROUP BY model, bin");
-    each_row(conn, &sql, &args, |r| {
-        let model: String = r.get(0)?;
-        let bin = u32::try_from(r.get::<_, i64>(1)?).unwrap_or(0);
-        let n = uint(r.get(2)?);
-        out.latency.entry(model).or_default().push((bin, n));
         Ok(())
     })
 }
@@ -378,8 +382,11 @@ fn raw_rows(
         records.push(rec.clone());
         Ok(())
     })?;
-    let (sums, bins) = aggregate(&records);
-    for ((bucket_ms, key, model, status), sums) in sums {
+    for ((bucket_ms, key, model, status), (sums, hist)) in aggregate(&records) {
+        let into = out.latency.entry(model.to_string()).or_default();
+        for (bin, n) in hist {
+            *into.entry(bin).or_default() += n;
+        }
         out.rows.push(RollupRow {
             bucket_ms,
             key_id: key.to_string(),
@@ -387,13 +394,6 @@ fn raw_rows(
             status,
             sums,
         });
-    }
-    for ((_, _, model, bin), n) in bins {
-        let hist = out.latency.entry(model.to_string()).or_default();
-        match hist.iter_mut().find(|(b, _)| *b == bin) {
-            Some((_, c)) => *c += n,
-            None => hist.push((bin, n)),
-        }
     }
     Ok(())
 }
@@ -419,12 +419,22 @@ mod tests {
                 "{ms} -> {back}"
             );
         }
-        let bins: Vec<(u32, u64)> = (1..=100u64).map(|ms| (latency_bin(ms), 1)).collect();
+        let mut bins = Hist::new();
+        for ms in 1..=100u64 {
+            *bins.entry(latency_bin(ms)).or_default() += 1;
+        }
         let p50 = percentile(&bins, 0.5).unwrap();
         assert!((48..=52).contains(&p50), "{p50}");
         let p95 = percentile(&bins, 0.95).unwrap();
         assert!((91..=99).contains(&p95), "{p95}");
-        assert_eq!(percentile(&[], 0.5), None);
+        assert_eq!(percentile(&Hist::new(), 0.5), None);
+        let mut h = Hist::new();
+        h.insert(3, 7);
+        h.insert(200, 1);
+        let mut back = Hist::new();
+        add_encoded(&mut back, &encode(&h));
+        add_encoded(&mut back, &encode(&h));
+        assert_eq!(back, Hist::from([(3, 14), (200, 2)]));
     }
 
     /// Any range read from rollups equals the sums of its raw rows, edges included.
@@ -469,7 +479,7 @@ mod tests {
             assert_eq!(got_sums.requests, want.requests, "{start}..{end}");
             assert_eq!(got_sums.total_tokens, want.total_tokens);
             assert!((got_sums.cost - want.cost).abs() < 1e-9);
-            let hist: u64 = got.latency.values().flatten().map(|b| b.1).sum();
+            let hist: u64 = got.latency.values().flat_map(|h| h.values()).sum();
             assert_eq!(hist, want.requests);
             assert!(
                 got.rows
@@ -490,8 +500,7 @@ mod tests {
         store.close();
         drop(store);
         let conn = Connection::open(&path).unwrap();
-        conn.execute_batch("DELETE FROM usage_rollup; DELETE FROM usage_latency;")
-            .unwrap();
+        conn.execute_batch("DELETE FROM usage_rollup;").unwrap();
         drop(conn);
         let store = Store::open(&path, StoreOptions::default()).unwrap();
         let q = RollupQuery {

@@ -129,5 +129,6 @@ fn parse(query: Option<&str>, now_ms: i64) -> Result<Range, GatewayError> {
         tz_name: "UTC".into(),
         bucket: Bucket::Day,
         model: None,
+        key_id: None,
     })
 }

@@ -6,6 +6,7 @@
 //! Usage queries do not count against a key's rpm/tpm.
 
 mod billing;
+mod console;
 mod page;
 pub mod params;
 pub mod summary;
@@ -33,6 +34,8 @@ pub use throttle::Throttle;
 pub struct WebState {
     /// Wrong keys per client address.
     pub throttle: Throttle,
+    /// Failed console sign-ins per client address.
+    pub logins: Throttle,
 }
 
 /// One request as the web stage sees it, and what it tells the proxy back.
@@ -98,6 +101,11 @@ pub async fn serve(
             message: message.into(),
         };
         return fail(session, ex, &e).await;
+    }
+    if ex.listener == Listener::Main {
+        if let Some(r) = console::route(&req.method, &path) {
+            return console::serve(shared, session, ex, r).await;
+        }
     }
     match route(&req.method, &path, ex.listener) {
         Route::Page => page::send_page(session, ex).await,

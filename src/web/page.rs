@@ -1,4 +1,5 @@
-//! Web stage, pages: the usage-record page (`direct /`) and the files it loads, embedded in the
+//! Web stage, pages: the usage-record page (`direct /`), the console (`main /`) and the files
+//! they load, embedded in the
 //! binary so the page works offline with no CDN. Every page goes out with a strict
 //! Content-Security-Policy: scripts and styles only from this origin, nothing inline, no
 //! remote origin, no framing.
@@ -17,8 +18,19 @@ pub struct Asset {
 }
 
 const USAGE_PAGE: &[u8] = include_bytes!("assets/usage.html");
+const CONSOLE_PAGE: &[u8] = include_bytes!("assets/console.html");
 
-static ASSETS: [Asset; 5] = [
+static ASSETS: [Asset; 7] = [
+    Asset {
+        path: "/assets/shared.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("assets/shared.js"),
+    },
+    Asset {
+        path: "/assets/console.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("assets/console.js"),
+    },
     Asset {
         path: "/assets/usage.js",
         content_type: "text/javascript; charset=utf-8",
@@ -63,8 +75,20 @@ fn security_headers(h: &mut ResponseHeader, cache: &str) -> pingora_error::Resul
 }
 
 pub async fn send_page(session: &mut Session, ex: &mut Exchange) -> pingora_error::Result<()> {
+    send_html(session, ex, USAGE_PAGE).await
+}
+
+pub async fn send_console(session: &mut Session, ex: &mut Exchange) -> pingora_error::Result<()> {
+    send_html(session, ex, CONSOLE_PAGE).await
+}
+
+async fn send_html(
+    session: &mut Session,
+    ex: &mut Exchange,
+    page: &'static [u8],
+) -> pingora_error::Result<()> {
     ex.status = 200;
-    let body = Bytes::from_static(USAGE_PAGE);
+    let body = Bytes::from_static(page);
     respond::send(
         session,
         &ex.request_id,

@@ -62,10 +62,14 @@ pub struct Range {
     pub tz_name: String,
     pub bucket: Bucket,
     pub model: Option<String>,
+    /// The console's `key_id=` (a key's own summary is always its own).
+    pub key_id: Option<String>,
 }
 
-pub fn parse_range(query: Option<&str>, now_ms: i64) -> Result<Range, GatewayError> {
-    let pairs = params::parse(query, &["start", "end", "tz", "bucket", "model"])?;
+/// `console`: the range may name a `key_id`.
+pub fn parse_range(query: Option<&str>, now_ms: i64, console: bool) -> Result<Range, GatewayError> {
+    const NAMES: [&str; 6] = ["start", "end", "tz", "bucket", "model", "key_id"];
+    let pairs = params::parse(query, &NAMES[..NAMES.len() - usize::from(!console)])?;
     let get = |name: &str| {
         pairs
             .iter()
@@ -97,6 +101,7 @@ pub fn parse_range(query: Option<&str>, now_ms: i64) -> Result<Range, GatewayErr
         tz_name,
         bucket,
         model: get("model").map(str::to_string),
+        key_id: get("key_id").map(str::to_string),
     })
 }
 
@@ -177,6 +182,7 @@ pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
     let mut total = Sums::default();
     let mut succeeded = 0;
     let mut models: HashMap<&str, (Sums, u64)> = HashMap::new();
+    let mut keys: HashMap<&str, (Sums, u64)> = HashMap::new();
     let mut statuses: HashMap<u16, u64> = HashMap::new();
     for row in &rollup.rows {
         let good = if ok(row.status) { row.sums.requests } else { 0 };
@@ -189,12 +195,22 @@ pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
         }
         total.add(&row.sums);
         succeeded += good;
-        let m = models.entry(row.model.as_str()).or_default();
-        m.0.add(&row.sums);
-        m.1 += good;
+        for (map, name) in [
+            (&mut models, row.model.as_str()),
+            (&mut keys, row.key_id.as_str()),
+        ] {
+            let m = map.entry(name).or_default();
+            m.0.add(&row.sums);
+            m.1 += good;
+        }
         *statuses.entry(row.status).or_default() += row.sums.requests;
     }
-    let all_bins: Vec<(u32, u64)> = rollup.latency.values().flatten().copied().collect();
+    let mut all_bins = rollup::Hist::new();
+    for h in rollup.latency.values() {
+        for (bin, n) in h {
+            *all_bins.entry(*bin).or_default() += n;
+        }
+    }
     let mut totals = sums_json(&total, succeeded);
     totals["failed"] = json!(total.requests - succeeded);
     totals["success_rate"] =
@@ -214,14 +230,15 @@ pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
             v
         })
         .collect();
-    let mut by_model: Vec<(&str, (Sums, u64))> = models.into_iter().collect();
-    by_model.sort_by(|a, b| {
-        b.1.0
-            .cost
-            .total_cmp(&a.1.0.cost)
-            .then(b.1.0.requests.cmp(&a.1.0.requests))
-            .then(a.0.cmp(b.0))
-    });
+    let by_model = by_cost(models);
+    let keys: Vec<Value> = by_cost(keys)
+        .iter()
+        .map(|(key, (s, good))| {
+            let mut v = sums_json(s, *good);
+            v["key_id"] = json!(key);
+            v
+        })
+        .collect();
     let models: Vec<Value> = by_model
         .iter()
         .map(|(model, (s, good))| {
@@ -255,8 +272,22 @@ pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
         "totals": totals,
         "buckets": buckets,
         "models": models,
+        "keys": keys,
         "statuses": statuses,
     }))
+}
+
+/// A breakdown's rows, most costly first (then most requests, then by name).
+fn by_cost(rows: HashMap<&str, (Sums, u64)>) -> Vec<(&str, (Sums, u64))> {
+    let mut rows: Vec<(&str, (Sums, u64))> = rows.into_iter().collect();
+    rows.sort_by(|a, b| {
+        b.1.0
+            .cost
+            .total_cmp(&a.1.0.cost)
+            .then(b.1.0.requests.cmp(&a.1.0.requests))
+            .then(a.0.cmp(b.0))
+    });
+    rows
 }
 
 /// RFC 3339 with the zone's offset at that instant, e.g. `2026-11-22T00:00:00+05:30`.
@@ -308,7 +339,7 @@ pub async fn answer(
     ex: &mut Exchange,
     key: &Key,
 ) -> pingora_error::Result<()> {
-    let range = match parse_range(session.req_header().uri.query(), super::now_ms()) {
+    let range = match parse_range(session.req_header().uri.query(), super::now_ms(), false) {
         Ok(r) => r,
         Err(e) => return fail(session, ex, &e).await,
     };
@@ -383,6 +414,7 @@ mod tests {
         let range = parse_range(
             Some("start=2026-11-21&end=2026-11-24&tz=Asia/Kolkata&bucket=day"),
             0,
+            false,
         )
         .unwrap();
         assert_eq!(range.start_ms, MIDNIGHT_IST - DAY_MS);
@@ -434,6 +466,7 @@ mod tests {
                 "start=2026-11-21T00:00:00%2B05:30&end=2026-11-24T00:00:00+05:30&tz=UTC&bucket=day",
             ),
             0,
+            false,
         )
         .unwrap();
         assert_eq!((utc.start_ms, utc.end_ms), (range.start_ms, range.end_ms));
@@ -453,17 +486,19 @@ mod tests {
         let r = parse_range(
             Some("start=2026-03-07&end=2026-03-10&tz=America/New_York&bucket=day"),
             0,
+            false,
         )
         .unwrap();
         let starts = bucket_starts(&r).unwrap();
         assert_eq!(starts.len(), 3);
         // 8 March 2026 is 23 hours long in New York (DST starts).
         assert_eq!(starts[2] - starts[1], 23 * 3_600_000);
-        let r = parse_range(Some("start=2026-01-01&end=2026-11-01&bucket=15m"), 0).unwrap();
+        let r = parse_range(Some("start=2026-01-01&end=2026-11-01&bucket=15m"), 0, false).unwrap();
         assert_eq!(bucket_starts(&r).unwrap_err().status(), 400);
         let r = parse_range(
             Some("start=2026-11-22T10:07:00Z&end=2026-11-22T11:00:00Z"),
             0,
+            false,
         )
         .unwrap();
         assert_eq!(r.bucket, Bucket::Quarter);
@@ -473,6 +508,6 @@ mod tests {
             "10:00Z, the quarter holding the start"
         );
         assert_eq!(starts.len(), 4);
-        assert!(parse_range(Some("bucket=week"), 0).is_err());
+        assert!(parse_range(Some("bucket=week"), 0, false).is_err());
     }
 }

@@ -20,14 +20,16 @@ pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 10_000;
 const DAY_MS: i64 = 24 * 3600 * 1000;
 
-const PAGE_PARAMS: [&str; 8] = [
-    "start", "end", "tz", "limit", "cursor", "order", "model", "status",
+const PAGE_PARAMS: [&str; 9] = [
+    "start", "end", "tz", "limit", "cursor", "order", "model", "status", "key_id",
 ];
-const CSV_PARAMS: [&str; 6] = ["start", "end", "tz", "order", "model", "status"];
+const CSV_PARAMS: [&str; 7] = ["start", "end", "tz", "order", "model", "status", "key_id"];
 
 /// Parses the usage query: `start`/`end` (end exclusive, default the last 24 h; RFC 3339, unix
 /// seconds or `YYYY-MM-DD` in `tz`), `limit`, `cursor`, `order=asc|desc`, `model`, `status`
-/// (`429` or a class such as `5xx`). Unknown parameters are refused.
+/// (`429` or a class such as `5xx`). Unknown parameters are refused. With no `key_id` (the
+/// console), every key's records, or one key's with `key_id=`; a key's own query may not
+/// name one.
 pub fn parse_query(
     query: Option<&str>,
     key_id: Option<&str>,
@@ -36,7 +38,11 @@ pub fn parse_query(
 ) -> Result<Query, GatewayError> {
     let bad =
         |param: &'static str, message: String| GatewayError::InvalidParameter { param, message };
-    let pairs = params::parse(query, if csv { &CSV_PARAMS } else { &PAGE_PARAMS })?;
+    let allowed: &[&'static str] = match (csv, key_id.is_some()) {
+        (false, console) => &PAGE_PARAMS[..PAGE_PARAMS.len() - usize::from(console)],
+        (true, console) => &CSV_PARAMS[..CSV_PARAMS.len() - usize::from(console)],
+    };
+    let pairs = params::parse(query, allowed)?;
     let tz = match pairs.iter().find(|(k, _)| *k == "tz") {
         Some((_, v)) => params::zone(v)?,
         None => jiff::tz::TimeZone::UTC,
@@ -70,6 +76,7 @@ pub fn parse_query(
                 }
             }
             "model" => q.model = Some(v),
+            "key_id" => q.key_id = Some(v),
             "status" => {
                 q.status = Some(status_range(&v).ok_or_else(|| {
                     bad(

@@ -4,6 +4,7 @@
 "use strict";
 (function () {
   const $ = (id) => document.getElementById(id);
+  const { offsetText, wall, inputValue, parseInput, qs, fact, num, credits } = window.MG;
   const BROWSER_TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
   const PAGE_SIZE = 50;
   const FIELDS = ["time", "request_id", "key_id", "listener", "endpoint", "model", "status", "stream",
@@ -14,48 +15,6 @@
 
   function zone() {
     return state.tz;
-  }
-
-  // The zone's offset at an instant, as +hh:mm.
-  function offsetText(ms, tz) {
-    const parts = new Intl.DateTimeFormat("en-US", { timeZone: tz, timeZoneName: "longOffset" })
-      .formatToParts(new Date(ms));
-    const name = (parts.find((p) => p.type === "timeZoneName") || {}).value || "GMT";
-    const m = name.match(/GMT([+-]\d\d:\d\d)/);
-    return m ? m[1] : "+00:00";
-  }
-
-  // Wall-clock fields of an instant in a zone.
-  function wall(ms, tz) {
-    const f = new Intl.DateTimeFormat("en-CA", {
-      timeZone: tz, year: "numeric", month: "2-digit", day: "2-digit",
-      hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23",
-    });
-    const o = {};
-    for (const p of f.formatToParts(new Date(ms))) o[p.type] = p.value;
-    return o;
-  }
-
-  function inputValue(ms, tz) {
-    const w = wall(ms, tz);
-    return `${w.year}-${w.month}-${w.day}T${w.hour}:${w.minute}:${w.second}`;
-  }
-
-  // A datetime-local value read as wall-clock time in the zone → unix ms.
-  function parseInput(value, tz) {
-    if (!value) return NaN;
-    const v = value.length === 16 ? value + ":00" : value;
-    const asUtc = Date.parse(v + "Z");
-    if (Number.isNaN(asUtc)) return NaN;
-    // The zone's offset around that wall time; twice to settle across a DST change.
-    let ms = asUtc;
-    for (let i = 0; i < 2; i++) {
-      const off = offsetText(ms, tz);
-      const sign = off[0] === "-" ? -1 : 1;
-      const mins = sign * (parseInt(off.slice(1, 3), 10) * 60 + parseInt(off.slice(4, 6), 10));
-      ms = asUtc - mins * 60000;
-    }
-    return ms;
   }
 
   function showTime(ms) {
@@ -92,13 +51,6 @@
     const el = $("status");
     el.textContent = text;
     el.className = "status" + (kind ? " " + kind : "");
-  }
-
-  function qs(params) {
-    return Object.entries(params)
-      .filter(([, v]) => v !== null && v !== undefined)
-      .map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`)
-      .join("&");
   }
 
   function rangeParams() {
@@ -138,19 +90,6 @@
     throw new Error(`The gateway answered ${res.status}: ${detail || res.statusText}`);
   }
 
-  function fact(dl, name, value) {
-    const pair = document.createElement("div");
-    const dt = document.createElement("dt");
-    dt.textContent = name;
-    const dd = document.createElement("dd");
-    dd.textContent = value;
-    pair.append(dt, dd);
-    dl.append(pair);
-  }
-
-  const num = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
-  const credits = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US", { maximumFractionDigits: 6 }));
-
   function renderKey(k) {
     const dl = $("key-facts");
     dl.replaceChildren();
@@ -179,37 +118,9 @@
   }
 
   function renderChart(summary) {
-    const b = summary.buckets;
-    const xs = b.map((x) => x.start_ms / 1000);
-    const tokens = b.map((x) => x.total_tokens);
-    const cost = b.map((x) => x.cost);
-    $("chart-note").textContent = `${b.length} buckets of one ${summary.range.bucket === "15m" ? "quarter hour" : summary.range.bucket}, in ${summary.range.tz}.`;
-    if (state.chart) { state.chart.destroy(); state.chart = null; }
-    const box = $("chart");
-    box.replaceChildren();
-    if (typeof uPlot !== "function") {
-      box.textContent = "The chart library did not load.";
-      return;
-    }
-    const tz = zone();
-    const panel = box.parentElement.getBoundingClientRect().width;
-    const width = Math.max(320, Math.floor(panel) - 40);
-    state.chart = new uPlot({
-      width,
-      height: 260,
-      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), tz),
-      scales: { x: { time: true }, cost: { auto: true } },
-      series: [
-        {},
-        { label: "Tokens", stroke: "#2f6fdb", fill: "rgba(47,111,219,0.15)", width: 2 },
-        { label: "Cost", stroke: "#d9822b", width: 2, scale: "cost" },
-      ],
-      axes: [
-        {},
-        { label: "tokens", size: 70 },
-        { label: "cost", side: 1, scale: "cost", grid: { show: false }, size: 70 },
-      ],
-    }, [xs, tokens, cost], box);
+    const unit = summary.range.bucket === "15m" ? "quarter hour" : summary.range.bucket;
+    $("chart-note").textContent = `${summary.buckets.length} buckets of one ${unit}, in ${summary.range.tz}.`;
+    state.chart = MG.chart($("chart"), summary, zone(), state.chart);
   }
 
   function renderModels(models) {

@@ -1,0 +1,103 @@
+// Helpers both pages share (usage page and console): time zones, formatting, a facts list, a
+// chart. Loaded before each page's own script; no inline script anywhere (strict CSP).
+"use strict";
+window.MG = (function () {
+  // The zone's offset at an instant, as +hh:mm.
+  function offsetText(ms, tz) {
+    const parts = new Intl.DateTimeFormat("en-US", { timeZone: tz, timeZoneName: "longOffset" })
+      .formatToParts(new Date(ms));
+    const name = (parts.find((p) => p.type === "timeZoneName") || {}).value || "GMT";
+    const m = name.match(/GMT([+-]\d\d:\d\d)/);
+    return m ? m[1] : "+00:00";
+  }
+
+  // Wall-clock fields of an instant in a zone.
+  function wall(ms, tz) {
+    const f = new Intl.DateTimeFormat("en-CA", {
+      timeZone: tz, year: "numeric", month: "2-digit", day: "2-digit",
+      hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23",
+    });
+    const o = {};
+    for (const p of f.formatToParts(new Date(ms))) o[p.type] = p.value;
+    return o;
+  }
+
+  function inputValue(ms, tz) {
+    const w = wall(ms, tz);
+    return `${w.year}-${w.month}-${w.day}T${w.hour}:${w.minute}:${w.second}`;
+  }
+
+  // A datetime-local value read as wall-clock time in the zone → unix ms.
+  function parseInput(value, tz) {
+    if (!value) return NaN;
+    const v = value.length === 16 ? value + ":00" : value;
+    const asUtc = Date.parse(v + "Z");
+    if (Number.isNaN(asUtc)) return NaN;
+    // The zone's offset around that wall time; twice to settle across a DST change.
+    let ms = asUtc;
+    for (let i = 0; i < 2; i++) {
+      const off = offsetText(ms, tz);
+      const sign = off[0] === "-" ? -1 : 1;
+      const mins = sign * (parseInt(off.slice(1, 3), 10) * 60 + parseInt(off.slice(4, 6), 10));
+      ms = asUtc - mins * 60000;
+    }
+    return ms;
+  }
+
+  function qs(params) {
+    return Object.entries(params)
+      .filter(([, v]) => v !== null && v !== undefined)
+      .map(([k, v]) => `${encodeURIComponent(k)}=${encodeURIComponent(v)}`)
+      .join("&");
+  }
+
+  function fact(dl, name, value) {
+    const pair = document.createElement("div");
+    const dt = document.createElement("dt");
+    dt.textContent = name;
+    const dd = document.createElement("dd");
+    dd.textContent = value;
+    pair.append(dt, dd);
+    dl.append(pair);
+  }
+
+  const num = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
+  const credits = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US", { maximumFractionDigits: 6 }));
+
+  // A tokens-and-cost chart of summary buckets into `box`, times in `tz`; returns the chart.
+  function chart(box, summary, tz, old) {
+    if (old) old.destroy();
+    box.replaceChildren();
+    if (typeof uPlot !== "function") {
+      box.textContent = "The chart library did not load.";
+      return null;
+    }
+    const b = summary.buckets;
+    const panel = box.parentElement.getBoundingClientRect().width;
+    return new uPlot({
+      width: Math.max(320, Math.floor(panel) - 40),
+      height: 260,
+      tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), tz),
+      scales: { x: { time: true }, cost: { auto: true } },
+      series: [
+        {},
+        { label: "Tokens", stroke: "#2f6fdb", fill: "rgba(47,111,219,0.15)", width: 2 },
+        { label: "Cost", stroke: "#d9822b", width: 2, scale: "cost" },
+      ],
+      axes: [
+        {},
+        { label: "tokens", size: 70 },
+        { label: "cost", side: 1, scale: "cost", grid: { show: false }, size: 70 },
+      ],
+    }, [b.map((x) => x.start_ms / 1000), b.map((x) => x.total_tokens), b.map((x) => x.cost)], box);
+  }
+
+  // A row of text cells (never HTML) appended to a table body.
+  function row(body, values) {
+    const tr = body.insertRow();
+    for (const v of values) tr.insertCell().textContent = v === null || v === undefined ? "—" : String(v);
+    return tr;
+  }
+
+  return { offsetText, wall, inputValue, parseInput, qs, fact, num, credits, chart, row };
+})();

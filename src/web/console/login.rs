@@ -1,0 +1,250 @@
+//! Console sign-in: `[console] user` with `password_hash` (argon2id) or `password`, checked off
+//! the runtime; failed attempts throttled per address. A session is a random token in an
+//! HttpOnly, SameSite=Strict cookie (Secure over TLS); the store keeps only its SHA-256, so
+//! sessions survive a restart and a copy of the database cannot be replayed as a cookie.
+//! State-changing calls also need a same-origin `Origin` or the page's CSRF token.
+
+use std::time::Instant;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use bytes::Bytes;
+use pingora_proxy::Session;
+use subtle::ConstantTimeEq;
+
+use super::super::{Exchange, blocking, fail, store_failed};
+use crate::config::ConsoleConfig;
+use crate::error::GatewayError;
+use crate::state::Shared;
+use crate::store::console::{AuditEntry, Session as Stored};
+
+pub const COOKIE: &str = "modelgate_session";
+/// How long a session lasts from sign-in.
+pub const SESSION_MS: i64 = 12 * 3600 * 1000;
+
+/// A signed-in console user, for the request at hand.
+pub struct SignedIn {
+    pub user: String,
+    pub csrf: String,
+    pub token_sha256: String,
+    pub expires_ms: i64,
+}
+
+fn token_hash(token: &str) -> String {
+    hex::encode(crate::config::keys::sha256(token.as_bytes()))
+}
+
+fn random_token(bytes: usize) -> String {
+    let raw: Vec<u8> = (0..bytes).map(|_| rand::random::<u8>()).collect();
+    URL_SAFE_NO_PAD.encode(raw)
+}
+
+fn header<'a>(session: &'a Session, name: &str) -> Option<&'a str> {
+    session
+        .req_header()
+        .headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+}
+
+/// The session cookie's value, if the request carries one.
+fn cookie(session: &Session) -> Option<String> {
+    session
+        .req_header()
+        .headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| {
+            let (k, v) = c.trim().split_once('=')?;
+            (k == COOKIE && !v.is_empty()).then(|| v.to_string())
+        })
+}
+
+fn is_tls(session: &Session) -> bool {
+    session.digest().is_some_and(|d| d.ssl_digest.is_some())
+}
+
+/// `Origin` is absent, or names this very host and scheme.
+fn origin_is_absent_or_same(session: &Session) -> bool {
+    let Some(origin) = header(session, "origin") else {
+        return true;
+    };
+    origin_matches(session, origin)
+}
+
+fn origin_matches(session: &Session, origin: &str) -> bool {
+    let host = header(session, "host").unwrap_or("");
+    let scheme = if is_tls(session) { "https" } else { "http" };
+    !host.is_empty() && origin.eq_ignore_ascii_case(&format!("{scheme}://{host}"))
+}
+
+/// The live session of this request, or None.
+pub async fn current(shared: &Shared, session: &Session) -> Result<Option<SignedIn>, GatewayError> {
+    let Some(token) = cookie(session) else {
+        return Ok(None);
+    };
+    let hash = token_hash(&token);
+    let store = shared.store.clone();
+    let h = hash.clone();
+    let now = super::super::now_ms();
+    let found = blocking(move || store.console.session_get(&h, now))
+        .await
+        .map_err(|e| store_failed("console", &e))?;
+    Ok(found.map(|s: Stored| SignedIn {
+        user: s.user,
+        csrf: s.csrf,
+        token_sha256: hash,
+        expires_ms: s.expires_ms,
+    }))
+}
+
+/// For a state-changing call: the session, and a same-origin `Origin` or its CSRF token.
+pub fn check_csrf(session: &Session, who: &SignedIn) -> Result<(), GatewayError> {
+    let origin_ok = header(session, "origin").is_some_and(|o| origin_matches(session, o));
+    let token_ok = header(session, "x-csrf-token")
+        .is_some_and(|t| bool::from(t.as_bytes().ct_eq(who.csrf.as_bytes())));
+    if origin_ok || token_ok {
+        Ok(())
+    } else {
+        Err(GatewayError::CrossSite)
+    }
+}
+
+fn password_ok(console: &ConsoleConfig, user: &str, password: &str) -> bool {
+    use argon2::{PasswordHash, PasswordVerifier};
+    let user_ok = bool::from(user.as_bytes().ct_eq(console.user.as_bytes()));
+    let pw_ok = match (&console.password_hash, &console.password) {
+        (Some(hash), _) => PasswordHash::new(hash).is_ok_and(|h| {
+            argon2::Argon2::default()
+                .verify_password(password.as_bytes(), &h)
+                .is_ok()
+        }),
+        (None, Some(secret)) => bool::from(password.as_bytes().ct_eq(secret.expose().as_bytes())),
+        (None, None) => false,
+    };
+    user_ok && pw_ok
+}
+
+/// `POST /console/login` `{"user","password"}` → 204 and the session cookie, or 401.
+pub async fn login(
+    shared: &Shared,
+    session: &mut Session,
+    ex: &mut Exchange,
+    console: &ConsoleConfig,
+    body: &[u8],
+) -> pingora_error::Result<()> {
+    let now = Instant::now();
+    if let Some(ip) = ex.client {
+        if let Err(wait) = shared.web.logins.check(ip, now) {
+            let e = GatewayError::RateLimited {
+                message: "Too many failed sign-ins from this address; try again later.".into(),
+                retry_after: crate::limit::rate::retry_after_secs(wait),
+            };
+            return fail(session, ex, &e).await;
+        }
+    }
+    if !origin_is_absent_or_same(session) {
+        return fail(session, ex, &GatewayError::CrossSite).await;
+    }
+    let creds: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => return fail(session, ex, &GatewayError::InvalidJson(e.to_string())).await,
+    };
+    let (Some(user), Some(password)) = (creds["user"].as_str(), creds["password"].as_str()) else {
+        return fail(session, ex, &GatewayError::MissingParameter("password")).await;
+    };
+    let (c, u, p) = (console.clone(), user.to_string(), password.to_string());
+    // argon2 takes tens of milliseconds of CPU: keep it off the proxy's threads.
+    let ok = tokio::task::spawn_blocking(move || password_ok(&c, &u, &p))
+        .await
+        .unwrap_or(false);
+    if !ok {
+        if let Some(ip) = ex.client {
+            shared.web.logins.fail(ip, now);
+        }
+        tracing::info!(client = ?ex.client, "console sign-in refused");
+        return fail(session, ex, &GatewayError::BadCredentials).await;
+    }
+    let token = random_token(32);
+    let now_ms = super::super::now_ms();
+    let stored = Stored {
+        user: console.user.clone(),
+        csrf: random_token(24),
+        created_ms: now_ms,
+        expires_ms: now_ms + SESSION_MS,
+    };
+    let store = shared.store.clone();
+    let hash = token_hash(&token);
+    let audit = AuditEntry {
+        time_ms: now_ms,
+        user: console.user.clone(),
+        action: "login".into(),
+        key_id: String::new(),
+        detail: serde_json::json!({"client": ex.client.map(|c| c.to_string())}).to_string(),
+    };
+    let saved = blocking(move || {
+        store.console.session_put(&hash, &stored)?;
+        store.console.audit_add(&audit)
+    })
+    .await;
+    if let Err(e) = saved {
+        return fail(session, ex, &store_failed(&ex.request_id, &e)).await;
+    }
+    let secure = if is_tls(session) { "; Secure" } else { "" };
+    let set = format!(
+        "{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+        SESSION_MS / 1000
+    );
+    ex.status = 204;
+    crate::respond::send(
+        session,
+        &ex.request_id,
+        204,
+        "application/json",
+        Bytes::new(),
+        |h| {
+            h.insert_header("set-cookie", set)?;
+            h.insert_header("cache-control", "no-store")
+        },
+    )
+    .await
+}
+
+/// `POST /console/logout`: ends the session (also in the store) and clears the cookie.
+pub async fn logout(
+    shared: &Shared,
+    session: &mut Session,
+    ex: &mut Exchange,
+    who: &SignedIn,
+) -> pingora_error::Result<()> {
+    let store = shared.store.clone();
+    let hash = who.token_sha256.clone();
+    let audit = AuditEntry {
+        time_ms: super::super::now_ms(),
+        user: who.user.clone(),
+        action: "logout".into(),
+        key_id: String::new(),
+        detail: "{}".into(),
+    };
+    let done = blocking(move || {
+        store.console.session_delete(&hash)?;
+        store.console.audit_add(&audit)
+    })
+    .await;
+    if let Err(e) = done {
+        return fail(session, ex, &store_failed(&ex.request_id, &e)).await;
+    }
+    ex.status = 204;
+    let clear = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
+    crate::respond::send(
+        session,
+        &ex.request_id,
+        204,
+        "application/json",
+        Bytes::new(),
+        |h| h.insert_header("set-cookie", clear),
+    )
+    .await
+}
