@@ -1,6 +1,7 @@
 """Fixtures shared by the Python suites: one gateway for the whole session (see harness.py)."""
 
 import os
+import shutil
 from pathlib import Path
 
 import openai
@@ -51,3 +52,23 @@ def client_for(base_url):
 @pytest.fixture
 def client(client_for):
     return client_for(FULL_KEY)
+
+
+def chromium_path() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        pytest.fail("chromium is not installed: run scripts/install-deps.sh --test")
+    return path
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's headless Chromium, driven by playwright (no browser download)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium_path(), headless=True,
+                              args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+

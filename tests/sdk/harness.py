@@ -39,6 +39,8 @@ DISABLED_KEY = "sk-sdk-test-disabled-0000000000000"
 UNKNOWN_KEY = "sk-sdk-test-nobody-knows-this-key"
 RATE_KEY = "sk-sdk-test-rate-limited-00000000"
 PAGE_KEY = "sk-sdk-test-usage-page-0000000000"
+CONSOLE_USER = "admin"
+CONSOLE_PASSWORD = "console password for the tests"
 
 KEYS_TOML = f"""
 [[keys]]
@@ -127,6 +129,10 @@ file = "keys.toml"
 [storage]
 sqlite = "usage.db"
 
+[console]
+user = "{CONSOLE_USER}"
+password = "env:MG_SDK_CONSOLE_PASSWORD"
+
 [demo]
 mock_upstream = "127.0.0.1:{ports['mock']}"
 
@@ -188,7 +194,8 @@ def start_gateway(binary: Path, workdir: Path):
             cwd=workdir,
             stdout=stdout,
             stderr=stderr,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")},
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"),
+                 "MG_SDK_CONSOLE_PASSWORD": CONSOLE_PASSWORD},
         )
     gateway = Gateway(process, ports, stderr_path)
     deadline = time.monotonic() + STARTUP_DEADLINE_S
@@ -204,3 +211,13 @@ def start_gateway(binary: Path, workdir: Path):
         time.sleep(0.1)
     stop(process)
     return gateway, f"not ready within {STARTUP_DEADLINE_S} s"
+
+
+def watch_errors(page) -> list:
+    """Collects script errors and CSP refusals of a page. Chromium logs every non-2xx fetch as
+    "Failed to load resource"; those are expected in these tests and left out."""
+    problems = []
+    page.on("console", lambda m: m.type == "error"
+            and not m.text.startswith("Failed to load resource") and problems.append(m.text))
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    return problems

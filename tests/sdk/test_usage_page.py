@@ -7,7 +7,6 @@ A screenshot of the page is written to docs/usage-page.png for the README.
 """
 
 import json
-import shutil
 import time
 import urllib.parse
 import urllib.request
@@ -15,19 +14,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from harness import PAGE_KEY, REPO_ROOT
+from playwright import sync_api as playwright_api
 
-playwright_api = pytest.importorskip("playwright.sync_api")
+from harness import PAGE_KEY, REPO_ROOT, watch_errors
 
 MARKUP_MODEL = '<img src=x onerror="window.__xss=1">'
 IST = timezone(timedelta(hours=5, minutes=30))
-
-
-def chromium_path() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not path:
-        pytest.fail("chromium is not installed: run scripts/install-deps.sh --test")
-    return path
 
 
 def api(gateway, path: str, key: str = PAGE_KEY, body=None):
@@ -63,26 +55,12 @@ def seeded(gateway):
         time.sleep(0.05)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    with playwright_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=chromium_path(), headless=True,
-                              args=["--no-sandbox", "--disable-gpu"])
-        yield b
-        b.close()
-
-
 @pytest.fixture
 def page(browser, gateway, seeded):
     context = browser.new_context(timezone_id="Asia/Kolkata", locale="en-US",
                                   accept_downloads=True, viewport={"width": 1280, "height": 900})
     pg = context.new_page()
-    problems = []
-    # Chromium logs every non-2xx fetch as "Failed to load resource"; those are expected here.
-    # Anything else (a CSP refusal, a script error) is a failure.
-    pg.on("console", lambda m: m.type == "error" and not m.text.startswith("Failed to load resource")
-          and problems.append(m.text))
-    pg.on("pageerror", lambda e: problems.append(str(e)))
+    problems = watch_errors(pg)
     pg.goto(f"http://127.0.0.1:{gateway.ports['direct']}/")
     yield pg
     context.close()

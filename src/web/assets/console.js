@@ -5,7 +5,8 @@
 (function () {
   const $ = (id) => document.getElementById(id);
   const { wall, inputValue, parseInput, qs, fact, num, credits, row } = window.MG;
-  const GROUPS = ["chat", "embeddings", "moderations", "images", "audio", "models", "usage", "responses", "messages"];
+  // The endpoint groups this gateway knows, from the session info.
+  let GROUPS = [];
   const FIELDS = ["time", "request_id", "key_id", "listener", "endpoint", "model", "status", "stream",
     "prompt_tokens", "completion_tokens", "total_tokens", "cost", "latency_ms", "ttft_ms", "upstream", "estimated"];
   const TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
@@ -46,6 +47,20 @@
     const res = await call("GET", "/console/api/session");
     const s = await res.json();
     state.csrf = s.csrf;
+    if (!GROUPS.length) {
+      GROUPS = s.endpoint_groups;
+      const eps = $("k-endpoints");
+      for (const g of GROUPS) {
+        const label = document.createElement("label");
+        label.className = "check";
+        const box = document.createElement("input");
+        box.type = "checkbox";
+        box.id = `k-ep-${g}`;
+        box.checked = true;
+        label.append(box, document.createTextNode(` ${g}`));
+        eps.append(label);
+      }
+    }
     $("who").textContent = `Signed in as ${s.user} until ${s.expires_at}.`;
     $("who").hidden = false;
     $("login").hidden = true;
@@ -337,17 +352,6 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
-    const eps = $("k-endpoints");
-    for (const g of GROUPS) {
-      const label = document.createElement("label");
-      label.className = "check";
-      const box = document.createElement("input");
-      box.type = "checkbox";
-      box.id = `k-ep-${g}`;
-      box.checked = true;
-      label.append(box, document.createTextNode(` ${g}`));
-      eps.append(label);
-    }
     const now = Date.now();
     $("u-from").value = inputValue(now - 7 * 86400000, TZ);
     $("u-to").value = inputValue(now + 60000, TZ);

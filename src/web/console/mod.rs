@@ -135,6 +135,7 @@ pub async fn serve(
                 "user": who.user,
                 "csrf": who.csrf,
                 "expires_at": local_time(who.expires_ms, &jiff::tz::TimeZone::UTC),
+                "endpoint_groups": crate::route::endpoint::Group::ALL.map(|g| g.name()),
             });
             super::json(session, ex, &v).await
         }

@@ -1,0 +1,142 @@
+"""The web console on the main listener, in headless Chromium as an operator uses it: sign in
+wrong and right, create a key and use it on the API within 3 s, lower its rpm and see a 429,
+revoke it and see a 401, read usage across keys, models and the audit log. Screenshots of the
+console go to docs/ for the README.
+"""
+
+import json
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from playwright import sync_api as playwright_api
+
+from harness import CONSOLE_PASSWORD, CONSOLE_USER, FULL_KEY, REPO_ROOT, watch_errors
+
+expect = playwright_api.expect
+
+
+def call(gateway, path: str, key: str, body=None) -> int:
+    url = f"http://127.0.0.1:{gateway.ports['main']}{path}"
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method="POST" if data else "GET")
+    req.add_header("Authorization", f"Bearer {key}")
+    if data:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def chat(gateway, key: str) -> int:
+    return call(gateway, "/v1/chat/completions", key,
+                {"model": "echo-1", "messages": [{"role": "user", "content": "hi"}]})
+
+
+def await_status(gateway, key: str, want: int, within_s: float = 3.0) -> None:
+    """The API answers `want` for `key` within `within_s` of the console's change."""
+    deadline = time.monotonic() + within_s
+    while True:
+        got = call(gateway, "/v1/models", key)
+        if got == want:
+            return
+        assert time.monotonic() < deadline, f"{got}, wanted {want}"
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def console(browser, gateway):
+    context = browser.new_context(locale="en-US", viewport={"width": 1400, "height": 900})
+    pg = context.new_page()
+    problems = watch_errors(pg)
+    pg.on("dialog", lambda d: d.accept())
+    pg.goto(f"http://127.0.0.1:{gateway.ports['main']}/")
+    yield pg
+    context.close()
+    assert problems == [], problems
+
+
+def sign_in(pg, password=CONSOLE_PASSWORD):
+    pg.get_by_label("User", exact=True).fill(CONSOLE_USER)
+    pg.get_by_label("Password", exact=True).fill(password)
+    pg.get_by_role("button", name="Sign in").click()
+
+
+def test_sign_in_wrong_then_right_and_out(console):
+    expect(console.get_by_role("button", name="Sign in")).to_be_visible()
+    sign_in(console, password="not the password")
+    expect(console.locator("#login-status")).to_have_text("Wrong user or password.")
+    assert console.locator("#app").is_hidden()
+    sign_in(console)
+    expect(console.locator("#who")).to_contain_text(f"Signed in as {CONSOLE_USER}")
+    expect(console.locator("#keys tbody")).to_contain_text("full")
+    # The secret of a key from the file is never on the page; its hint is.
+    assert FULL_KEY not in console.content()
+    console.get_by_role("button", name="Sign out").click()
+    expect(console.get_by_role("button", name="Sign in")).to_be_visible()
+    console.reload()
+    expect(console.get_by_role("button", name="Sign in")).to_be_visible()
+
+
+def test_a_key_made_in_the_console_works_then_is_limited_and_revoked(console, gateway):
+    sign_in(console)
+    expect(console.locator("#keys tbody")).to_contain_text("full")
+    console.get_by_label("Key ID").fill("browser-made")
+    console.get_by_label("Budget").fill("25")
+    console.get_by_role("button", name="Create key").click()
+    expect(console.locator("#secret-box")).to_be_visible()
+    secret = console.locator("#secret").inner_text()
+    assert secret.startswith("sk-") and len(secret) == 51
+    await_status(gateway, secret, 200)
+    row = console.locator("#keys tbody tr", has_text="browser-made")
+    expect(row).to_contain_text("25")
+    (REPO_ROOT / "docs").mkdir(exist_ok=True)
+    console.screenshot(path=str(REPO_ROOT / "docs" / "console-keys.png"), full_page=True)
+
+    console.get_by_role("button", name="Edit browser-made").click()
+    console.get_by_label("Requests per minute").fill("1")
+    console.get_by_role("button", name="Save changes").click()
+    expect(console.locator("#status")).to_contain_text("saved")
+    expect(row.locator("td").nth(4)).to_have_text("1")
+    deadline = time.monotonic() + 3
+    while True:
+        statuses = (chat(gateway, secret), chat(gateway, secret))
+        if statuses[1] == 429:
+            break
+        assert time.monotonic() < deadline, statuses
+
+    console.get_by_role("button", name="Delete browser-made").click()
+    expect(console.locator("#status")).to_contain_text("deleted")
+    await_status(gateway, secret, 401)
+    expect(console.locator("#keys tbody")).not_to_contain_text("browser-made")
+
+    console.get_by_role("button", name="Audit log").click()
+    audit = console.locator("#audit tbody")
+    expect(audit).to_contain_text("delete")
+    text = audit.inner_text()
+    assert "create" in text and "update" in text and secret not in text
+
+
+def test_usage_across_keys_and_models(console, gateway):
+    assert chat(gateway, FULL_KEY) == 200
+    sign_in(console)
+    expect(console.locator("#keys tbody")).to_contain_text("full")
+    console.get_by_role("button", name="Usage", exact=True).click()
+    console.get_by_role("button", name="Query").click()
+    expect(console.locator("#status")).to_contain_text("loaded")
+    expect(console.locator("#u-by-key tbody")).to_contain_text("full")
+    assert console.locator("#u-chart canvas").count() >= 1
+    assert console.locator("#u-records tbody tr").count() >= 1
+    console.screenshot(path=str(REPO_ROOT / "docs" / "console-usage.png"), full_page=True)
+    console.get_by_label("Key", exact=True).select_option("full")
+    console.get_by_role("button", name="Query").click()
+    expect(console.locator("#status")).to_contain_text("Usage of full loaded")
+    keys = console.locator("#u-records tbody tr td:nth-child(3)").all_inner_texts()
+    assert keys and set(keys) == {"full"}
+    console.get_by_role("button", name="Models").click()
+    expect(console.locator("#models tbody")).to_contain_text("echo-1")
+    expect(console.locator("#pools tbody")).to_contain_text("local")
