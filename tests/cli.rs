@@ -89,6 +89,42 @@ fn check_reports_an_unknown_field_with_its_line() {
 }
 
 #[test]
+fn check_refuses_a_console_password_hash_that_is_not_argon2id() {
+    let (_, argon2id, _) = run(&["password-hash"], Some("pw\n"));
+    let argon2i = argon2id.trim().replace("$argon2id$", "$argon2i$");
+    for (hash, ok) in [
+        (argon2id.trim().to_string(), true),
+        ("hunter2".to_string(), false),
+        ("$2b$12$abcdefghijklmnopqrstuu".to_string(), false),
+        (argon2i, false),
+    ] {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(
+            dir.path().join("k.toml"),
+            "[[keys]]\nid = \"a\"\nsecret = \"sk-aaaaaaaa\"\n",
+        )
+        .expect("write");
+        std::fs::write(
+            dir.path().join("c.toml"),
+            format!(
+                "[listeners]\nmain = \"127.0.0.1:1\"\n[keys]\nfile = \"k.toml\"\n\
+                 [console]\nuser = \"admin\"\npassword_hash = \"{hash}\"\n"
+            ),
+        )
+        .expect("write");
+        let path = dir.path().join("c.toml");
+        let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+        assert_eq!(code == 0, ok, "{hash}: {err}");
+        if !ok {
+            assert!(
+                err.contains("console.password_hash") && err.contains("argon2id"),
+                "{err}"
+            );
+        }
+    }
+}
+
+#[test]
 fn key_new_prints_a_fresh_key_and_an_entry_with_only_its_hash() {
     let (code, out, _) = run(&["key", "new", "--id", "ci-bot"], None);
     assert_eq!(code, 0);
