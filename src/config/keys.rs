@@ -263,15 +263,16 @@ pub fn new_secret() -> String {
     )
 }
 
-/// `sk-AbCd…wxyz`: enough to tell keys apart, far too little to guess one.
+/// `sk-AbCd…wxyz` for a long secret: enough to tell keys apart, far too little to guess one.
+/// A shorter (hand-written) secret shows only its last 4 characters, or nothing.
 pub fn secret_hint(secret: &str) -> String {
     let chars: Vec<char> = secret.chars().collect();
-    if chars.len() < 12 {
-        return "…".into();
+    let tail: String = chars[chars.len().saturating_sub(4)..].iter().collect();
+    match chars.len() {
+        32.. => format!("{}…{tail}", chars[..7].iter().collect::<String>()),
+        16..=31 => format!("…{tail}"),
+        _ => "…".into(),
     }
-    let head: String = chars[..7].iter().collect();
-    let tail: String = chars[chars.len() - 4..].iter().collect();
-    format!("{head}…{tail}")
 }
 
 pub fn sha256(bytes: &[u8]) -> [u8; 32] {

@@ -78,14 +78,18 @@ pub enum Edit {
 static EDITING: Mutex<()> = Mutex::new(());
 
 /// Applies `edit` to the keys file at `path`; nothing is written unless the result is valid.
-pub fn apply(path: &Path, edit: &Edit) -> Result<(), EditError> {
+/// Returns the table the new file holds, for the caller to put in force at once (the file
+/// is known to be whole, so the reload's guard against half-written files does not apply:
+/// deleting the last key must take effect too).
+pub fn apply(path: &Path, edit: &Edit) -> Result<KeyTable, EditError> {
     let _one = EDITING.lock().unwrap_or_else(|e| e.into_inner());
     let text = std::fs::read_to_string(path)
         .map_err(|e| EditError::Io(format!("reading {}: {e}", path.display())))?;
     let new_text = edit_text(&text, edit)?;
-    KeyTable::parse(&path.display().to_string(), &new_text)
+    let table = KeyTable::parse(&path.display().to_string(), &new_text)
         .map_err(|p| EditError::Invalid(p.to_string()))?;
-    write_atomically(path, &new_text)
+    write_atomically(path, &new_text)?;
+    Ok(table)
 }
 
 /// The file's text after `edit` (not yet validated).
@@ -200,27 +204,44 @@ fn to_toml(name: &str, v: &Value) -> Result<toml_edit::Value, EditError> {
 }
 
 fn write_atomically(path: &Path, text: &str) -> Result<(), EditError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let io =
         |what: &str, e: std::io::Error| EditError::Io(format!("{what} {}: {e}", path.display()));
-    let dir = path
+    // A symlinked keys file (Kubernetes) is replaced where the link points.
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let dir = target
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
+        .unwrap_or(Path::new("."))
+        .to_path_buf();
+    let name = target
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "keys.toml".into());
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let result = (|| {
-        let mut f =
-            std::fs::File::create(&tmp).map_err(|e| io("creating a temp file beside", e))?;
+        // Private until it has the original's mode: a 0600 keys file must not become 0644.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(|e| io("creating a temp file beside", e))?;
+        if let Ok(meta) = std::fs::metadata(&target) {
+            f.set_permissions(meta.permissions())
+                .map_err(|e| io("setting the mode of a temp file beside", e))?;
+        }
         f.write_all(text.as_bytes())
             .map_err(|e| io("writing a temp file beside", e))?;
         f.sync_all()
             .map_err(|e| io("syncing a temp file beside", e))?;
-        // A symlinked keys file (Kubernetes) is replaced where the link points.
-        let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        std::fs::rename(&tmp, &target).map_err(|e| io("replacing", e))
+        std::fs::rename(&tmp, &target).map_err(|e| io("replacing", e))?;
+        // The rename itself is durable once the folder is synced.
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -368,5 +389,22 @@ budget = 5.0
         assert!(table.keys().any(|k| k.id == "demo" && k.disabled));
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temp file left behind");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let last = apply(&path, &Edit::Delete { id: "demo".into() }).unwrap();
+        assert_eq!(last.len(), 1);
+        let none = apply(
+            &path,
+            &Edit::Delete {
+                id: "partner".into(),
+            },
+        )
+        .unwrap();
+        assert!(
+            none.is_empty(),
+            "deleting the last key yields a table with none, to put in force"
+        );
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the file keeps its mode");
     }
 }

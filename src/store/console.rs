@@ -16,7 +16,8 @@ CREATE TABLE IF NOT EXISTS console_sessions (
     user TEXT NOT NULL,
     csrf TEXT NOT NULL,
     created_ms INTEGER NOT NULL,
-    expires_ms INTEGER NOT NULL
+    expires_ms INTEGER NOT NULL,
+    cred TEXT NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS console_audit (
     time_ms INTEGER NOT NULL,
@@ -35,6 +36,8 @@ pub struct Session {
     pub csrf: String,
     pub created_ms: i64,
     pub expires_ms: i64,
+    /// The credentials it was made with (`console::login::credential_tag`).
+    pub cred: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,8 +86,15 @@ impl ConsoleDb {
         .map_err(q)?;
         c.execute(
             "INSERT OR REPLACE INTO console_sessions (token_sha256, user, csrf, created_ms, \
-             expires_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![token_sha256, s.user, s.csrf, s.created_ms, s.expires_ms],
+             expires_ms, cred) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                token_sha256,
+                s.user,
+                s.csrf,
+                s.created_ms,
+                s.expires_ms,
+                s.cred
+            ],
         )
         .map_err(q)?;
         Ok(())
@@ -98,7 +108,7 @@ impl ConsoleDb {
     ) -> Result<Option<Session>, StoreError> {
         self.conn()
             .query_row(
-                "SELECT user, csrf, created_ms, expires_ms FROM console_sessions \
+                "SELECT user, csrf, created_ms, expires_ms, cred FROM console_sessions \
                  WHERE token_sha256 = ?1 AND expires_ms > ?2",
                 params![token_sha256, now_ms],
                 |r| {
@@ -107,6 +117,7 @@ impl ConsoleDb {
                         csrf: r.get(1)?,
                         created_ms: r.get(2)?,
                         expires_ms: r.get(3)?,
+                        cred: r.get(4)?,
                     })
                 },
             )
@@ -173,6 +184,7 @@ mod tests {
             csrf: "c".into(),
             created_ms: 1_000,
             expires_ms: 5_000,
+            cred: "t".into(),
         };
         ConsoleDb::open(&path)
             .unwrap()

@@ -193,8 +193,15 @@ pub(super) fn delete_expired(conn: &Connection, cutoff_ms: i64) -> Result<usize,
     let mut stmt = conn
         .prepare_cached(RETENTION_DELETE)
         .map_err(|e| db_err("prepare retention", e))?;
-    stmt.execute(params![cutoff_ms, RETENTION_CHUNK as i64])
-        .map_err(|e| db_err("retention", e))
+    let n = stmt
+        .execute(params![cutoff_ms, RETENTION_CHUNK as i64])
+        .map_err(|e| db_err("retention", e))?;
+    // Rollups of quarters wholly before the cutoff go with their rows, so summaries never
+    // count records the usage API no longer has.
+    conn.prepare_cached("DELETE FROM usage_rollup WHERE bucket_ms < ?1")
+        .and_then(|mut s| s.execute(params![super::rollup::bucket_of(cutoff_ms)]))
+        .map_err(|e| db_err("rollup retention", e))?;
+    Ok(n)
 }
 
 /// key_id → unix ms of its last request (as committed).

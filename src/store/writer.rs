@@ -505,6 +505,22 @@ mod tests {
         let left = rows(&path);
         assert_eq!(left.len(), 501, "the year-old rows are gone");
         let store = Store::open(&path, StoreOptions::default()).unwrap();
+        let q = crate::store::rollup::RollupQuery {
+            key_id: None,
+            start_ms: 0,
+            end_ms: now + 1,
+            model: None,
+        };
+        let counted: u64 = store
+            .rollup(&q)
+            .unwrap()
+            .rows
+            .iter()
+            .map(|r| r.sums.requests)
+            .sum();
+        assert_eq!(counted, 501, "and so are their rollups");
+        drop(store);
+        let store = Store::open(&path, StoreOptions::default()).unwrap();
         let spend = store.spend_totals().unwrap();
         assert_eq!(spend["a"], 125.0 + 0.125);
         assert_eq!(spend["b"], 125.0);

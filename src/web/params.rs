@@ -101,7 +101,8 @@ fn fixed_offset(s: &str) -> Option<Offset> {
     }
     let h: i32 = digits[..2].parse().ok()?;
     let m: i32 = digits.get(2..).map_or(Ok(0), str::parse).ok()?;
-    if h > 18 || m > 59 {
+    // Summaries are built from 15-minute rollups: an offset off that grid would cut buckets.
+    if h > 18 || m > 59 || m % 15 != 0 {
         return None;
     }
     Offset::from_seconds(sign * (h * 3600 + m * 60)).ok()
@@ -199,7 +200,7 @@ mod tests {
         ] {
             assert_eq!(zone(s).unwrap().to_offset(at).seconds(), secs, "{s}");
         }
-        for bad in ["Mars/Olympus", "+25:00", "+5"] {
+        for bad in ["Mars/Olympus", "+25:00", "+5", "+05:17"] {
             assert!(zone(bad).is_err(), "{bad}");
         }
     }

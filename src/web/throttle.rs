@@ -16,6 +16,19 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// Addresses tracked before stale ones are swept (bounds memory under a spread-out attack).
 const SWEEP_AT: usize = 65_536;
 
+/// Who is counted as one client: an IPv4 address, or an IPv6 /64 (one host usually holds a
+/// whole /64, so counting single IPv6 addresses would let it try endlessly).
+fn group(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let mut seg = v6.segments();
+            seg[4..].fill(0);
+            IpAddr::V6(seg.into())
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Throttle {
     failures: DashMap<IpAddr, VecDeque<Instant>>,
@@ -40,7 +53,7 @@ impl Throttle {
 
     /// Ok, or how long until this address may try again.
     pub fn check(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
-        let Some(mut log) = self.failures.get_mut(&ip) else {
+        let Some(mut log) = self.failures.get_mut(&group(ip)) else {
             return Ok(());
         };
         self.expire(&mut log, now);
@@ -51,14 +64,40 @@ impl Throttle {
         Err((oldest + self.window).saturating_duration_since(now))
     }
 
-    /// Counts one wrong key from `ip`.
-    pub fn fail(&self, ip: IpAddr, now: Instant) {
+    /// Counts an attempt as failed before it is checked, atomically with the limit check, so
+    /// parallel attempts cannot all pass a check made before any failure was counted. Ok (the
+    /// attempt may go on; call `forgive` if it succeeds), or how long until the next may.
+    pub fn begin(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        self.sweep(now);
+        let mut log = self.failures.entry(group(ip)).or_default();
+        self.expire(&mut log, now);
+        if log.len() >= self.limit {
+            let oldest = log.front().copied().unwrap_or(now);
+            return Err((oldest + self.window).saturating_duration_since(now));
+        }
+        log.push_back(now);
+        Ok(())
+    }
+
+    /// Takes back the attempt `begin` counted, once it turned out right.
+    pub fn forgive(&self, ip: IpAddr) {
+        if let Some(mut log) = self.failures.get_mut(&group(ip)) {
+            log.pop_back();
+        }
+    }
+
+    fn sweep(&self, now: Instant) {
         if self.failures.len() >= SWEEP_AT {
             let window = self.window;
             self.failures
                 .retain(|_, log| log.back().is_some_and(|t| now.duration_since(*t) < window));
         }
-        let mut log = self.failures.entry(ip).or_default();
+    }
+
+    /// Counts one wrong key from `ip`.
+    pub fn fail(&self, ip: IpAddr, now: Instant) {
+        self.sweep(now);
+        let mut log = self.failures.entry(group(ip)).or_default();
         self.expire(&mut log, now);
         if log.len() >= self.limit {
             log.pop_front();
@@ -98,5 +137,30 @@ mod tests {
             "per address"
         );
         assert!(t.check(a, t0 + Duration::from_secs(60)).is_ok());
+    }
+
+    #[test]
+    fn parallel_attempts_are_counted_before_they_are_checked_and_v6_counts_per_64() {
+        let t = Throttle::default();
+        let a: IpAddr = "2001:db8::1".parse().unwrap();
+        let same_64: IpAddr = "2001:db8::ffff:1".parse().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..5 {
+            assert!(t.begin(a, t0).is_ok());
+        }
+        for _ in 0..5 {
+            assert!(t.begin(same_64, t0).is_ok());
+        }
+        assert!(
+            t.begin(a, t0).is_err(),
+            "the 11th attempt in flight is refused"
+        );
+        t.forgive(a);
+        assert!(
+            t.begin(same_64, t0).is_ok(),
+            "a right attempt is not counted"
+        );
+        let other: IpAddr = "2001:db8:0:1::1".parse().unwrap();
+        assert!(t.begin(other, t0).is_ok());
     }
 }

@@ -13,7 +13,6 @@ use super::super::{Exchange, blocking, fail, store_failed};
 use super::login::SignedIn;
 use crate::config::keys::{Key, new_secret, secret_hint, sha256};
 use crate::config::keys_file::{self, Edit, EditError};
-use crate::config::reload::KeysReloader;
 use crate::error::GatewayError;
 use crate::route::endpoint::Group;
 use crate::state::Shared;
@@ -96,14 +95,12 @@ async fn write(
     edit: Edit,
 ) -> Result<(), GatewayError> {
     let path = shared.live.config.keys_file.clone();
-    tokio::task::spawn_blocking(move || keys_file::apply(&path, &edit))
+    let table = tokio::task::spawn_blocking(move || keys_file::apply(&path, &edit))
         .await
         .map_err(|e| GatewayError::Internal(format!("keys file edit: {e}")))?
         .map_err(edit_error)?;
-    if let Err(p) = KeysReloader::new(shared.live.clone()).reload() {
-        // The watcher will report it too; the edit itself was valid when written.
-        tracing::warn!("keys reload after a console edit: {p}");
-    }
+    // In force now, as written (the watcher's reload of the same file changes nothing).
+    shared.live.keys.store(Arc::new(table));
     let store = shared.store.clone();
     let entry = AuditEntry {
         time_ms: super::super::now_ms(),

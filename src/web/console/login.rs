@@ -19,6 +19,9 @@ use crate::state::Shared;
 use crate::store::console::{AuditEntry, Session as Stored};
 
 pub const COOKIE: &str = "modelgate_session";
+
+/// Password checks running at once.
+static ARGON2_SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
 /// How long a session lasts from sign-in.
 pub const SESSION_MS: i64 = 12 * 3600 * 1000;
 
@@ -28,6 +31,18 @@ pub struct SignedIn {
     pub csrf: String,
     pub token_sha256: String,
     pub expires_ms: i64,
+}
+
+/// What a session is bound to: the configured user and password (hash). A change to either
+/// in the config ends every session made before it.
+pub fn credential_tag(console: &ConsoleConfig) -> String {
+    let material = format!(
+        "{}\n{}\n{}",
+        console.user,
+        console.password_hash.as_deref().unwrap_or(""),
+        console.password.as_ref().map_or("", |p| p.expose())
+    );
+    hex::encode(crate::config::keys::sha256(material.as_bytes()))
 }
 
 fn token_hash(token: &str) -> String {
@@ -80,8 +95,12 @@ fn origin_matches(session: &Session, origin: &str) -> bool {
     !host.is_empty() && origin.eq_ignore_ascii_case(&format!("{scheme}://{host}"))
 }
 
-/// The live session of this request, or None.
-pub async fn current(shared: &Shared, session: &Session) -> Result<Option<SignedIn>, GatewayError> {
+/// The live session of this request, or None (also when the credentials changed since).
+pub async fn current(
+    shared: &Shared,
+    session: &Session,
+    console: &ConsoleConfig,
+) -> Result<Option<SignedIn>, GatewayError> {
     let Some(token) = cookie(session) else {
         return Ok(None);
     };
@@ -92,12 +111,15 @@ pub async fn current(shared: &Shared, session: &Session) -> Result<Option<Signed
     let found = blocking(move || store.console.session_get(&h, now))
         .await
         .map_err(|e| store_failed("console", &e))?;
-    Ok(found.map(|s: Stored| SignedIn {
-        user: s.user,
-        csrf: s.csrf,
-        token_sha256: hash,
-        expires_ms: s.expires_ms,
-    }))
+    let tag = credential_tag(console);
+    Ok(found
+        .filter(|s: &Stored| s.cred == tag)
+        .map(|s: Stored| SignedIn {
+            user: s.user,
+            csrf: s.csrf,
+            token_sha256: hash,
+            expires_ms: s.expires_ms,
+        }))
 }
 
 /// For a state-changing call: the session, and a same-origin `Origin` or its CSRF token.
@@ -136,8 +158,10 @@ pub async fn login(
     body: &[u8],
 ) -> pingora_error::Result<()> {
     let now = Instant::now();
+    // Each attempt is counted before its password is checked, so parallel attempts cannot slip
+    // past the limit; a right one is taken back below.
     if let Some(ip) = ex.client {
-        if let Err(wait) = shared.web.logins.check(ip, now) {
+        if let Err(wait) = shared.web.logins.begin(ip, now) {
             let e = GatewayError::RateLimited {
                 message: "Too many failed sign-ins from this address; try again later.".into(),
                 retry_after: crate::limit::rate::retry_after_secs(wait),
@@ -156,16 +180,20 @@ pub async fn login(
         return fail(session, ex, &GatewayError::MissingParameter("password")).await;
     };
     let (c, u, p) = (console.clone(), user.to_string(), password.to_string());
-    // argon2 takes tens of milliseconds of CPU: keep it off the proxy's threads.
-    let ok = tokio::task::spawn_blocking(move || password_ok(&c, &u, &p))
-        .await
-        .unwrap_or(false);
+    // argon2 takes tens of milliseconds of CPU and ~19 MiB: off the proxy's threads, and at
+    // most a few at once whatever arrives.
+    let ok = match ARGON2_SLOTS.acquire().await {
+        Ok(_slot) => tokio::task::spawn_blocking(move || password_ok(&c, &u, &p))
+            .await
+            .unwrap_or(false),
+        Err(_) => false,
+    };
     if !ok {
-        if let Some(ip) = ex.client {
-            shared.web.logins.fail(ip, now);
-        }
         tracing::info!(client = ?ex.client, "console sign-in refused");
         return fail(session, ex, &GatewayError::BadCredentials).await;
+    }
+    if let Some(ip) = ex.client {
+        shared.web.logins.forgive(ip);
     }
     let token = random_token(32);
     let now_ms = super::super::now_ms();
@@ -174,6 +202,7 @@ pub async fn login(
         csrf: random_token(24),
         created_ms: now_ms,
         expires_ms: now_ms + SESSION_MS,
+        cred: credential_tag(console),
     };
     let store = shared.store.clone();
     let hash = token_hash(&token);

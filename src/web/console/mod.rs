@@ -117,7 +117,7 @@ pub async fn serve(
         }
         _ => {}
     }
-    let who = match login::current(shared, session).await {
+    let who = match login::current(shared, session, &console).await {
         Ok(Some(w)) => w,
         Ok(None) => return fail(session, ex, &GatewayError::NotSignedIn).await,
         Err(e) => return fail(session, ex, &e).await,
@@ -187,6 +187,9 @@ async fn usage_summary(
         Ok(r) => r,
         Err(e) => return fail(session, ex, &e).await,
     };
+    if let Err(e) = summary::bucket_starts(&range) {
+        return fail(session, ex, &e).await;
+    }
     let key_id = range.key_id.clone();
     let rollup = match summary::read(shared, key_id.as_deref(), &range).await {
         Ok(r) => r,
