@@ -267,16 +267,7 @@
       }
       $("usage-empty").hidden = true;
       $("usage-results").hidden = false;
-      const t = sum.totals, dl = $("u-totals");
-      dl.replaceChildren();
-      fact(dl, "Requests", num(t.requests));
-      fact(dl, "Success rate", `${(t.success_rate * 100).toFixed(1)}%`);
-      fact(dl, "Prompt tokens", num(t.prompt_tokens));
-      fact(dl, "Completion tokens", num(t.completion_tokens));
-      fact(dl, "Total tokens", num(t.total_tokens));
-      fact(dl, "Cost", credits(t.cost));
-      fact(dl, "Latency p50", t.latency_p50_ms === null ? "—" : `${num(t.latency_p50_ms)} ms`);
-      fact(dl, "Latency p95", t.latency_p95_ms === null ? "—" : `${num(t.latency_p95_ms)} ms`);
+      MG.totals($("u-totals"), sum.totals);
       state.chart = MG.chart($("u-chart"), sum, TZ, state.chart);
       for (const [id, list, name] of [["u-by-key", sum.keys, "key_id"], ["u-by-model", sum.models, "model"]]) {
         const body = $(id).tBodies[0];
@@ -311,15 +302,8 @@
     try {
       const p = usageParams();
       const res = await call("GET", `/console/api/usage.csv?${qs(p)}`);
-      const blob = await res.blob();
-      const m = (res.headers.get("content-disposition") || "").match(/filename="([^"]+)"/);
-      const a = document.createElement("a");
-      a.href = URL.createObjectURL(blob);
-      a.download = m ? m[1] : "usage.csv";
-      document.body.append(a);
-      a.click();
-      a.remove();
-      say(`Exported ${a.download}.`, "ok");
+      const { name } = await MG.download(res);
+      say(`Exported ${name}.`, "ok");
     } catch (e) { say(e.message, "error"); }
   }
 

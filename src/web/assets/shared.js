@@ -92,6 +92,35 @@ window.MG = (function () {
     }, [b.map((x) => x.start_ms / 1000), b.map((x) => x.total_tokens), b.map((x) => x.cost)], box);
   }
 
+  // The totals of a summary as a facts list.
+  function totals(dl, t) {
+    dl.replaceChildren();
+    fact(dl, "Requests", num(t.requests));
+    fact(dl, "Success rate", t.success_rate === null ? "—" : `${(t.success_rate * 100).toFixed(1)}% (${num(t.succeeded)} of ${num(t.requests)})`);
+    fact(dl, "Prompt tokens", num(t.prompt_tokens));
+    fact(dl, "Completion tokens", num(t.completion_tokens));
+    fact(dl, "Total tokens", num(t.total_tokens));
+    fact(dl, "Cost", credits(t.cost));
+    fact(dl, "Latency p50", t.latency_p50_ms === null ? "—" : `${num(t.latency_p50_ms)} ms`);
+    fact(dl, "Latency p95", t.latency_p95_ms === null ? "—" : `${num(t.latency_p95_ms)} ms`);
+  }
+
+  // Saves a fetched CSV under the file name the server gave; returns that name and its size.
+  async function download(res) {
+    const blob = await res.blob();
+    const m = (res.headers.get("content-disposition") || "").match(/filename="([^"]+)"/);
+    const name = m ? m[1] : "usage.csv";
+    const url = URL.createObjectURL(blob);
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = name;
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+    return { name, size: blob.size };
+  }
+
   // A row of text cells (never HTML) appended to a table body.
   function row(body, values) {
     const tr = body.insertRow();
@@ -99,5 +128,5 @@ window.MG = (function () {
     return tr;
   }
 
-  return { offsetText, wall, inputValue, parseInput, qs, fact, num, credits, chart, row };
+  return { offsetText, wall, inputValue, parseInput, qs, fact, num, credits, chart, row, totals, download };
 })();

@@ -105,16 +105,7 @@
   }
 
   function renderTotals(t) {
-    const dl = $("total-facts");
-    dl.replaceChildren();
-    fact(dl, "Requests", num(t.requests));
-    fact(dl, "Success rate", t.success_rate === null ? "—" : `${(t.success_rate * 100).toFixed(1)}% (${num(t.succeeded)} of ${num(t.requests)})`);
-    fact(dl, "Prompt tokens", num(t.prompt_tokens));
-    fact(dl, "Completion tokens", num(t.completion_tokens));
-    fact(dl, "Total tokens", num(t.total_tokens));
-    fact(dl, "Cost", credits(t.cost));
-    fact(dl, "Latency p50", t.latency_p50_ms === null ? "—" : `${num(t.latency_p50_ms)} ms`);
-    fact(dl, "Latency p95", t.latency_p95_ms === null ? "—" : `${num(t.latency_p95_ms)} ms`);
+    MG.totals($("total-facts"), t);
   }
 
   function renderChart(summary) {
@@ -215,19 +206,8 @@
     say("Preparing the CSV…");
     try {
       const res = await call("/api/usage.csv", rangeParams());
-      const blob = await res.blob();
-      const cd = res.headers.get("content-disposition") || "";
-      const m = cd.match(/filename="([^"]+)"/);
-      const name = m ? m[1] : "usage.csv";
-      const url = URL.createObjectURL(blob);
-      const a = document.createElement("a");
-      a.href = url;
-      a.download = name;
-      document.body.append(a);
-      a.click();
-      a.remove();
-      setTimeout(() => URL.revokeObjectURL(url), 60000);
-      say(`Exported ${name} (${num(blob.size)} bytes).`, "ok");
+      const { name, size } = await MG.download(res);
+      say(`Exported ${name} (${num(size)} bytes).`, "ok");
     } catch (e) {
       say(e.message, "error");
     }
