@@ -117,8 +117,30 @@ fn export(store: &Store, what: &str, q: &Query) {
     );
 }
 
+fn exports(store: &Store, start_ms: i64, end_ms: i64) {
+    // One key's million rows (its index walk visits every 10th row of the table), then a
+    // million rows of every key (three days; a straight walk of the time index).
+    let one_key = Query {
+        key_id: Some("key-000".into()),
+        start_ms,
+        end_ms,
+        ..Query::default()
+    };
+    export(&store, "one key", &one_key);
+    let three_days = start_ms + 3 * DAY_MS;
+    let all_keys = Query {
+        key_id: None,
+        start_ms,
+        end_ms: three_days.min(end_ms),
+        ..Query::default()
+    };
+    export(&store, "every key, 3 days", &all_keys);
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
+    // `cargo bench --bench usage_scale -- export` runs only the exports (for profiling).
+    let only_export = std::env::args().skip(1).any(|a| a == "export");
     let n: u64 = if full { 10_000_000 } else { 20_000 };
     let tmp = tempfile::tempdir().expect("tempdir");
     let path = if full {
@@ -165,6 +187,9 @@ fn main() {
         );
     }
 
+    if only_export {
+        return exports(&store, start_ms, end_ms);
+    }
     // A key's 30 days, local days in Asia/Kolkata: exact edges from raw rows, the rest rollups.
     let q = format!(
         "start={}&end={}&tz=Asia/Kolkata&bucket=day",
@@ -229,22 +254,6 @@ fn main() {
         );
     }
 
-    // One key's million rows (its index walk visits every 10th row of the table), then a
-    // million rows of every key (three days; a straight walk of the time index).
-    let one_key = Query {
-        key_id: Some("key-000".into()),
-        start_ms,
-        end_ms,
-        ..Query::default()
-    };
-    export(&store, "one key", &one_key);
-    let three_days = start_ms + 3 * DAY_MS;
-    let all_keys = Query {
-        key_id: None,
-        start_ms,
-        end_ms: three_days.min(end_ms),
-        ..Query::default()
-    };
-    export(&store, "every key, 3 days", &all_keys);
+    exports(&store, start_ms, end_ms);
     store.close();
 }
