@@ -126,12 +126,6 @@ pub(super) fn open_reader(path: &Path) -> Result<Connection, String> {
         .map_err(|e| db_err(&format!("opening {} to read", path.display()), e))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| db_err("busy_timeout", e))?;
-    // Exports walk a million rows: map the file instead of copying each page through read(2),
-    // and keep more pages per connection (measured in benches/usage_scale.rs).
-    conn.pragma_update(None, "mmap_size", 1i64 << 30)
-        .map_err(|e| db_err("mmap_size", e))?;
-    conn.pragma_update(None, "cache_size", -32_768)
-        .map_err(|e| db_err("cache_size", e))?;
     Ok(conn)
 }
 

@@ -71,6 +71,8 @@ def test_sign_in_wrong_then_right_and_out(console):
     sign_in(console, password="not the password")
     expect(console.locator("#login-status")).to_have_text("Wrong user or password.")
     assert console.locator("#app").is_hidden()
+    (REPO_ROOT / "docs").mkdir(exist_ok=True)
+    console.screenshot(path=str(REPO_ROOT / "docs" / "console-sign-in.png"))
     sign_in(console)
     expect(console.locator("#who")).to_contain_text(f"Signed in as {CONSOLE_USER}")
     expect(console.locator("#keys tbody")).to_contain_text("full")
