@@ -339,6 +339,9 @@ async fn usage_queries_do_not_count_against_the_keys_rpm() {
     )
     .await;
     assert_eq!(resp.status(), 429, "the third chat in a minute");
+    // The refused chat is recorded with its endpoint group, known from the path.
+    let chats = await_chat_records(&g.main, RPM2_KEY, 3).await;
+    assert!(chats.iter().any(|r| r["status"] == 429), "{chats:?}");
 }
 
 #[tokio::test]

@@ -63,6 +63,11 @@ impl Gateway {
             respond::error(session, ctx, &GatewayError::NotFound(path)).await?;
             return Ok(true);
         }
+        // Known from the path alone, so a refusal by the limits still records its group.
+        ctx.group = match &target {
+            Target::Proxy(ep) => ep.group.name(),
+            _ => Group::Models.name(),
+        };
         if auth::key_in_query(req.uri.query()) {
             let message =
                 "Keys are read only from 'Authorization: Bearer', never from the URL.".into();
