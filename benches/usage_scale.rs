@@ -126,7 +126,7 @@ fn exports(store: &Store, start_ms: i64, end_ms: i64) {
         end_ms,
         ..Query::default()
     };
-    export(&store, "one key", &one_key);
+    export(store, "one key", &one_key);
     let three_days = start_ms + 3 * DAY_MS;
     let all_keys = Query {
         key_id: None,
@@ -134,7 +134,7 @@ fn exports(store: &Store, start_ms: i64, end_ms: i64) {
         end_ms: three_days.min(end_ms),
         ..Query::default()
     };
-    export(&store, "every key, 3 days", &all_keys);
+    export(store, "every key, 3 days", &all_keys);
 }
 
 fn main() {
