@@ -16,7 +16,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src benches \
  && echo 'fn main() {}' > src/main.rs \
- && echo 'fn main() {}' > benches/hot_paths.rs \
+ && for b in hot_paths store usage_scale; do echo 'fn main() {}' > benches/$b.rs; done \
  && touch src/lib.rs \
  && (cargo build --release --locked || echo "dependency pre-build skipped") \
  && rm -rf src benches
