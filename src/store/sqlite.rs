@@ -80,6 +80,13 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, String> {
         Connection::open(path).map_err(|e| db_err(&format!("opening {}", path.display()), e))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| db_err("busy_timeout", e))?;
+    // 16 KiB pages (a new database only; an existing one keeps its size): one key's export
+    // walks rows spread across the table, and bigger pages mean a quarter of the page loads.
+    // Measured on 10M records: one key's 1M-row export 255k → 356k rows/s, all keys' 587k →
+    // 605k, fill 155k → 190k records/s. Not larger: scattered index and rollup updates write
+    // whole pages to the WAL.
+    conn.pragma_update(None, "page_size", 16_384)
+        .map_err(|e| db_err("page_size", e))?;
     let mode: String = conn
         .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
         .map_err(|e| db_err("journal_mode", e))?;
@@ -355,5 +362,7 @@ mod tests {
             .query_row("PRAGMA synchronous", [], |r| r.get(0))
             .unwrap();
         assert_eq!(sync, 1, "NORMAL");
+        let page: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+        assert_eq!(page, 16_384);
     }
 }
