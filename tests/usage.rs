@@ -494,6 +494,17 @@ async fn a_spent_budget_gives_402_and_spend_and_records_survive_a_restart() {
         (402, Some("insufficient_balance"))
     );
     record_of(&g.main, BUDGET_KEY, &refused).await;
+    // The budget is checked before the body is read: a spent key is refused even with a body
+    // that would not parse, and its upload is never taken.
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", g.main))
+        .bearer_auth(BUDGET_KEY)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(error_of(resp).await.0, 402);
     // The usage API still answers a key with no balance left (its own calls are recorded too).
     let page = usage_page(&g.main, BUDGET_KEY, "limit=10000").await;
     let chat: Vec<u64> = page["data"]

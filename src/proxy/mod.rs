@@ -2,6 +2,7 @@
 //! a stage: auth → permissions and budget → body and route → upstream → reply (metered) →
 //! usage record. Refusals are answered in `request_filter` before any upstream is touched.
 
+mod admit;
 pub mod body;
 pub mod ctx;
 mod direct;
@@ -11,7 +12,6 @@ pub mod reply;
 pub mod respond;
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -22,16 +22,11 @@ use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::auth;
-use crate::error::GatewayError;
-use crate::limit::rate::retry_after_secs;
-use crate::meter::Meter;
-use crate::meter::sse::SseMeter;
-use crate::route::body as route_body;
-use crate::route::endpoint::{BodyKind, Endpoint, Group, Target, classify};
+use crate::route::endpoint::Group;
 use crate::state::Shared;
 use crate::upstream;
 use crate::web;
+use admit::{Stop, Verdict};
 use ctx::{Ctx, Listener};
 
 pub struct Gateway {
@@ -52,160 +47,22 @@ impl Gateway {
 
     /// Decides the request. `Ok(true)`: answered here; `Ok(false)`: proxy it.
     async fn admit(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {
-        let live = &self.shared.live;
-        let req = session.req_header();
-        if web::owns(req.uri.path()) {
+        if web::owns(session.req_header().uri.path()) {
             return self.web(session, ctx).await;
         }
-        let target = classify(&req.method, req.uri.path());
-        if target == Target::Other {
-            let path = req.uri.path().to_string();
-            respond::error(session, ctx, &GatewayError::NotFound(path)).await?;
-            return Ok(true);
-        }
-        // Known from the path alone, so a refusal by the limits still records its group.
-        ctx.group = match &target {
-            Target::Proxy(ep) => ep.group.name(),
-            _ => Group::Models.name(),
-        };
-        if auth::key_in_query(req.uri.query()) {
-            let message =
-                "Keys are read only from 'Authorization: Bearer', never from the URL.".into();
-            return refuse(
-                session,
-                ctx,
-                GatewayError::InvalidParameter {
-                    param: "api_key",
-                    message,
-                },
-            )
-            .await;
-        }
-        let authorization = req
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        let key = match auth::authenticate(&live.keys.load(), authorization, now_unix()) {
-            Ok(k) => k,
-            Err(e) => return refuse(session, ctx, e).await,
-        };
-        ctx.key = Some(key.clone());
-        let (admitted, headroom) = self.shared.limiter.admit(&key, std::time::Instant::now());
-        ctx.headroom = headroom;
-        match admitted {
-            Ok(slot) => ctx.slot = slot,
-            Err(r) => {
-                let e = GatewayError::RateLimited {
-                    message: r.message,
-                    retry_after: retry_after_secs(r.retry_after),
-                };
-                return refuse(session, ctx, e).await;
+        match self.decide(session, ctx).await {
+            Ok(Verdict::Proxy) => Ok(false),
+            Ok(Verdict::Direct) => {
+                direct::forward(&self.connector, session, ctx).await;
+                Ok(true)
             }
-        }
-        let router = live.router.load_full();
-        let endpoint = match target {
-            Target::ListModels | Target::GetModel(_) => {
-                ctx.group = Group::Models.name();
-                if !key.may_use(Group::Models) {
-                    return refuse(session, ctx, denied_endpoint(Group::Models)).await;
-                }
-                match target {
-                    Target::GetModel(id) => match models::get(&router, &key, &id) {
-                        Some(body) => respond::json(session, ctx, 200, body).await?,
-                        None => {
-                            respond::error(session, ctx, &GatewayError::ModelNotFound(id)).await?
-                        }
-                    },
-                    _ => respond::json(session, ctx, 200, models::list(&router, &key)).await?,
-                }
-                return Ok(true);
+            Err(Stop::Answered) => Ok(true),
+            Err(Stop::Refuse(e)) => {
+                respond::error(session, ctx, &e).await?;
+                Ok(true)
             }
-            Target::Proxy(ep) => ep,
-            Target::Other => return Ok(true),
-        };
-        ctx.endpoint = Some(endpoint);
-        ctx.group = endpoint.group.name();
-        if !key.may_use(endpoint.group) {
-            return refuse(session, ctx, denied_endpoint(endpoint.group)).await;
+            Err(Stop::Io(e)) => Err(e),
         }
-        // The body is read here, before any upstream: a client waiting for 100 Continue gets it
-        // now (only once its key has passed).
-        if session
-            .req_header()
-            .headers
-            .get(http::header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
-        {
-            session
-                .as_downstream_mut()
-                .write_continue_response()
-                .await?;
-        }
-        let read = match body::read(session, live.config.max_body_bytes).await? {
-            Ok(r) => r,
-            Err(e) => return refuse(session, ctx, e).await,
-        };
-        let probe = match probe(session, endpoint, &read.bytes).await {
-            Ok(p) => p,
-            Err(e) => return refuse(session, ctx, e).await,
-        };
-        ctx.model = probe.model.clone();
-        ctx.stream = probe.stream;
-        let Some(route) = router.get(&probe.model).cloned() else {
-            return refuse(session, ctx, GatewayError::ModelNotFound(probe.model)).await;
-        };
-        if !key.may_use_model(&probe.model) {
-            let message = format!("This key may not use the model '{}'.", probe.model);
-            return refuse(
-                session,
-                ctx,
-                GatewayError::PermissionDenied {
-                    param: "model",
-                    message,
-                },
-            )
-            .await;
-        }
-        if self.shared.spend.exhausted(&key) {
-            return refuse(session, ctx, GatewayError::InsufficientBalance).await;
-        }
-        // Streams are metered from their events; ask the upstream for usage if the client
-        // did not (and hide it from the client again, see meter/sse.rs).
-        let metering = crate::meter::enabled();
-        let ask_usage =
-            metering && probe.stream && endpoint.group == Group::Chat && !probe.include_usage;
-        ctx.meter = match endpoint.group {
-            _ if !metering => Meter::None,
-            Group::Chat if probe.stream => Meter::Sse(SseMeter::new(ask_usage)),
-            Group::Chat | Group::Embeddings | Group::Moderations => Meter::json(),
-            _ => Meter::None,
-        };
-        let rename = route
-            .renames()
-            .then_some(route.model.upstream_model.as_str());
-        ctx.body = route_body::for_upstream(&read.bytes, &probe, rename, ask_usage);
-        let Some(up) = route.pool.pick() else {
-            return refuse(
-                session,
-                ctx,
-                GatewayError::NoHealthyUpstream(route.pool.name.clone()),
-            )
-            .await;
-        };
-        ctx.upstream = route
-            .pool
-            .upstreams
-            .iter()
-            .position(|u| std::ptr::eq(u, up))
-            .unwrap_or(0);
-        ctx.route = Some(route);
-        ctx.router = Some(router);
-        ctx.proxied = true;
-        if !read.via_pingora {
-            direct::forward(&self.connector, session, ctx).await;
-            return Ok(true);
-        }
-        Ok(false)
     }
 }
 
@@ -230,44 +87,6 @@ impl Gateway {
         ctx.group = Group::Usage.name();
         sent.map(|()| true)
     }
-}
-
-async fn refuse(
-    session: &mut Session,
-    ctx: &mut Ctx,
-    e: GatewayError,
-) -> pingora_error::Result<bool> {
-    respond::error(session, ctx, &e).await?;
-    Ok(true)
-}
-
-fn denied_endpoint(group: Group) -> GatewayError {
-    GatewayError::PermissionDenied {
-        param: "endpoint",
-        message: format!("This key may not use the '{}' endpoints.", group.name()),
-    }
-}
-
-async fn probe(
-    session: &Session,
-    endpoint: Endpoint,
-    body: &Bytes,
-) -> Result<route_body::Probe, GatewayError> {
-    let content_type = session.req_header().headers.get(http::header::CONTENT_TYPE);
-    let boundary = content_type
-        .and_then(|v| v.to_str().ok())
-        .and_then(route_body::multipart_boundary);
-    match (endpoint.body, boundary) {
-        (BodyKind::MultipartOrJson, Some(b)) => route_body::probe_multipart(body, &b).await,
-        _ => route_body::probe_json(body),
-    }
-}
-
-fn now_unix() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 /// The route and upstream chosen in `admit`; Pingora only calls the upstream phases after it.

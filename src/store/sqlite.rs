@@ -362,7 +362,9 @@ mod tests {
             .query_row("PRAGMA synchronous", [], |r| r.get(0))
             .unwrap();
         assert_eq!(sync, 1, "NORMAL");
-        let page: i64 = conn.query_row("PRAGMA page_size", [], |r| r.get(0)).unwrap();
+        let page: i64 = conn
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap();
         assert_eq!(page, 16_384);
     }
 }

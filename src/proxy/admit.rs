@@ -1,0 +1,266 @@
+//! Admission of a `/v1` request, one stage a call: target → key → limits → endpoint permission
+//! → budget → body → model route → the upstream request. Each stage returns `Result<_, Stop>`;
+//! the first refusal is answered in one place (`Gateway::admit`), before any upstream is
+//! touched. The budget is checked before the body is read, so a spent key costs no upload.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use pingora_error::Error;
+use pingora_proxy::Session;
+
+use super::ctx::Ctx;
+use super::{Gateway, body, models, respond};
+use crate::auth;
+use crate::config::keys::Key;
+use crate::error::GatewayError;
+use crate::limit::rate::retry_after_secs;
+use crate::meter::Meter;
+use crate::meter::sse::SseMeter;
+use crate::route::body as route_body;
+use crate::route::endpoint::{BodyKind, Endpoint, Group, Target, classify};
+use crate::route::{Route, Router};
+
+/// Why admission stopped before the proxy.
+pub(super) enum Stop {
+    /// A refusal to answer in the contract's error shape.
+    Refuse(GatewayError),
+    /// The gateway answered itself (the model list).
+    Answered,
+    /// The client connection failed.
+    Io(Box<Error>),
+}
+
+impl From<GatewayError> for Stop {
+    fn from(e: GatewayError) -> Stop {
+        Stop::Refuse(e)
+    }
+}
+
+impl From<Box<Error>> for Stop {
+    fn from(e: Box<Error>) -> Stop {
+        Stop::Io(e)
+    }
+}
+
+/// How the admitted request goes upstream.
+pub(super) enum Verdict {
+    /// Through Pingora's proxy loop.
+    Proxy,
+    /// Through our own client (a chunked body Pingora cannot replay; see body.rs).
+    Direct,
+}
+
+impl Gateway {
+    pub(super) async fn decide(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> Result<Verdict, Stop> {
+        let target = target(session, ctx)?;
+        let key = self.authenticate(session, ctx)?;
+        self.limit(&key, ctx)?;
+        let router = self.shared.live.router.load_full();
+        let endpoint = match target {
+            Target::Proxy(ep) => ep,
+            other => return Err(answer_models(session, ctx, &key, &router, other).await),
+        };
+        permit_endpoint(&key, endpoint, ctx)?;
+        if self.shared.spend.exhausted(&key) {
+            return Err(GatewayError::InsufficientBalance.into());
+        }
+        let read = read_body(session, self.shared.live.config.max_body_bytes).await?;
+        let probe = probe(session, endpoint, &read.bytes).await?;
+        ctx.model = probe.model.clone();
+        ctx.stream = probe.stream;
+        let route = route_model(&router, &key, &probe.model)?;
+        prepare_upstream(ctx, endpoint, route, &probe, &read.bytes)?;
+        ctx.router = Some(router);
+        Ok(if read.via_pingora {
+            Verdict::Proxy
+        } else {
+            Verdict::Direct
+        })
+    }
+
+    fn authenticate(&self, session: &Session, ctx: &mut Ctx) -> Result<Arc<Key>, Stop> {
+        let authorization = session
+            .req_header()
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        let key = auth::authenticate(&self.shared.live.keys.load(), authorization, now_unix())?;
+        ctx.key = Some(key.clone());
+        Ok(key)
+    }
+
+    fn limit(&self, key: &Key, ctx: &mut Ctx) -> Result<(), Stop> {
+        let (admitted, headroom) = self.shared.limiter.admit(key, std::time::Instant::now());
+        ctx.headroom = headroom;
+        match admitted {
+            Ok(slot) => {
+                ctx.slot = slot;
+                Ok(())
+            }
+            Err(r) => Err(GatewayError::RateLimited {
+                message: r.message,
+                retry_after: retry_after_secs(r.retry_after),
+            }
+            .into()),
+        }
+    }
+}
+
+/// What the request is, from method and path; a key in the URL is refused before anything.
+fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
+    let req = session.req_header();
+    let target = classify(&req.method, req.uri.path());
+    if target == Target::Other {
+        return Err(GatewayError::NotFound(req.uri.path().to_string()).into());
+    }
+    // Known from the path alone, so a refusal by the limits still records its group.
+    ctx.group = match &target {
+        Target::Proxy(ep) => ep.group.name(),
+        _ => Group::Models.name(),
+    };
+    if auth::key_in_query(req.uri.query()) {
+        let message = "Keys are read only from 'Authorization: Bearer', never from the URL.";
+        return Err(GatewayError::InvalidParameter {
+            param: "api_key",
+            message: message.into(),
+        }
+        .into());
+    }
+    Ok(target)
+}
+
+fn denied_endpoint(group: Group) -> GatewayError {
+    GatewayError::PermissionDenied {
+        param: "endpoint",
+        message: format!("This key may not use the '{}' endpoints.", group.name()),
+    }
+}
+
+/// `GET /v1/models` and `/v1/models/{id}`, answered from the config and the key's permissions.
+async fn answer_models(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    key: &Key,
+    router: &Router,
+    target: Target,
+) -> Stop {
+    if !key.may_use(Group::Models) {
+        return denied_endpoint(Group::Models).into();
+    }
+    let body = match target {
+        Target::GetModel(id) => match models::get(router, key, &id) {
+            Some(body) => body,
+            None => return GatewayError::ModelNotFound(id).into(),
+        },
+        _ => models::list(router, key),
+    };
+    match respond::json(session, ctx, 200, body).await {
+        Ok(()) => Stop::Answered,
+        Err(e) => Stop::Io(e),
+    }
+}
+
+fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), Stop> {
+    ctx.endpoint = Some(endpoint);
+    ctx.group = endpoint.group.name();
+    if !key.may_use(endpoint.group) {
+        return Err(denied_endpoint(endpoint.group).into());
+    }
+    Ok(())
+}
+
+/// Reads the whole body before any upstream; a client waiting for `100 Continue` gets it now
+/// (only once its key, permission and budget have passed).
+async fn read_body(session: &mut Session, max_bytes: usize) -> Result<body::ReadBody, Stop> {
+    let expects_continue = session
+        .req_header()
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue {
+        session
+            .as_downstream_mut()
+            .write_continue_response()
+            .await?;
+    }
+    Ok(body::read(session, max_bytes).await??)
+}
+
+async fn probe(
+    session: &Session,
+    endpoint: Endpoint,
+    body: &Bytes,
+) -> Result<route_body::Probe, GatewayError> {
+    let content_type = session.req_header().headers.get(http::header::CONTENT_TYPE);
+    let boundary = content_type
+        .and_then(|v| v.to_str().ok())
+        .and_then(route_body::multipart_boundary);
+    match (endpoint.body, boundary) {
+        (BodyKind::MultipartOrJson, Some(b)) => route_body::probe_multipart(body, &b).await,
+        _ => route_body::probe_json(body),
+    }
+}
+
+/// The model's route, if it exists and the key may use it.
+fn route_model(router: &Router, key: &Key, model: &str) -> Result<Arc<Route>, Stop> {
+    let Some(route) = router.get(model).cloned() else {
+        return Err(GatewayError::ModelNotFound(model.to_string()).into());
+    };
+    if !key.may_use_model(model) {
+        return Err(GatewayError::PermissionDenied {
+            param: "model",
+            message: format!("This key may not use the model '{model}'."),
+        }
+        .into());
+    }
+    Ok(route)
+}
+
+/// The meter, the body as the upstream will get it, and the upstream that gets it.
+fn prepare_upstream(
+    ctx: &mut Ctx,
+    endpoint: Endpoint,
+    route: Arc<Route>,
+    probe: &route_body::Probe,
+    body: &Bytes,
+) -> Result<(), Stop> {
+    // Streams are metered from their events; ask the upstream for usage if the client did
+    // not (and hide it from the client again, see meter/sse.rs).
+    let metering = crate::meter::enabled();
+    let ask_usage =
+        metering && probe.stream && endpoint.group == Group::Chat && !probe.include_usage;
+    ctx.meter = match endpoint.group {
+        _ if !metering => Meter::None,
+        Group::Chat if probe.stream => Meter::Sse(SseMeter::new(ask_usage)),
+        Group::Chat | Group::Embeddings | Group::Moderations => Meter::json(),
+        _ => Meter::None,
+    };
+    let rename = route
+        .renames()
+        .then_some(route.model.upstream_model.as_str());
+    ctx.body = route_body::for_upstream(body, probe, rename, ask_usage);
+    let Some(up) = route.pool.pick() else {
+        return Err(GatewayError::NoHealthyUpstream(route.pool.name.clone()).into());
+    };
+    ctx.upstream = route
+        .pool
+        .upstreams
+        .iter()
+        .position(|u| std::ptr::eq(u, up))
+        .unwrap_or(0);
+    ctx.route = Some(route);
+    ctx.proxied = true;
+    Ok(())
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
