@@ -34,7 +34,8 @@ pub struct Ctx {
     /// The whole body as it will be sent upstream.
     pub body: Bytes,
     pub stream: bool,
-    pub status: u16,
+    /// How the request ended: its status for the record and metrics.
+    pub outcome: Outcome,
     pub meter: Meter,
     /// Time to the first content byte sent to the client.
     pub ttft_ms: Option<u64>,
@@ -64,12 +65,57 @@ impl Ctx {
             upstream: 0,
             body: Bytes::new(),
             stream: false,
-            status: 0,
+            outcome: Outcome::Pending,
             meter: Meter::None,
             ttft_ms: None,
             proxied: false,
             headroom: Headroom::default(),
             slot: None,
+        }
+    }
+}
+
+/// How a request ended, for its usage record and metrics. One owner: it changes only through
+/// these states, and `logging` reads it once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Outcome {
+    #[default]
+    Pending,
+    /// The gateway's own reply (a refusal, the model list, a usage page): its status.
+    Answered(u16),
+    /// The upstream's reply, passed on: its status.
+    Upstream(u16),
+    /// The client went away before its reply was complete (499).
+    ClientGone,
+    /// The upstream failed before or during the reply: the status the client got (502, 504).
+    UpstreamFailed(u16),
+}
+
+impl Outcome {
+    pub fn status(self) -> u16 {
+        match self {
+            Outcome::Pending => 0,
+            Outcome::Answered(s) | Outcome::Upstream(s) | Outcome::UpstreamFailed(s) => s,
+            Outcome::ClientGone => 499,
+        }
+    }
+
+    pub fn succeeded(self) -> bool {
+        (200..300).contains(&self.status())
+    }
+
+    /// A connection error ended the request. One that had not failed yet was cut: by the
+    /// client (499) or by the upstream (502). A failure already named stays as it was.
+    pub fn cut(self, by_client: bool) -> Outcome {
+        match self {
+            Outcome::Pending | Outcome::Upstream(200..=299) | Outcome::Answered(200..=299) => {
+                if by_client {
+                    Outcome::ClientGone
+                } else {
+                    Outcome::UpstreamFailed(502)
+                }
+            }
+            other => other,
         }
     }
 }
@@ -82,4 +128,21 @@ fn next_request_id() -> String {
     let prefix = *PREFIX.get_or_init(rand::random::<u64>);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("req_{prefix:016x}{n:012x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Outcome;
+
+    #[test]
+    fn a_cut_names_who_cut_unless_a_failure_is_already_named() {
+        assert_eq!(Outcome::Pending.cut(true), Outcome::ClientGone);
+        assert_eq!(Outcome::Upstream(200).cut(true).status(), 499);
+        assert_eq!(Outcome::Upstream(200).cut(false).status(), 502);
+        assert_eq!(Outcome::Answered(200).cut(false).status(), 502);
+        assert_eq!(Outcome::Upstream(429).cut(true).status(), 429);
+        assert_eq!(Outcome::UpstreamFailed(504).cut(true).status(), 504);
+        assert_eq!(Outcome::Answered(401).cut(true).status(), 401);
+        assert!(!Outcome::Pending.succeeded() && Outcome::Upstream(204).succeeded());
+    }
 }

@@ -6,7 +6,7 @@ use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_proxy::Session;
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, Outcome};
 use super::{chosen, reply, respond};
 use crate::upstream;
 
@@ -36,8 +36,9 @@ pub async fn forward(connector: &Connector, session: &mut Session, ctx: &mut Ctx
             match reply::classify_failure(&e) {
                 Some(g) => {
                     let _ = respond::json(session, ctx, g.status(), g.body()).await;
+                    ctx.outcome = Outcome::UpstreamFailed(g.status());
                 }
-                None => ctx.status = 499,
+                None => ctx.outcome = Outcome::ClientGone,
             }
             return;
         }
@@ -48,6 +49,7 @@ pub async fn forward(connector: &Connector, session: &mut Session, ctx: &mut Ctx
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
         if let Some(g) = reply::classify_failure(&e) {
             let _ = respond::json(session, ctx, g.status(), g.body()).await;
+            ctx.outcome = Outcome::UpstreamFailed(g.status());
         }
         return;
     }
@@ -63,7 +65,7 @@ pub async fn forward(connector: &Connector, session: &mut Session, ctx: &mut Ctx
             Ok(c) => c,
             Err(_) => {
                 // The upstream broke off mid-reply: the client's reply is cut.
-                ctx.status = 502;
+                ctx.outcome = Outcome::UpstreamFailed(502);
                 session.as_downstream_mut().set_keepalive(None);
                 return;
             }
@@ -71,7 +73,7 @@ pub async fn forward(connector: &Connector, session: &mut Session, ctx: &mut Ctx
         let done = chunk.is_none() || client.response_done();
         reply::on_body(ctx, &mut chunk, done);
         if session.write_response_body(chunk, done).await.is_err() {
-            ctx.status = 499;
+            ctx.outcome = Outcome::ClientGone;
             return;
         }
         if done {

@@ -27,7 +27,7 @@ use crate::state::Shared;
 use crate::upstream;
 use crate::web;
 use admit::{Stop, Verdict};
-use ctx::{Ctx, Listener};
+use ctx::{Ctx, Listener, Outcome};
 
 pub struct Gateway {
     shared: Arc<Shared>,
@@ -83,7 +83,9 @@ impl Gateway {
         };
         let sent = web::serve(&self.shared, session, &mut ex).await;
         ctx.key = ex.key;
-        ctx.status = ex.status;
+        if ex.status != 0 {
+            ctx.outcome = Outcome::Answered(ex.status);
+        }
         ctx.group = Group::Usage.name();
         sent.map(|()| true)
     }
@@ -180,17 +182,17 @@ impl ProxyHttp for Gateway {
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         let failure = reply::classify_failure(e);
-        let code = match (&failure, session.response_written()) {
+        ctx.outcome = match (&failure, session.response_written()) {
             (Some(g), None) => {
                 if let Err(we) = respond::json(session, ctx, g.status(), g.body()).await {
                     tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");
                 }
-                g.status()
+                Outcome::UpstreamFailed(g.status())
             }
-            (Some(g), Some(_)) => g.status(),
-            (None, _) => 499,
+            (Some(g), Some(_)) => Outcome::UpstreamFailed(g.status()),
+            (None, _) => Outcome::ClientGone,
         };
-        ctx.status = code;
+        let code = ctx.outcome.status();
         FailToProxy {
             error_code: code,
             can_reuse_downstream: false,
@@ -201,19 +203,13 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         let Some(key) = ctx.key.clone() else { return };
         if let Some(e) = e {
-            // A failure after the reply began (fail_to_proxy may not have run): a client that
-            // went away is 499, an upstream that broke off is 502.
-            if ctx.status == 0 || (200..300).contains(&ctx.status) {
-                ctx.status = if e.esource() == &ErrorSource::Downstream {
-                    499
-                } else {
-                    502
-                };
-            }
+            // A failure after the reply began (fail_to_proxy may not have run).
+            ctx.outcome = ctx.outcome.cut(e.esource() == &ErrorSource::Downstream);
         }
         if let Some(m) = crate::metrics::get() {
+            let status = ctx.outcome.status().to_string();
             m.requests
-                .with_label_values(&[ctx.listener.name(), ctx.group, &ctx.status.to_string()])
+                .with_label_values(&[ctx.listener.name(), ctx.group, &status])
                 .inc();
         }
         let r = record::build(ctx, &key.id);

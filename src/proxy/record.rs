@@ -9,7 +9,7 @@ use crate::store::UsageRecord;
 
 /// The record of a request that passed auth.
 pub fn build(ctx: &Ctx, key_id: &str) -> UsageRecord {
-    let ok = (200..300).contains(&ctx.status);
+    let ok = ctx.outcome.succeeded();
     let reported = ctx.meter.usage();
     let (usage, estimated) = match reported {
         Some(u) => (complete(u), false),
@@ -35,7 +35,7 @@ pub fn build(ctx: &Ctx, key_id: &str) -> UsageRecord {
         listener: ctx.listener.name().to_string(),
         endpoint: ctx.group.to_string(),
         model: ctx.model.clone(),
-        status: ctx.status,
+        status: ctx.outcome.status(),
         stream: ctx.stream,
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_http::ResponseHeader;
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, Outcome};
 use crate::error::GatewayError;
 use crate::meter::Meter;
 
@@ -33,8 +33,8 @@ pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_e
     }
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     crate::limit::rate::write_headers(&ctx.headroom, resp)?;
-    ctx.status = resp.status.as_u16();
-    if !(200..300).contains(&ctx.status) {
+    ctx.outcome = Outcome::Upstream(resp.status.as_u16());
+    if !ctx.outcome.succeeded() {
         // An error reply carries no usage; it passes through unmetered.
         ctx.meter = Meter::None;
     } else if ctx.meter.edits_body() {

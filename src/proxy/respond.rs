@@ -1,10 +1,10 @@
 //! The proxy's own replies: the shared responder (`crate::respond`) plus this request's
-//! `x-ratelimit-*` headers, and the status noted in the context for the usage record.
+//! `x-ratelimit-*` headers, and the outcome noted in the context for the usage record.
 
 use bytes::Bytes;
 use pingora_proxy::Session;
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, Outcome};
 use crate::error::GatewayError;
 
 pub async fn json(
@@ -13,7 +13,7 @@ pub async fn json(
     status: u16,
     body: Vec<u8>,
 ) -> pingora_error::Result<()> {
-    ctx.status = status;
+    ctx.outcome = Outcome::Answered(status);
     let headroom = &ctx.headroom;
     crate::respond::send(
         session,
@@ -31,7 +31,7 @@ pub async fn error(
     ctx: &mut Ctx,
     e: &GatewayError,
 ) -> pingora_error::Result<()> {
-    ctx.status = e.status();
+    ctx.outcome = Outcome::Answered(e.status());
     let headroom = &ctx.headroom;
     crate::respond::error(session, &ctx.request_id, e, |h| {
         crate::limit::rate::write_headers(headroom, h)
