@@ -25,8 +25,8 @@ impl ServeHttp for Admin {
                 "application/json",
                 format!(
                     "{{\"status\":\"ok\",\"keys\":{},\"models\":{}}}",
-                    self.shared.live.keys.load().len(),
-                    self.shared.live.router.load().ordered.len()
+                    self.shared.live.snapshot().keys.len(),
+                    self.shared.live.snapshot().router.ordered.len()
                 ),
             ),
             "/metrics" => (

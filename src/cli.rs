@@ -162,7 +162,7 @@ fn serve(path: &Path) -> ExitCode {
         direct = ?c.listeners.direct,
         admin = ?c.listeners.admin,
         store = %c.sqlite.display(),
-        keys = live.keys.load().len(),
+        keys = live.snapshot().keys.len(),
         models = c.models.len(),
         "modelgate starting"
     );
@@ -201,7 +201,7 @@ fn check(path: &Path) -> ExitCode {
                 path.display(),
                 live.config.pools.len(),
                 live.config.models.len(),
-                live.keys.load().len()
+                live.snapshot().keys.len()
             );
             ExitCode::SUCCESS
         }

@@ -1,6 +1,7 @@
-//! The live state both API listeners share: the config, the key table and the router, each
-//! an immutable snapshot behind `ArcSwap`. A reload prepares a new snapshot, then swaps it in
-//! one store; each request loads one snapshot at its start.
+//! The live state both API listeners share: the config, and one snapshot of the key table and
+//! the router behind one `ArcSwap`. A reload prepares a new snapshot, then swaps it in one
+//! store; each request loads the snapshot once, at its start, so a reload never changes a
+//! request midway.
 
 use std::sync::Arc;
 
@@ -10,10 +11,15 @@ use super::keys::KeyTable;
 use super::{Config, Problems};
 use crate::route::Router;
 
+/// What one request sees of the live state.
+pub struct Snapshot {
+    pub keys: Arc<KeyTable>,
+    pub router: Arc<Router>,
+}
+
 pub struct Live {
     pub config: Arc<Config>,
-    pub keys: ArcSwap<KeyTable>,
-    pub router: ArcSwap<Router>,
+    state: ArcSwap<Snapshot>,
 }
 
 impl Live {
@@ -27,10 +33,27 @@ impl Live {
         match (keys, router) {
             (Some(keys), Some(router)) => Ok(Live {
                 config: Arc::new(config),
-                keys: ArcSwap::from_pointee(keys),
-                router: ArcSwap::from_pointee(router),
+                state: ArcSwap::from_pointee(Snapshot {
+                    keys: Arc::new(keys),
+                    router: Arc::new(router),
+                }),
             }),
             _ => Err(problems),
         }
+    }
+
+    /// The state in force now; hold it for the whole request.
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        self.state.load_full()
+    }
+
+    /// Puts a new, already validated key table in force (the router stays). Concurrent
+    /// swaps (the watcher and a console edit) each keep the other's router.
+    pub fn set_keys(&self, keys: KeyTable) {
+        let keys = Arc::new(keys);
+        self.state.rcu(|cur| Snapshot {
+            keys: keys.clone(),
+            router: cur.router.clone(),
+        });
     }
 }

@@ -53,7 +53,7 @@ impl KeysReloader {
         if fingerprint(&self.path) != before {
             return Ok(None);
         }
-        if table.is_empty() && !self.live.keys.load().is_empty() {
+        if table.is_empty() && !self.live.snapshot().keys.is_empty() {
             // Most likely a file caught between truncate and write. To revoke every key on
             // purpose, set `disabled = true` on them.
             let file = self.path.display().to_string();
@@ -65,7 +65,7 @@ impl KeysReloader {
             )));
         }
         let n = table.len();
-        self.live.keys.store(Arc::new(table));
+        self.live.set_keys(table);
         Ok(Some(n))
     }
 
@@ -122,7 +122,7 @@ impl BackgroundService for KeysReloader {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut seen = fingerprint(&self.path);
         if let Some(m) = crate::metrics::get() {
-            m.keys.set(self.live.keys.load().len() as i64);
+            m.keys.set(self.live.snapshot().keys.len() as i64);
         }
         loop {
             let forced = tokio::select! {

@@ -12,7 +12,7 @@ use pingora_proxy::Session;
 use super::ctx::Ctx;
 use super::{Gateway, body, models, respond};
 use crate::auth;
-use crate::config::keys::Key;
+use crate::config::keys::{Key, KeyTable};
 use crate::error::GatewayError;
 use crate::limit::rate::retry_after_secs;
 use crate::meter::Meter;
@@ -58,12 +58,13 @@ impl Gateway {
         ctx: &mut Ctx,
     ) -> Result<Verdict, Stop> {
         let target = target(session, ctx)?;
-        let key = self.authenticate(session, ctx)?;
+        // One snapshot of keys and router for the whole request.
+        let snapshot = self.shared.live.snapshot();
+        let key = authenticate(&snapshot.keys, session, ctx)?;
         self.limit(&key, ctx)?;
-        let router = self.shared.live.router.load_full();
         let endpoint = match target {
             Target::Proxy(ep) => ep,
-            other => return Err(answer_models(session, ctx, &key, &router, other).await),
+            other => return Err(answer_models(session, ctx, &key, &snapshot.router, other).await),
         };
         permit_endpoint(&key, endpoint, ctx)?;
         if self.shared.spend.exhausted(&key) {
@@ -73,25 +74,13 @@ impl Gateway {
         let probe = probe(session, endpoint, &read.bytes).await?;
         ctx.model = probe.model.clone();
         ctx.stream = probe.stream;
-        let route = route_model(&router, &key, &probe.model)?;
+        let route = route_model(&snapshot.router, &key, &probe.model)?;
         prepare_upstream(ctx, endpoint, route, &probe, &read.bytes)?;
-        ctx.router = Some(router);
         Ok(if read.via_pingora {
             Verdict::Proxy
         } else {
             Verdict::Direct
         })
-    }
-
-    fn authenticate(&self, session: &Session, ctx: &mut Ctx) -> Result<Arc<Key>, Stop> {
-        let authorization = session
-            .req_header()
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes());
-        let key = auth::authenticate(&self.shared.live.keys.load(), authorization, now_unix())?;
-        ctx.key = Some(key.clone());
-        Ok(key)
     }
 
     fn limit(&self, key: &Key, ctx: &mut Ctx) -> Result<(), Stop> {
@@ -109,6 +98,17 @@ impl Gateway {
             .into()),
         }
     }
+}
+
+fn authenticate(keys: &KeyTable, session: &Session, ctx: &mut Ctx) -> Result<Arc<Key>, Stop> {
+    let authorization = session
+        .req_header()
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    let key = auth::authenticate(keys, authorization, now_unix())?;
+    ctx.key = Some(key.clone());
+    Ok(key)
 }
 
 /// What the request is, from method and path; a key in the URL is refused before anything.
@@ -166,7 +166,6 @@ async fn answer_models(
 }
 
 fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), Stop> {
-    ctx.endpoint = Some(endpoint);
     ctx.group = endpoint.group.name();
     if !key.may_use(endpoint.group) {
         return Err(denied_endpoint(endpoint.group).into());

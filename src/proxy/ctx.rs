@@ -10,8 +10,7 @@ use bytes::Bytes;
 use crate::config::keys::Key;
 use crate::limit::rate::{Headroom, Slot};
 use crate::meter::Meter;
-use crate::route::endpoint::Endpoint;
-use crate::route::{Route, Router};
+use crate::route::Route;
 pub use crate::state::Listener;
 
 pub struct Ctx {
@@ -21,13 +20,10 @@ pub struct Ctx {
     pub time_ms: i64,
     pub listener: Listener,
     pub key: Option<Arc<Key>>,
-    pub endpoint: Option<Endpoint>,
     /// The record's `endpoint` group name ("" until known).
     pub group: &'static str,
     /// The model the client asked for.
     pub model: String,
-    /// The router snapshot this request was routed with.
-    pub router: Option<Arc<Router>>,
     pub route: Option<Arc<Route>>,
     /// Index of the chosen upstream in the route's pool.
     pub upstream: usize,
@@ -57,10 +53,8 @@ impl Ctx {
                 .map_or(0, |d| d.as_millis() as i64),
             listener,
             key: None,
-            endpoint: None,
             group: "",
             model: String::new(),
-            router: None,
             route: None,
             upstream: 0,
             body: Bytes::new(),

@@ -150,8 +150,8 @@ async fn authorize(
         .get(http::header::AUTHORIZATION)
         .map(|v| v.as_bytes());
     let presented = auth::bearer(authorization).is_some();
-    let keys = shared.live.keys.load();
-    match auth::authenticate(&keys, authorization, now_unix()) {
+    let keys = &shared.live.snapshot().keys;
+    match auth::authenticate(keys, authorization, now_unix()) {
         Ok(key) => {
             ex.key = Some(key.clone());
             if !key.may_use(Group::Usage) {

@@ -38,7 +38,13 @@ pub fn key_view(key: &Key, spend: f64, last_used_ms: Option<i64>) -> Value {
 }
 
 fn find(shared: &Shared, id: &str) -> Option<Arc<Key>> {
-    shared.live.keys.load().keys().find(|k| k.id == id).cloned()
+    shared
+        .live
+        .snapshot()
+        .keys
+        .keys()
+        .find(|k| k.id == id)
+        .cloned()
 }
 
 pub async fn list(
@@ -51,7 +57,8 @@ pub async fn list(
         Ok(l) => l,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     };
-    let table = shared.live.keys.load();
+    let snapshot = shared.live.snapshot();
+    let table = &snapshot.keys;
     let mut keys: Vec<&Arc<Key>> = table.keys().collect();
     keys.sort_by(|a, b| a.id.cmp(&b.id));
     let data: Vec<Value> = keys
@@ -100,7 +107,7 @@ async fn write(
         .map_err(|e| GatewayError::Internal(format!("keys file edit: {e}")))?
         .map_err(edit_error)?;
     // In force now, as written (the watcher's reload of the same file changes nothing).
-    shared.live.keys.store(Arc::new(table));
+    shared.live.set_keys(table);
     let store = shared.store.clone();
     let entry = AuditEntry {
         time_ms: super::super::now_ms(),
