@@ -125,6 +125,25 @@ fn check_refuses_a_console_password_hash_that_is_not_argon2id() {
 }
 
 #[test]
+fn check_names_the_field_of_a_type_error() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(
+        dir.path().join("k.toml"),
+        "[[keys]]\nid = \"a\"\nsecret = \"sk-aaaaaaaa\"\nrpm = \"lots\"\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("c.toml"),
+        "[listeners]\nmain = \"127.0.0.1:1\"\n[keys]\nfile = \"k.toml\"\n",
+    )
+    .expect("write");
+    let path = dir.path().join("c.toml");
+    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    assert!(err.contains("k.toml:4: rpm: invalid type"), "{err}");
+}
+
+#[test]
 fn key_new_prints_a_fresh_key_and_an_entry_with_only_its_hash() {
     let (code, out, _) = run(&["key", "new", "--id", "ci-bot"], None);
     assert_eq!(code, 0);

@@ -24,13 +24,16 @@ impl Problem {
     pub fn from_toml(file: &str, text: &str, e: &toml::de::Error) -> Self {
         let line = e.span().map(|s| line_of(text, s.start));
         // toml's message is the last line of its Display; the span gives the place.
-        let field = e
+        let named = e
             .message()
             .split('`')
             .nth(1)
-            .filter(|_| e.message().contains("field"))
-            .unwrap_or("")
-            .to_string();
+            .filter(|_| e.message().contains("field"));
+        // A type error names no field: take the key written on the line the span points at.
+        let field = named
+            .map(str::to_string)
+            .or_else(|| e.span().and_then(|s| key_at(text, s.start)))
+            .unwrap_or_default();
         Problem::new(file, line, &field, e.message().trim().to_string())
     }
 }
@@ -85,6 +88,16 @@ impl fmt::Display for Problems {
 impl std::error::Error for Problems {}
 
 /// 1-based line of a byte offset.
+/// The key of a `key = value` line holding `offset` (a dotted or quoted key as written).
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(text.len());
+    let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let end = text[offset..].find('\n').map_or(text.len(), |i| offset + i);
+    let (key, _) = text.get(start..end)?.split_once('=')?;
+    let key = key.trim();
+    (!key.is_empty() && !key.starts_with('[') && !key.starts_with('#')).then(|| key.to_string())
+}
+
 pub fn line_of(text: &str, offset: usize) -> usize {
     text.as_bytes()[..offset.min(text.len())]
         .iter()
