@@ -131,6 +131,12 @@ def test_usage_across_keys_and_models(console, gateway):
     console.get_by_role("button", name="Query").click()
     expect(console.locator("#status")).to_contain_text("loaded")
     expect(console.locator("#u-by-key tbody")).to_contain_text("full")
+    # Each group-by table ends with the totals, and its rows add up to them.
+    for table in ("#u-by-key", "#u-by-model", "#u-by-day"):
+        total = console.locator(f"{table} tfoot td").nth(1).inner_text().replace(",", "")
+        rows = console.locator(f"{table} tbody tr td:nth-child(2)").all_inner_texts()
+        assert console.locator(f"{table} tfoot td").first.inner_text() == "Total"
+        assert sum(int(r.replace(",", "")) for r in rows) == int(total), table
     assert console.locator("#u-chart canvas").count() >= 1
     assert console.locator("#u-records tbody tr").count() >= 1
     console.screenshot(path=str(REPO_ROOT / "docs" / "console-usage.png"), full_page=True)

@@ -269,14 +269,16 @@
       $("usage-results").hidden = false;
       MG.totals($("u-totals"), sum.totals);
       state.chart = MG.chart($("u-chart"), sum, TZ, state.chart);
-      for (const [id, list, name] of [["u-by-key", sum.keys, "key_id"], ["u-by-model", sum.models, "model"]]) {
-        const body = $(id).tBodies[0];
-        body.replaceChildren();
-        for (const s of list) sumsRow(body, s[name] || "(none)", s);
+      const daily = days.buckets.filter((d) => d.requests).map((d) => ({ ...d, day: d.start.slice(0, 10) }));
+      for (const [id, list, name] of [["u-by-key", sum.keys, "key_id"], ["u-by-model", sum.models, "model"], ["u-by-day", daily, "day"]]) {
+        const table = $(id);
+        table.tBodies[0].replaceChildren();
+        for (const s of list) sumsRow(table.tBodies[0], s[name] || "(none)", s);
+        // Each group-by table ends with the range's totals.
+        const foot = table.tFoot || table.createTFoot();
+        foot.replaceChildren();
+        sumsRow(foot, "Total", sum.totals);
       }
-      const dayBody = $("u-by-day").tBodies[0];
-      dayBody.replaceChildren();
-      for (const d of days.buckets) if (d.requests) sumsRow(dayBody, d.start.slice(0, 10), d);
       state.cursor = null;
       $("u-records").tBodies[0].replaceChildren();
       await moreRecords();
