@@ -11,6 +11,14 @@ use crate::error::GatewayError;
 /// Unix seconds at or beyond this are taken for an epoch in milliseconds (it is the year 5138).
 const MS_EPOCH_FROM: i64 = 100_000_000_000;
 
+/// A client's value as quoted back in an error: at most 64 characters.
+pub fn shown(v: &str) -> String {
+    match v.char_indices().nth(64) {
+        Some((i, _)) => format!("{}…", &v[..i]),
+        None => v.to_string(),
+    }
+}
+
 fn bad(param: &'static str, message: String) -> GatewayError {
     GatewayError::InvalidParameter { param, message }
 }
@@ -26,6 +34,7 @@ pub fn parse(
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let k = decode(k);
         let Some(name) = allowed.iter().find(|a| **a == k) else {
+            let k = shown(&k);
             let message = format!(
                 "Unknown query parameter '{k}'. This endpoint takes: {}.",
                 allowed.join(", ")
@@ -83,7 +92,8 @@ pub fn zone(s: &str) -> Result<TimeZone, GatewayError> {
     }
     TimeZone::get(&t).map_err(|_| {
         let message = format!(
-            "'{s}' is not a time zone: use UTC, an offset such as +05:30, or an IANA name such as Asia/Kolkata."
+            "'{}' is not a time zone: use UTC, an offset such as +05:30, or an IANA name such as Asia/Kolkata.",
+            shown(s)
         );
         bad("tz", message)
     })
@@ -114,6 +124,7 @@ fn fixed_offset(s: &str) -> Option<Offset> {
 /// read as a date thousands of years ahead.
 pub fn time(param: &'static str, s: &str, tz: &TimeZone) -> Result<i64, GatewayError> {
     let v = s.trim();
+    let q = shown(v);
     let numeric = !v.is_empty()
         && v.bytes()
             .enumerate()
@@ -121,10 +132,10 @@ pub fn time(param: &'static str, s: &str, tz: &TimeZone) -> Result<i64, GatewayE
     if numeric {
         let secs: f64 = v
             .parse()
-            .map_err(|_| bad(param, format!("'{v}' is not a number of unix seconds.")))?;
+            .map_err(|_| bad(param, format!("'{q}' is not a number of unix seconds.")))?;
         if secs.abs() >= MS_EPOCH_FROM as f64 {
             let message = format!(
-                "'{v}' looks like unix milliseconds; '{param}' takes unix seconds, RFC 3339 or YYYY-MM-DD."
+                "'{q}' looks like unix milliseconds; '{param}' takes unix seconds, RFC 3339 or YYYY-MM-DD."
             );
             return Err(bad(param, message));
         }
@@ -134,7 +145,7 @@ pub fn time(param: &'static str, s: &str, tz: &TimeZone) -> Result<i64, GatewayE
         if let Ok(d) = v.parse::<Date>() {
             let midnight = d
                 .to_zoned(tz.clone())
-                .map_err(|e| bad(param, format!("'{v}': {e}")))?;
+                .map_err(|e| bad(param, format!("'{q}': {e}")))?;
             return Ok(midnight.timestamp().as_millisecond());
         }
     }
@@ -147,7 +158,7 @@ pub fn time(param: &'static str, s: &str, tz: &TimeZone) -> Result<i64, GatewayE
     });
     parsed.map(|t| t.as_millisecond()).map_err(|_| {
         let message = format!(
-            "'{v}' is not a time: use RFC 3339 (2026-11-22T10:00:00+05:30), YYYY-MM-DD or unix seconds."
+            "'{q}' is not a time: use RFC 3339 (2026-11-22T10:00:00+05:30), YYYY-MM-DD or unix seconds."
         );
         bad(param, message)
     })
@@ -186,6 +197,13 @@ mod tests {
         }
         let msg = String::from_utf8(t("1795353265123").unwrap_err().body()).unwrap();
         assert!(msg.contains("milliseconds"), "{msg}");
+        let huge = "9".repeat(5_000);
+        let msg = String::from_utf8(t(&huge).unwrap_err().body()).unwrap();
+        assert!(
+            msg.len() < 400,
+            "a long value is not echoed whole: {}",
+            msg.len()
+        );
     }
 
     #[test]

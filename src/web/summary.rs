@@ -47,7 +47,10 @@ impl Bucket {
             "auto" | "" => Ok(Bucket::Day),
             _ => Err(GatewayError::InvalidParameter {
                 param: "bucket",
-                message: format!("bucket is auto, 15m, hour or day, not '{v}'"),
+                message: format!(
+                    "bucket is auto, 15m, hour or day, not '{}'",
+                    params::shown(v)
+                ),
             }),
         }
     }

@@ -72,7 +72,12 @@ pub fn parse_query(
                 q.desc = match v.as_str() {
                     "asc" => false,
                     "desc" => true,
-                    _ => return Err(bad("order", format!("order is asc or desc, not '{v}'"))),
+                    _ => {
+                        return Err(bad(
+                            "order",
+                            format!("order is asc or desc, not '{}'", params::shown(&v)),
+                        ));
+                    }
                 }
             }
             "model" => q.model = Some(v),
@@ -82,7 +87,8 @@ pub fn parse_query(
                     bad(
                         "status",
                         format!(
-                            "'{v}' is not a status: use a code such as 429 or a class such as 5xx"
+                            "'{}' is not a status: use a code such as 429 or a class such as 5xx",
+                            params::shown(&v)
                         ),
                     )
                 })?)
