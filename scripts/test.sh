@@ -13,8 +13,10 @@ failed=()
 echo "== cargo test --all-targets --no-fail-fast" >&2
 cargo test --all-targets --no-fail-fast || failed+=("cargo test")
 
-echo "== OpenAI SDK against target/debug/modelgate (tests/sdk)" >&2
-if cargo build; then
+echo "== OpenAI SDK and the pages in Chromium against target/debug/modelgate (tests/sdk)" >&2
+# `cargo test` has just built the binary for the integration tests; a separate `cargo build`
+# would rebuild much of the tree with other feature sets (minutes in CI) for the same code.
+if [ -x target/debug/modelgate ] || cargo build; then
   MODELGATE_BIN=target/debug/modelgate .venv/bin/python -m pytest -q -p no:cacheprovider tests/sdk \
     || failed+=("pytest tests/sdk")
 else
