@@ -123,9 +123,12 @@ def test_the_time_zone_is_the_browsers_shown_and_switchable_to_utc(page, seeded)
     assert "UTC (UTC+00:00)" in page.locator("#tz-shown").inner_text()
     utc_from = wall(page.get_by_label("From", exact=True).input_value())
     assert ist_from - utc_from == timedelta(hours=5, minutes=30), "same instant, new wall time"
+    # The page queries again in the new zone; wait for that query to finish (its records come
+    # after its chart), then the same record shows its UTC time.
+    playwright_api.expect(page.locator("#status")).to_contain_text("(UTC)")
     playwright_api.expect(page.locator("#chart-note")).to_contain_text("UTC")
-    shown = page.locator("#records tbody tr").filter(has_text=newest["request_id"]).locator("td").first.inner_text()
-    assert shown == utc_time.strftime("%Y-%m-%d %H:%M:%S")
+    cell = page.locator("#records tbody tr").filter(has_text=newest["request_id"]).locator("td").first
+    playwright_api.expect(cell).to_have_text(utc_time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
 def test_export_downloads_exactly_the_selected_range(page, gateway, seeded):
