@@ -108,20 +108,42 @@ pub fn parse_time(s: &str) -> Option<i64> {
 
 fn csv_field(out: &mut String, s: &str) {
     // A cell a spreadsheet would run as a formula is defused with a leading quote (OWASP).
-    let defused;
-    let s = if s.starts_with(['=', '+', '-', '@']) {
-        defused = format!("'{s}");
-        defused.as_str()
-    } else {
-        s
-    };
-    if s.contains([',', '"', '\n', '\r']) {
+    let formula = s.starts_with(['=', '+', '-', '@']);
+    // A byte scan: every delimiter is ASCII, and exports call this five times a row.
+    let quote = s.bytes().any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r'));
+    if quote {
         out.push('"');
-        out.push_str(&s.replace('"', "\"\""));
+    }
+    if formula {
+        out.push('\'');
+    }
+    if quote {
+        for (i, part) in s.split('"').enumerate() {
+            if i > 0 {
+                out.push_str("\"\"");
+            }
+            out.push_str(part);
+        }
         out.push('"');
     } else {
         out.push_str(s);
     }
+}
+
+/// Appends `v` in decimal, without the formatting machinery (six of these a row).
+fn push_u64(out: &mut String, v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut v = v;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"));
 }
 
 impl UsageRecord {
@@ -138,19 +160,19 @@ impl UsageRecord {
         csv_field(out, &self.endpoint);
         out.push(',');
         csv_field(out, &self.model);
-        let _ = write!(
-            out,
-            ",{},{},{},{},{},{},{},",
-            self.status,
-            self.stream,
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.total_tokens,
-            self.cost,
-            self.latency_ms
-        );
+        out.push(',');
+        push_u64(out, u64::from(self.status));
+        out.push_str(if self.stream { ",true," } else { ",false," });
+        push_u64(out, self.prompt_tokens);
+        out.push(',');
+        push_u64(out, self.completion_tokens);
+        out.push(',');
+        push_u64(out, self.total_tokens);
+        let _ = write!(out, ",{},", self.cost);
+        push_u64(out, self.latency_ms);
+        out.push(',');
         if let Some(t) = self.ttft_ms {
-            let _ = write!(out, "{t}");
+            push_u64(out, t);
         }
         out.push(',');
         csv_field(out, &self.upstream);
@@ -242,6 +264,48 @@ mod tests {
             let mut slow = String::new();
             write_time_slow(&mut slow, ms);
             assert_eq!(format_time(ms), slow, "{ms}");
+        }
+    }
+
+    /// The field writer against the plain definition (defuse, then quote if needed).
+    #[test]
+    fn fields_match_the_plain_definition() {
+        fn reference(s: &str) -> String {
+            let s = if s.starts_with(['=', '+', '-', '@']) {
+                format!("'{s}")
+            } else {
+                s.to_string()
+            };
+            if s.contains([',', '"', '\n', '\r']) {
+                format!("\"{}\"", s.replace('"', "\"\""))
+            } else {
+                s
+            }
+        }
+        for s in [
+            "",
+            "plain",
+            "a,b",
+            "\"",
+            "\"\"",
+            "=1+2",
+            "=a,\"b\"",
+            "@x\n",
+            "-",
+            "+\r",
+            "é,ü\"日本",
+            "\"start",
+            "end\"",
+            "mid\"dle",
+        ] {
+            let mut out = String::new();
+            csv_field(&mut out, s);
+            assert_eq!(out, reference(s), "{s:?}");
+        }
+        for v in [0u64, 7, 10, 99, 100, 12_345, u64::MAX] {
+            let mut out = String::new();
+            push_u64(&mut out, v);
+            assert_eq!(out, v.to_string());
         }
     }
 
