@@ -218,14 +218,14 @@ pub async fn send_csv(
             return Err(e);
         }
     }
-    match reader.await {
-        Ok(Ok(_rows)) => session.write_response_body(Some(Bytes::new()), true).await,
-        failed => {
-            let e = match failed {
-                Ok(Err(e)) => e,
-                Err(e) => crate::store::StoreError(format!("usage store: export task: {e}")),
-                Ok(Ok(_)) => crate::store::StoreError(String::new()),
-            };
+    let done = reader.await.unwrap_or_else(|e| {
+        Err(crate::store::StoreError(format!(
+            "usage store: export task: {e}"
+        )))
+    });
+    match done {
+        Ok(_rows) => session.write_response_body(Some(Bytes::new()), true).await,
+        Err(e) => {
             tracing::error!(request_id = %ex.request_id, "usage export failed: {e}");
             // The header is out: all that is left is to cut the reply so it cannot look complete.
             ex.status = 500;
