@@ -1,5 +1,5 @@
 //! Store stage, read side: the usage query (one page, keyset cursor) and the streaming CSV
-//! export. Both walk (time_ms, rowid) ascending from an inclusive lower bound, never OFFSET, so
+//! export. Both walk (time_ms, seq) ascending from an inclusive lower bound, never OFFSET, so
 //! the millionth row costs what the first does.
 
 use base64::Engine;
@@ -35,7 +35,7 @@ pub struct Query {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor {
     pub time_ms: i64,
-    pub rowid: i64,
+    pub seq: i64,
 }
 
 impl Cursor {
@@ -43,7 +43,7 @@ impl Cursor {
     pub fn encode(&self) -> String {
         let mut raw = [0u8; 16];
         raw[..8].copy_from_slice(&self.time_ms.to_be_bytes());
-        raw[8..].copy_from_slice(&self.rowid.to_be_bytes());
+        raw[8..].copy_from_slice(&self.seq.to_be_bytes());
         URL_SAFE_NO_PAD.encode(raw)
     }
 
@@ -54,8 +54,8 @@ impl Cursor {
             return None;
         }
         let time_ms = i64::from_be_bytes(raw[..8].try_into().ok()?);
-        let rowid = i64::from_be_bytes(raw[8..].try_into().ok()?);
-        Some(Cursor { time_ms, rowid })
+        let seq = i64::from_be_bytes(raw[8..].try_into().ok()?);
+        Some(Cursor { time_ms, seq })
     }
 }
 
@@ -73,28 +73,28 @@ const EXPORT_PAGE: usize = 4_096;
 /// Export chunks handed to the sink are about this size.
 const CHUNK: usize = 64 * 1024;
 
-/// Where a walk starts: the first (time_ms, rowid) to return. Ascending it is inclusive (the
+/// Where a walk starts: the first (time_ms, seq) to return. Ascending it is inclusive (the
 /// query's start, or just past the cursor); descending it is exclusive (the query's end, or
 /// the cursor). None when the cursor already lies past the end of the key space.
 fn first_bound(q: &Query, cursor: Option<Cursor>) -> Option<(i64, i64)> {
     if q.desc {
         let end = (q.end_ms, i64::MIN);
-        return Some(cursor.map_or(end, |c| (c.time_ms, c.rowid).min(end)));
+        return Some(cursor.map_or(end, |c| (c.time_ms, c.seq).min(end)));
     }
     let start = (q.start_ms, i64::MIN);
     let Some(c) = cursor else {
         return Some(start);
     };
-    let after = match c.rowid.checked_add(1) {
-        Some(rowid) => (c.time_ms, rowid),
+    let after = match c.seq.checked_add(1) {
+        Some(seq) => (c.time_ms, seq),
         None => (c.time_ms.checked_add(1)?, i64::MIN),
     };
     Some(after.max(start))
 }
 
 /// The SELECT for one keyset page and its parameters, in order. Ascending:
-/// `(time_ms, rowid) >= bound AND time_ms < end`; descending:
-/// `(time_ms, rowid) < bound AND time_ms >= start`.
+/// `(time_ms, seq) >= bound AND time_ms < end`; descending:
+/// `(time_ms, seq) < bound AND time_ms >= start`.
 /// The redundant plain `time_ms` bound keeps a range on the index even where the planner would
 /// not use the row-value comparison for one. Filters on model and status are checked on the
 /// rows the index walk yields.
@@ -119,15 +119,15 @@ fn select(q: &Query, from: (i64, i64), limit: usize) -> (String, Vec<Value>) {
     if q.desc {
         arg(&mut sql, "time_ms >= ? AND ", Value::Integer(q.start_ms));
         arg(&mut sql, "time_ms <= ? AND ", t.clone());
-        arg(&mut sql, "(time_ms, rowid) < (?, ", t);
-        arg(&mut sql, "?) ORDER BY time_ms DESC, rowid DESC ", r);
+        arg(&mut sql, "(time_ms, seq) < (?, ", t);
+        arg(&mut sql, "?) ORDER BY time_ms DESC, seq DESC ", r);
     } else {
         arg(&mut sql, "time_ms >= ? AND ", t.clone());
-        arg(&mut sql, "(time_ms, rowid) >= (?, ", t);
+        arg(&mut sql, "(time_ms, seq) >= (?, ", t);
         arg(&mut sql, "?) AND ", r);
         arg(
             &mut sql,
-            "time_ms < ? ORDER BY time_ms, rowid ",
+            "time_ms < ? ORDER BY time_ms, seq ",
             Value::Integer(q.end_ms),
         );
     }
@@ -136,7 +136,7 @@ fn select(q: &Query, from: (i64, i64), limit: usize) -> (String, Vec<Value>) {
     (sql, args)
 }
 
-/// Runs one keyset SELECT from `from` and calls `each` per row with its rowid; `each` returns
+/// Runs one keyset SELECT from `from` and calls `each` per row with its seq; `each` returns
 /// false to stop early. Returns the number of rows seen.
 fn scan(
     conn: &Connection,
@@ -153,9 +153,9 @@ fn scan(
     let mut rec = blank_record();
     let mut seen = 0;
     while let Some(row) = rows.next().map_err(StoreError::query)? {
-        let rowid = read_row(row, &mut rec).map_err(StoreError::query)?;
+        let seq = read_row(row, &mut rec).map_err(StoreError::query)?;
         seen += 1;
-        if !each(rowid, &rec) {
+        if !each(seq, &rec) {
             break;
         }
     }
@@ -175,7 +175,7 @@ pub(super) fn page(conn: &Connection, q: &Query) -> Result<Page, StoreError> {
     let mut last = None;
     let mut more = false;
     // One row past the page tells whether another page exists.
-    scan(conn, q, from, limit.saturating_add(1), &mut |rowid, rec| {
+    scan(conn, q, from, limit.saturating_add(1), &mut |seq, rec| {
         if records.len() == limit {
             more = true;
             return false;
@@ -183,7 +183,7 @@ pub(super) fn page(conn: &Connection, q: &Query) -> Result<Page, StoreError> {
         records.push(rec.clone());
         last = Some(Cursor {
             time_ms: rec.time_ms,
-            rowid,
+            seq,
         });
         true
     })?;
@@ -193,9 +193,98 @@ pub(super) fn page(conn: &Connection, q: &Query) -> Result<Page, StoreError> {
     })
 }
 
+/// An export across every key merges one walk per key (each sequential in the key-clustered
+/// table) instead of walking the time index, which would seek the table once per row; above
+/// this many keys the per-round statements cost more than the seeks save.
+const MERGE_MAX_KEYS: usize = 64;
+
+/// Every key that has ever been recorded (the spend table gains a key with its first row), or
+/// None when there are too many to merge.
+fn keys_to_merge(conn: &Connection) -> Result<Option<Vec<String>>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT key_id FROM spend LIMIT ?1")
+        .map_err(StoreError::query)?;
+    let keys = stmt
+        .query_map([MERGE_MAX_KEYS as i64 + 1], |r| r.get::<_, String>(0))
+        .map_err(StoreError::query)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(StoreError::query)?;
+    Ok((keys.len() <= MERGE_MAX_KEYS).then_some(keys))
+}
+
+/// Like `scan` across every key, for the keys given: one statement per key, their rows merged
+/// in (time_ms, seq) order (descending for `q.desc`). Each key's walk is sequential.
+fn merge_scan(
+    conn: &Connection,
+    q: &Query,
+    keys: &[String],
+    from: (i64, i64),
+    limit: usize,
+    each: &mut dyn FnMut(i64, &UsageRecord) -> bool,
+) -> Result<usize, StoreError> {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    let mut stmts = Vec::with_capacity(keys.len());
+    for key in keys {
+        let one = Query {
+            key_id: Some(key.clone()),
+            ..q.clone()
+        };
+        let (sql, args) = select(&one, from, limit);
+        stmts.push((conn.prepare(&sql).map_err(StoreError::query)?, args));
+    }
+    let mut walks = Vec::with_capacity(stmts.len());
+    for (stmt, args) in &mut stmts {
+        walks.push(
+            stmt.query(params_from_iter(args.iter()))
+                .map_err(StoreError::query)?,
+        );
+    }
+    // Each walk's current row, decoded once; the heap orders walks by it.
+    let mut heads: Vec<(i64, UsageRecord)> =
+        (0..walks.len()).map(|_| (0, blank_record())).collect();
+    // `!x` reverses the order of i64 without overflow, so the max-heap pops the oldest first.
+    let order = |t: i64, s: i64| if q.desc { (t, s) } else { (!t, !s) };
+    let mut heap = BinaryHeap::with_capacity(walks.len());
+    for (i, (walk, head)) in walks.iter_mut().zip(heads.iter_mut()).enumerate() {
+        if step(walk, head)? {
+            heap.push((order(head.1.time_ms, head.0), Reverse(i)));
+        }
+    }
+    let mut seen = 0;
+    while seen < limit {
+        let Some((_, Reverse(i))) = heap.pop() else {
+            break;
+        };
+        seen += 1;
+        let (Some(walk), Some(head)) = (walks.get_mut(i), heads.get_mut(i)) else {
+            break;
+        };
+        if !each(head.0, &head.1) {
+            break;
+        }
+        if step(walk, head)? {
+            heap.push((order(head.1.time_ms, head.0), Reverse(i)));
+        }
+    }
+    Ok(seen)
+}
+
+/// Moves one merged walk to its next row, decoded into `head`; false at its end.
+fn step(walk: &mut rusqlite::Rows<'_>, head: &mut (i64, UsageRecord)) -> Result<bool, StoreError> {
+    match walk.next().map_err(StoreError::query)? {
+        Some(row) => {
+            head.0 = read_row(row, &mut head.1).map_err(StoreError::query)?;
+            Ok(true)
+        }
+        None => Ok(false),
+    }
+}
+
 /// Streams the header and every matching row as CSV chunks of about `CHUNK` bytes, one
-/// `EXPORT_PAGE` SELECT at a time; memory holds one page of CSV (well under a MiB) and one row.
-/// Stops when `sink` returns false. Returns the rows in chunks handed to the sink.
+/// `EXPORT_PAGE` SELECT (or merge round) at a time; memory holds one page of CSV (well under a
+/// MiB) and one row per merged key. Stops when `sink` returns false. Returns the rows in chunks
+/// handed to the sink.
 pub(super) fn export(
     conn: &Connection,
     q: &Query,
@@ -211,17 +300,26 @@ pub(super) fn export(
     let mut ready: Vec<(Bytes, u64)> = Vec::new();
     while let Some(start) = from {
         let mut last = None;
-        let seen = scan(conn, q, start, EXPORT_PAGE, &mut |rowid, rec| {
+        let mut each = |seq: i64, rec: &UsageRecord| {
             rec.write_csv(&mut buf);
             in_buf += 1;
-            last = Some((rec.time_ms, rowid));
+            last = Some((rec.time_ms, seq));
             if buf.len() >= CHUNK {
                 let chunk = std::mem::replace(&mut buf, String::with_capacity(CHUNK + 1024));
                 ready.push((Bytes::from(chunk), std::mem::take(&mut in_buf)));
             }
             true
-        })?;
-        // The page's statement is done, so its read snapshot is released before the sink
+        };
+        // Keys are listed again each round, so one first seen mid-export is not missed.
+        let merge = match q.key_id {
+            Some(_) => None,
+            None => keys_to_merge(conn)?,
+        };
+        let seen = match merge {
+            Some(keys) => merge_scan(conn, q, &keys, start, EXPORT_PAGE, &mut each)?,
+            None => scan(conn, q, start, EXPORT_PAGE, &mut each)?,
+        };
+        // The page's statements are done, so their read snapshot is released before the sink
         // runs: a slow client cannot hold back WAL checkpoints for the whole export.
         for (chunk, rows) in ready.drain(..) {
             sent += rows;
@@ -230,8 +328,8 @@ pub(super) fn export(
             }
         }
         from = match last {
-            Some((time_ms, rowid)) if seen == EXPORT_PAGE => {
-                first_bound(q, Some(Cursor { time_ms, rowid }))
+            Some((time_ms, seq)) if seen == EXPORT_PAGE => {
+                first_bound(q, Some(Cursor { time_ms, seq }))
             }
             _ => None,
         };
@@ -290,17 +388,14 @@ mod tests {
     #[test]
     fn cursors_round_trip_and_garbage_decodes_to_none() {
         for c in [
-            Cursor {
-                time_ms: 0,
-                rowid: 0,
-            },
+            Cursor { time_ms: 0, seq: 0 },
             Cursor {
                 time_ms: -5,
-                rowid: i64::MAX,
+                seq: i64::MAX,
             },
             Cursor {
                 time_ms: 1_795_353_265_123,
-                rowid: 42,
+                seq: 42,
             },
         ] {
             let s = c.encode();
@@ -325,7 +420,7 @@ mod tests {
 
     #[test]
     fn pages_return_every_row_exactly_once_in_order() {
-        // Many rows share a millisecond, so the rowid tie-break matters.
+        // Many rows share a millisecond, so the seq tie-break matters.
         let records: Vec<UsageRecord> = (0..1_000)
             .map(|i| sample_record(i, "k", 1_000 + (i as i64 / 10)))
             .collect();
@@ -363,10 +458,7 @@ mod tests {
         );
         // A cursor from before the window does not widen it.
         let mut q = all(None, 200, 301, 100);
-        q.cursor = Some(Cursor {
-            time_ms: 0,
-            rowid: 0,
-        });
+        q.cursor = Some(Cursor { time_ms: 0, seq: 0 });
         assert_eq!(store.query(&q).unwrap().records, records[1..].to_vec());
     }
 
@@ -447,6 +539,52 @@ mod tests {
     }
 
     #[test]
+    fn an_every_key_export_merges_the_keys_in_time_order_both_ways_and_past_the_merge_limit() {
+        for keys in [3, MERGE_MAX_KEYS + 1] {
+            // Several pages of rows; keys interleave and share milliseconds.
+            let records: Vec<UsageRecord> = (0..9_000)
+                .map(|i| sample_record(i, &format!("k{}", (i * 7) % keys as u64), i as i64 / 5))
+                .collect();
+            let (_dir, store) = store_with(&records);
+            let merged = store.with_reader(keys_to_merge).unwrap();
+            assert_eq!(merged.is_some(), keys <= MERGE_MAX_KEYS, "{keys}");
+            for (desc, model) in [
+                (false, None),
+                (true, None),
+                (false, Some(&records[1].model)),
+            ] {
+                let mut q = all(None, 100, 1_700, 1);
+                q.desc = desc;
+                q.model = model.cloned();
+                let mut want: Vec<&UsageRecord> = records
+                    .iter()
+                    .filter(|r| r.time_ms >= 100 && r.time_ms < 1_700)
+                    .filter(|r| model.is_none_or(|m| &r.model == m))
+                    .collect();
+                if desc {
+                    want.reverse();
+                }
+                let mut expected = format!("{CSV_HEADER}\n");
+                for r in &want {
+                    r.write_csv(&mut expected);
+                }
+                let mut got = Vec::new();
+                let rows = store
+                    .export_csv(&q, &mut |b| {
+                        got.extend_from_slice(&b);
+                        true
+                    })
+                    .unwrap();
+                assert_eq!(rows as usize, want.len(), "{keys} {desc}");
+                assert!(
+                    String::from_utf8(got).unwrap() == expected,
+                    "{keys} {desc} {model:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn newest_first_pages_walk_backwards_and_filters_hold() {
         let records: Vec<UsageRecord> = (0..500)
             .map(|i| sample_record(i, ["a", "b"][i as usize % 2], 1_000 + (i as i64 / 3)))
@@ -496,9 +634,9 @@ mod tests {
         let _store = Store::open(&path, StoreOptions::default()).unwrap();
         let conn = rusqlite::Connection::open(&path).unwrap();
         for (keyed, desc, index) in [
-            (true, false, "usage_key_time"),
+            (true, false, "PRIMARY KEY"),
             (false, false, "usage_time"),
-            (true, true, "usage_key_time"),
+            (true, true, "PRIMARY KEY"),
             (false, true, "usage_time"),
         ] {
             let mut q = all(keyed.then_some("k"), 0, 10, 10);

@@ -6,18 +6,21 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags, Row, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 
 use super::record::UsageRecord;
 
 /// Narrow columns, one per `UsageRecord` field, so the console and exports never parse blobs.
-/// `rowid` is kept implicit: it is the tie-breaker of the (time_ms, rowid) keyset order and
-/// every index carries it for free.
+/// The table is clustered by key: its primary key is (key_id, time_ms, seq), so one key's rows
+/// lie together in time order and a key's page or export is one sequential walk. `seq` is
+/// unique and grows with each insert (`usage_seq` holds the next one); it is the tie-breaker of
+/// the (time_ms, seq) keyset order. `usage_time` serves the queries across every key.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS usage (
-    time_ms INTEGER NOT NULL,
-    request_id TEXT NOT NULL,
     key_id TEXT NOT NULL,
+    time_ms INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    request_id TEXT NOT NULL,
     listener TEXT NOT NULL,
     endpoint TEXT NOT NULL,
     model TEXT NOT NULL,
@@ -30,25 +33,47 @@ CREATE TABLE IF NOT EXISTS usage (
     latency_ms INTEGER NOT NULL,
     ttft_ms INTEGER,
     upstream TEXT NOT NULL,
-    estimated INTEGER NOT NULL
+    estimated INTEGER NOT NULL,
+    PRIMARY KEY (key_id, time_ms, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS usage_time ON usage (time_ms, seq);
+CREATE TABLE IF NOT EXISTS usage_seq (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    next INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS usage_key_time ON usage (key_id, time_ms);
-CREATE INDEX IF NOT EXISTS usage_time ON usage (time_ms);
 CREATE TABLE IF NOT EXISTS spend (
     key_id TEXT PRIMARY KEY NOT NULL,
     spend REAL NOT NULL
 ) WITHOUT ROWID;
 ";
 
-/// The column list every reader selects, `rowid` first; `read_row` follows this order.
-pub(super) const SELECT_COLUMNS: &str = "rowid, time_ms, request_id, key_id, listener, endpoint, \
+/// The first layout (a rowid table in arrival order, a `(key_id, time_ms)` index) made one
+/// key's export seek once per row across the whole table. Its rows move to the clustered
+/// table once, keeping their rowid as `seq`, so cursors handed out before stay valid.
+const MIGRATE_ROWID_TABLE: &str = "
+DROP INDEX IF EXISTS usage_key_time;
+DROP INDEX IF EXISTS usage_time;
+ALTER TABLE usage RENAME TO usage_rowid;
+";
+const MIGRATE_COPY: &str = "
+INSERT INTO usage (key_id, time_ms, seq, request_id, listener, endpoint, model, status, stream,
+    prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, ttft_ms, upstream,
+    estimated)
+SELECT key_id, time_ms, rowid, request_id, listener, endpoint, model, status, stream,
+    prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, ttft_ms, upstream,
+    estimated FROM usage_rowid ORDER BY key_id, time_ms, rowid;
+DROP TABLE usage_rowid;
+";
+
+/// The column list every reader selects, `seq` first; `read_row` follows this order.
+pub(super) const SELECT_COLUMNS: &str = "seq, time_ms, request_id, key_id, listener, endpoint, \
      model, status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, \
      ttft_ms, upstream, estimated";
 
 const INSERT: &str = "INSERT INTO usage (time_ms, request_id, key_id, listener, endpoint, model, \
      status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, ttft_ms, \
-     upstream, estimated) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, \
-     ?15, ?16)";
+     upstream, estimated, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, \
+     ?14, ?15, ?16, ?17)";
 
 const SPEND_UPSERT: &str = "INSERT INTO spend (key_id, spend, last_used_ms) VALUES (?1, ?2, ?3) \
      ON CONFLICT(key_id) DO UPDATE SET spend = spend + excluded.spend, \
@@ -57,8 +82,8 @@ const SPEND_UPSERT: &str = "INSERT INTO spend (key_id, spend, last_used_ms) VALU
 /// Small enough that one DELETE never holds the write lock long enough to stall a batch.
 pub(super) const RETENTION_CHUNK: usize = 5_000;
 
-const RETENTION_DELETE: &str = "DELETE FROM usage WHERE rowid IN \
-     (SELECT rowid FROM usage WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)";
+const RETENTION_DELETE: &str = "DELETE FROM usage WHERE (key_id, time_ms, seq) IN \
+     (SELECT key_id, time_ms, seq FROM usage WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)";
 
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -98,14 +123,55 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, String> {
     }
     conn.pragma_update(None, "synchronous", "NORMAL")
         .map_err(|e| db_err("synchronous", e))?;
+    let mut conn = conn;
+    migrate_rowid_table(&mut conn)?;
     conn.execute_batch(SCHEMA)
         .map_err(|e| db_err("creating schema", e))?;
     add_last_used(&conn)?;
     conn.execute_batch(super::rollup::SCHEMA)
         .map_err(|e| db_err("creating the rollup schema", e))?;
-    let mut conn = conn;
     super::rollup::backfill(&mut conn)?;
     Ok(conn)
+}
+
+/// Moves a first-layout `usage` table (no `seq` column) into the clustered one, in one
+/// transaction: a crash midway leaves the old table as it was.
+fn migrate_rowid_table(conn: &mut Connection) -> Result<(), String> {
+    let old: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'usage') \
+             AND NOT EXISTS (SELECT 1 FROM pragma_table_info('usage') WHERE name = 'seq')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| db_err("reading the usage table", e))?;
+    if !old {
+        return Ok(());
+    }
+    tracing::info!("usage store: clustering the records by key (once; a minute per 10M records)");
+    let tx = conn.transaction().map_err(|e| db_err("begin", e))?;
+    tx.execute_batch(MIGRATE_ROWID_TABLE)
+        .and_then(|()| tx.execute_batch(SCHEMA))
+        .and_then(|()| tx.execute_batch(MIGRATE_COPY))
+        .map_err(|e| db_err("clustering the records by key", e))?;
+    tx.commit().map_err(|e| db_err("commit", e))
+}
+
+/// The `seq` the next insert takes: kept in `usage_seq`, or one past the largest in the table
+/// (once, for a table that has none yet).
+fn next_seq(tx: &Connection) -> Result<i64, String> {
+    let kept: Option<i64> = tx
+        .query_row("SELECT next FROM usage_seq WHERE id = 0", [], |r| r.get(0))
+        .optional()
+        .map_err(|e| db_err("reading usage_seq", e))?;
+    match kept {
+        Some(n) => Ok(n),
+        None => tx
+            .query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM usage", [], |r| {
+                r.get(0)
+            })
+            .map_err(|e| db_err("reading the largest seq", e)),
+    }
 }
 
 /// `spend.last_used_ms` (when each key last made a request) came after the first release.
@@ -146,6 +212,7 @@ fn int(v: u64) -> i64 {
 pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Result<(), String> {
     let tx = conn.transaction().map_err(|e| db_err("begin", e))?;
     let mut spend: HashMap<&str, (f64, i64)> = HashMap::new();
+    let mut seq = next_seq(&tx)?;
     {
         let mut insert = tx
             .prepare_cached(INSERT)
@@ -169,8 +236,10 @@ pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Resu
                     r.ttft_ms.map(int),
                     r.upstream,
                     r.estimated,
+                    seq,
                 ])
                 .map_err(|e| db_err("insert", e))?;
+            seq += 1;
             let s = spend.entry(r.key_id.as_str()).or_insert((0.0, i64::MIN));
             s.0 += r.cost;
             s.1 = s.1.max(r.time_ms);
@@ -184,6 +253,9 @@ pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Resu
                 .map_err(|e| db_err("spend", e))?;
         }
     }
+    tx.prepare_cached("INSERT OR REPLACE INTO usage_seq (id, next) VALUES (0, ?1)")
+        .and_then(|mut s| s.execute(params![seq]))
+        .map_err(|e| db_err("usage_seq", e))?;
     super::rollup::add_batch(&tx, batch)?;
     tx.commit().map_err(|e| db_err("commit", e))
 }
@@ -243,9 +315,9 @@ fn get_u64(row: &Row<'_>, i: usize) -> rusqlite::Result<u64> {
 }
 
 /// Reads one `SELECT_COLUMNS` row into `rec`, reusing its string buffers (exports read a
-/// million rows; allocating six strings per row would dominate). Returns the rowid.
+/// million rows; allocating six strings per row would dominate). Returns its `seq`.
 pub(super) fn read_row(row: &Row<'_>, rec: &mut UsageRecord) -> rusqlite::Result<i64> {
-    let rowid: i64 = row.get(0)?;
+    let seq: i64 = row.get(0)?;
     rec.time_ms = row.get(1)?;
     set_text(&mut rec.request_id, row, 2)?;
     set_text(&mut rec.key_id, row, 3)?;
@@ -264,7 +336,7 @@ pub(super) fn read_row(row: &Row<'_>, rec: &mut UsageRecord) -> rusqlite::Result
         .map(|v| u64::try_from(v).unwrap_or(0));
     set_text(&mut rec.upstream, row, 15)?;
     rec.estimated = row.get(16)?;
-    Ok(rowid)
+    Ok(seq)
 }
 
 /// An empty record for `read_row` to fill.
@@ -366,5 +438,103 @@ mod tests {
             .query_row("PRAGMA page_size", [], |r| r.get(0))
             .unwrap();
         assert_eq!(page, 16_384);
+    }
+
+    #[test]
+    fn a_first_layout_table_is_clustered_once_and_keeps_rows_cursors_and_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.db");
+        {
+            // The first release's table: rowid order is arrival order, keys interleaved.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE usage (time_ms INTEGER NOT NULL, request_id TEXT NOT NULL, \
+                 key_id TEXT NOT NULL, listener TEXT NOT NULL, endpoint TEXT NOT NULL, \
+                 model TEXT NOT NULL, status INTEGER NOT NULL, stream INTEGER NOT NULL, \
+                 prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL, \
+                 total_tokens INTEGER NOT NULL, cost REAL NOT NULL, latency_ms INTEGER NOT NULL, \
+                 ttft_ms INTEGER, upstream TEXT NOT NULL, estimated INTEGER NOT NULL);
+                 CREATE INDEX usage_key_time ON usage (key_id, time_ms);
+                 CREATE INDEX usage_time ON usage (time_ms);
+                 CREATE TABLE spend (key_id TEXT PRIMARY KEY NOT NULL, spend REAL NOT NULL) \
+                 WITHOUT ROWID;",
+            )
+            .unwrap();
+            for i in 0..30u64 {
+                let r = sample_record(i, ["a", "b", "c"][i as usize % 3], 1_000 + (i / 2) as i64);
+                conn.execute(
+                    "INSERT INTO usage (time_ms, request_id, key_id, listener, endpoint, model, \
+                     status, stream, prompt_tokens, completion_tokens, total_tokens, cost, \
+                     latency_ms, ttft_ms, upstream, estimated) VALUES (?1, ?2, ?3, ?4, ?5, ?6, \
+                     ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                    params![
+                        r.time_ms,
+                        r.request_id,
+                        r.key_id,
+                        r.listener,
+                        r.endpoint,
+                        r.model,
+                        i64::from(r.status),
+                        r.stream,
+                        int(r.prompt_tokens),
+                        int(r.completion_tokens),
+                        int(r.total_tokens),
+                        r.cost,
+                        int(r.latency_ms),
+                        r.ttft_ms.map(int),
+                        r.upstream,
+                        r.estimated
+                    ],
+                )
+                .unwrap();
+            }
+        }
+        let store = Store::open(&path, StoreOptions::default()).unwrap();
+        let q = |key: Option<&str>, cursor| Query {
+            key_id: key.map(String::from),
+            start_ms: 0,
+            end_ms: i64::MAX,
+            limit: 4,
+            cursor,
+            ..Query::default()
+        };
+        // A cursor handed out before the move (rowid 8 = the 8th row) still means the same row.
+        let old_cursor = crate::store::Cursor {
+            time_ms: 1_003,
+            seq: 8,
+        };
+        let after = store.query(&q(None, Some(old_cursor))).unwrap();
+        assert_eq!(after.records[0].request_id, "req_8");
+        let a = store
+            .query(&Query {
+                limit: 100,
+                ..q(Some("a"), None)
+            })
+            .unwrap();
+        let ids: Vec<_> = a.records.iter().map(|r| r.request_id.clone()).collect();
+        let want: Vec<_> = (0..30).step_by(3).map(|i| format!("req_{i}")).collect();
+        assert_eq!(ids, want);
+        // New rows continue after the moved ones.
+        store.record(sample_record(99, "a", 1_014));
+        assert!(store.flush(Duration::from_secs(10)));
+        let all = store
+            .query(&Query {
+                limit: 100,
+                ..q(None, None)
+            })
+            .unwrap();
+        assert_eq!(all.records.len(), 31);
+        assert_eq!(all.records.last().unwrap().request_id, "req_99");
+        drop(store);
+        let conn = Connection::open(&path).unwrap();
+        let (layout, max_seq): (i64, i64) = conn
+            .query_row(
+                "SELECT (SELECT COUNT(*) FROM sqlite_schema WHERE name IN ('usage_rowid', \
+                 'usage_key_time')), (SELECT MAX(seq) FROM usage)",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!((layout, max_seq), (0, 31));
     }
 }
