@@ -5,12 +5,13 @@
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::Bytes;
+use rusqlite::fallible_streaming_iterator::FallibleStreamingIterator;
 use rusqlite::types::Value;
-use rusqlite::{Connection, params_from_iter};
+use rusqlite::{Connection, Row, Rows, params_from_iter};
 
 use super::StoreError;
 use super::record::{CSV_HEADER, UsageRecord};
-use super::sqlite::{SELECT_COLUMNS, blank_record, read_row};
+use super::sqlite::{SELECT_COLUMNS, blank_record, csv_row, read_row};
 
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Query {
@@ -136,26 +137,24 @@ fn select(q: &Query, from: (i64, i64), limit: usize) -> (String, Vec<Value>) {
     (sql, args)
 }
 
-/// Runs one keyset SELECT from `from` and calls `each` per row with its seq; `each` returns
-/// false to stop early. Returns the number of rows seen.
+/// Runs one keyset SELECT from `from` and calls `each` per row; `each` returns false to stop
+/// early. Returns the number of rows seen.
 fn scan(
     conn: &Connection,
     q: &Query,
     from: (i64, i64),
     limit: usize,
-    each: &mut dyn FnMut(i64, &UsageRecord) -> bool,
+    each: &mut dyn FnMut(&Row<'_>) -> Result<bool, StoreError>,
 ) -> Result<usize, StoreError> {
     let (sql, args) = select(q, from, limit);
     let mut stmt = conn.prepare_cached(&sql).map_err(StoreError::query)?;
     let mut rows = stmt
         .query(params_from_iter(args))
         .map_err(StoreError::query)?;
-    let mut rec = blank_record();
     let mut seen = 0;
     while let Some(row) = rows.next().map_err(StoreError::query)? {
-        let seq = read_row(row, &mut rec).map_err(StoreError::query)?;
         seen += 1;
-        if !each(seq, &rec) {
+        if !each(row)? {
             break;
         }
     }
@@ -175,17 +174,19 @@ pub(super) fn page(conn: &Connection, q: &Query) -> Result<Page, StoreError> {
     let mut last = None;
     let mut more = false;
     // One row past the page tells whether another page exists.
-    scan(conn, q, from, limit.saturating_add(1), &mut |seq, rec| {
+    scan(conn, q, from, limit.saturating_add(1), &mut |row| {
         if records.len() == limit {
             more = true;
-            return false;
+            return Ok(false);
         }
-        records.push(rec.clone());
+        let mut rec = blank_record();
+        let seq = read_row(row, &mut rec).map_err(StoreError::query)?;
         last = Some(Cursor {
             time_ms: rec.time_ms,
             seq,
         });
-        true
+        records.push(rec);
+        Ok(true)
     })?;
     Ok(Page {
         records,
@@ -220,7 +221,7 @@ fn merge_scan(
     keys: &[String],
     from: (i64, i64),
     limit: usize,
-    each: &mut dyn FnMut(i64, &UsageRecord) -> bool,
+    each: &mut dyn FnMut(&Row<'_>) -> Result<bool, StoreError>,
 ) -> Result<usize, StoreError> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
@@ -240,15 +241,25 @@ fn merge_scan(
                 .map_err(StoreError::query)?,
         );
     }
-    // Each walk's current row, decoded once; the heap orders walks by it.
-    let mut heads: Vec<(i64, UsageRecord)> =
-        (0..walks.len()).map(|_| (0, blank_record())).collect();
     // `!x` reverses the order of i64 without overflow, so the max-heap pops the oldest first.
     let order = |t: i64, s: i64| if q.desc { (t, s) } else { (!t, !s) };
+    // The heap holds each walk's current (time_ms, seq); the row itself stays in its walk.
     let mut heap = BinaryHeap::with_capacity(walks.len());
-    for (i, (walk, head)) in walks.iter_mut().zip(heads.iter_mut()).enumerate() {
-        if step(walk, head)? {
-            heap.push((order(head.1.time_ms, head.0), Reverse(i)));
+    let step = |walk: &mut Rows<'_>| -> Result<Option<(i64, i64)>, StoreError> {
+        match walk.next().map_err(StoreError::query)? {
+            Some(row) => {
+                let at = (row.get(1), row.get(0));
+                match at {
+                    (Ok(t), Ok(s)) => Ok(Some(order(t, s))),
+                    (Err(e), _) | (_, Err(e)) => Err(StoreError::query(e)),
+                }
+            }
+            None => Ok(None),
+        }
+    };
+    for (i, walk) in walks.iter_mut().enumerate() {
+        if let Some(at) = step(walk)? {
+            heap.push((at, Reverse(i)));
         }
     }
     let mut seen = 0;
@@ -256,29 +267,17 @@ fn merge_scan(
         let Some((_, Reverse(i))) = heap.pop() else {
             break;
         };
+        let Some(walk) = walks.get_mut(i) else { break };
+        let Some(row) = walk.get() else { break };
         seen += 1;
-        let (Some(walk), Some(head)) = (walks.get_mut(i), heads.get_mut(i)) else {
-            break;
-        };
-        if !each(head.0, &head.1) {
+        if !each(row)? {
             break;
         }
-        if step(walk, head)? {
-            heap.push((order(head.1.time_ms, head.0), Reverse(i)));
+        if let Some(at) = step(walk)? {
+            heap.push((at, Reverse(i)));
         }
     }
     Ok(seen)
-}
-
-/// Moves one merged walk to its next row, decoded into `head`; false at its end.
-fn step(walk: &mut rusqlite::Rows<'_>, head: &mut (i64, UsageRecord)) -> Result<bool, StoreError> {
-    match walk.next().map_err(StoreError::query)? {
-        Some(row) => {
-            head.0 = read_row(row, &mut head.1).map_err(StoreError::query)?;
-            Ok(true)
-        }
-        None => Ok(false),
-    }
 }
 
 /// Streams the header and every matching row as CSV chunks of about `CHUNK` bytes, one
@@ -290,9 +289,9 @@ pub(super) fn export(
     q: &Query,
     sink: &mut dyn FnMut(Bytes) -> bool,
 ) -> Result<u64, StoreError> {
-    let mut buf = String::with_capacity(CHUNK + 1024);
-    buf.push_str(CSV_HEADER);
-    buf.push('\n');
+    let mut buf = Vec::with_capacity(CHUNK + 1024);
+    buf.extend_from_slice(CSV_HEADER.as_bytes());
+    buf.push(b'\n');
     let mut from = first_bound(q, q.cursor);
     let mut in_buf: u64 = 0;
     let mut sent: u64 = 0;
@@ -300,15 +299,16 @@ pub(super) fn export(
     let mut ready: Vec<(Bytes, u64)> = Vec::new();
     while let Some(start) = from {
         let mut last = None;
-        let mut each = |seq: i64, rec: &UsageRecord| {
-            rec.write_csv(&mut buf);
+        let mut each = |row: &Row<'_>| {
+            let (seq, csv) = csv_row(row).map_err(StoreError::query)?;
+            csv.write(&mut buf);
             in_buf += 1;
-            last = Some((rec.time_ms, seq));
+            last = Some((csv.time_ms, seq));
             if buf.len() >= CHUNK {
-                let chunk = std::mem::replace(&mut buf, String::with_capacity(CHUNK + 1024));
+                let chunk = std::mem::replace(&mut buf, Vec::with_capacity(CHUNK + 1024));
                 ready.push((Bytes::from(chunk), std::mem::take(&mut in_buf)));
             }
-            true
+            Ok(true)
         };
         // Keys are listed again each round, so one first seen mid-export is not missed.
         let merge = match q.key_id {
@@ -491,7 +491,7 @@ mod tests {
             .map(|i| sample_record(i, if i % 4 == 0 { "x" } else { "k" }, i as i64 / 3))
             .collect();
         let (_dir, store) = store_with(&records);
-        let mut expected = format!("{CSV_HEADER}\n");
+        let mut expected = format!("{CSV_HEADER}\n").into_bytes();
         for r in records.iter().filter(|r| r.key_id == "k") {
             r.write_csv(&mut expected);
         }
@@ -508,7 +508,7 @@ mod tests {
             .unwrap();
         assert_eq!(rows, 7_500);
         assert!(chunks > 5);
-        assert_eq!(String::from_utf8(got).unwrap(), expected);
+        assert!(got == expected);
 
         let mut first = Vec::new();
         let mut calls = 0;
@@ -521,7 +521,7 @@ mod tests {
             .unwrap();
         assert_eq!(calls, 1);
         assert!(first.len() >= CHUNK);
-        assert!(expected.as_bytes().starts_with(&first));
+        assert!(expected.starts_with(&first));
         assert_eq!(
             rows as usize,
             first.iter().filter(|&&b| b == b'\n').count() - 1
@@ -564,7 +564,7 @@ mod tests {
                 if desc {
                     want.reverse();
                 }
-                let mut expected = format!("{CSV_HEADER}\n");
+                let mut expected = format!("{CSV_HEADER}\n").into_bytes();
                 for r in &want {
                     r.write_csv(&mut expected);
                 }
@@ -576,10 +576,7 @@ mod tests {
                     })
                     .unwrap();
                 assert_eq!(rows as usize, want.len(), "{keys} {desc}");
-                assert!(
-                    String::from_utf8(got).unwrap() == expected,
-                    "{keys} {desc} {model:?}"
-                );
+                assert!(got == expected, "{keys} {desc} {model:?}");
             }
         }
     }
@@ -620,11 +617,11 @@ mod tests {
                 true
             })
             .unwrap();
-        let mut expected = format!("{CSV_HEADER}\n");
+        let mut expected = format!("{CSV_HEADER}\n").into_bytes();
         for r in expect.iter().rev() {
             r.write_csv(&mut expected);
         }
-        assert_eq!(String::from_utf8(csv).unwrap(), expected);
+        assert!(csv == expected);
     }
 
     #[test]

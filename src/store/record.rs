@@ -1,7 +1,7 @@
 //! The usage record: one per request that passed auth, whatever its outcome. Its CSV header
 //! and column order are fixed by the contract; `estimated` follows them.
 
-use std::fmt::Write;
+use std::io::Write;
 
 use serde_json::{Value, json};
 
@@ -37,15 +37,15 @@ pub struct UsageRecord {
 
 /// RFC 3339 UTC with milliseconds, e.g. `2026-11-22T13:07:16.648Z`.
 pub fn format_time(ms: i64) -> String {
-    let mut s = String::with_capacity(24);
+    let mut s = Vec::with_capacity(24);
     write_time(&mut s, ms);
-    s
+    String::from_utf8(s).unwrap_or_default()
 }
 
 /// Appends `format_time(ms)`. Written by hand: an export formats a million of these, and the
 /// `time` crate's formatter was a tenth of its cost (benches/usage_scale.rs). Years outside
 /// 0..=9999 go through `time` instead.
-pub fn write_time(out: &mut String, ms: i64) {
+pub fn write_time(out: &mut Vec<u8>, ms: i64) {
     let secs = ms.div_euclid(1000);
     let (y, m, d) = civil_from_days(secs.div_euclid(86_400));
     if !(0..=9999).contains(&y) {
@@ -67,16 +67,16 @@ pub fn write_time(out: &mut String, ms: i64) {
     put(14, 2, sod / 60 % 60);
     put(17, 2, sod % 60);
     put(20, 3, ms.rem_euclid(1000));
-    out.push_str(std::str::from_utf8(&buf).unwrap_or_default());
+    out.extend_from_slice(&buf);
 }
 
-fn write_time_slow(out: &mut String, ms: i64) {
+fn write_time_slow(out: &mut Vec<u8>, ms: i64) {
     let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
         .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     let f = time::macros::format_description!(
         "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
     );
-    out.push_str(&t.format(&f).unwrap_or_default());
+    out.extend_from_slice(t.format(&f).unwrap_or_default().as_bytes());
 }
 
 /// (year, month, day) of a count of days since 1970-01-01 (H. Hinnant's `civil_from_days`).
@@ -92,32 +92,32 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
-fn csv_field(out: &mut String, s: &str) {
+fn csv_field(out: &mut Vec<u8>, s: &[u8]) {
     // A cell a spreadsheet would run as a formula is defused with a leading quote (OWASP).
-    let formula = s.starts_with(['=', '+', '-', '@']);
+    let formula = matches!(s.first(), Some(b'=' | b'+' | b'-' | b'@'));
     // A byte scan: every delimiter is ASCII, and exports call this five times a row.
-    let quote = s.bytes().any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r'));
+    let quote = s.iter().any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r'));
     if quote {
-        out.push('"');
+        out.push(b'"');
     }
     if formula {
-        out.push('\'');
+        out.push(b'\'');
     }
     if quote {
-        for (i, part) in s.split('"').enumerate() {
+        for (i, part) in s.split(|&b| b == b'"').enumerate() {
             if i > 0 {
-                out.push_str("\"\"");
+                out.extend_from_slice(b"\"\"");
             }
-            out.push_str(part);
+            out.extend_from_slice(part);
         }
-        out.push('"');
+        out.push(b'"');
     } else {
-        out.push_str(s);
+        out.extend_from_slice(s);
     }
 }
 
 /// Appends `v` in decimal, without the formatting machinery (six of these a row).
-fn push_u64(out: &mut String, v: u64) {
+fn push_u64(out: &mut Vec<u8>, v: u64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     let mut v = v;
@@ -129,40 +129,90 @@ fn push_u64(out: &mut String, v: u64) {
             break;
         }
     }
-    out.push_str(std::str::from_utf8(&buf[i..]).unwrap_or("0"));
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// One record's fields as CSV wants them, borrowed: from a `UsageRecord`, or straight from a
+/// store row (an export then copies no string and checks no UTF-8 twice).
+pub struct CsvRow<'a> {
+    pub time_ms: i64,
+    pub request_id: &'a [u8],
+    pub key_id: &'a [u8],
+    pub listener: &'a [u8],
+    pub endpoint: &'a [u8],
+    pub model: &'a [u8],
+    pub status: u64,
+    pub stream: bool,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub cost: f64,
+    pub latency_ms: u64,
+    pub ttft_ms: Option<u64>,
+    pub upstream: &'a [u8],
+    pub estimated: bool,
+}
+
+impl CsvRow<'_> {
+    /// Appends one CSV line (with its `\n`) in the header's column order.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        write_time(out, self.time_ms);
+        out.push(b',');
+        csv_field(out, self.request_id);
+        out.push(b',');
+        csv_field(out, self.key_id);
+        out.push(b',');
+        csv_field(out, self.listener);
+        out.push(b',');
+        csv_field(out, self.endpoint);
+        out.push(b',');
+        csv_field(out, self.model);
+        out.push(b',');
+        push_u64(out, self.status);
+        out.extend_from_slice(if self.stream { b",true," } else { b",false," });
+        push_u64(out, self.prompt_tokens);
+        out.push(b',');
+        push_u64(out, self.completion_tokens);
+        out.push(b',');
+        push_u64(out, self.total_tokens);
+        let _ = write!(out, ",{},", self.cost);
+        push_u64(out, self.latency_ms);
+        out.push(b',');
+        if let Some(t) = self.ttft_ms {
+            push_u64(out, t);
+        }
+        out.push(b',');
+        csv_field(out, self.upstream);
+        out.extend_from_slice(if self.estimated {
+            b",true\n"
+        } else {
+            b",false\n"
+        });
+    }
 }
 
 impl UsageRecord {
     /// Appends one CSV line (with its `\n`) in the header's column order.
-    pub fn write_csv(&self, out: &mut String) {
-        write_time(out, self.time_ms);
-        out.push(',');
-        csv_field(out, &self.request_id);
-        out.push(',');
-        csv_field(out, &self.key_id);
-        out.push(',');
-        csv_field(out, &self.listener);
-        out.push(',');
-        csv_field(out, &self.endpoint);
-        out.push(',');
-        csv_field(out, &self.model);
-        out.push(',');
-        push_u64(out, u64::from(self.status));
-        out.push_str(if self.stream { ",true," } else { ",false," });
-        push_u64(out, self.prompt_tokens);
-        out.push(',');
-        push_u64(out, self.completion_tokens);
-        out.push(',');
-        push_u64(out, self.total_tokens);
-        let _ = write!(out, ",{},", self.cost);
-        push_u64(out, self.latency_ms);
-        out.push(',');
-        if let Some(t) = self.ttft_ms {
-            push_u64(out, t);
+    pub fn write_csv(&self, out: &mut Vec<u8>) {
+        CsvRow {
+            time_ms: self.time_ms,
+            request_id: self.request_id.as_bytes(),
+            key_id: self.key_id.as_bytes(),
+            listener: self.listener.as_bytes(),
+            endpoint: self.endpoint.as_bytes(),
+            model: self.model.as_bytes(),
+            status: u64::from(self.status),
+            stream: self.stream,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            total_tokens: self.total_tokens,
+            cost: self.cost,
+            latency_ms: self.latency_ms,
+            ttft_ms: self.ttft_ms,
+            upstream: self.upstream.as_bytes(),
+            estimated: self.estimated,
         }
-        out.push(',');
-        csv_field(out, &self.upstream);
-        let _ = writeln!(out, ",{}", self.estimated);
+        .write(out);
     }
 
     pub fn to_json(&self) -> Value {
@@ -214,8 +264,9 @@ mod tests {
 
     #[test]
     fn csv_rows_follow_the_header_and_quote_what_needs_it() {
-        let mut out = String::new();
+        let mut out = Vec::new();
         sample().write_csv(&mut out);
+        let out = String::from_utf8(out).unwrap();
         assert_eq!(
             out,
             "2026-11-22T13:14:25.123Z,req_1,demo,main,chat,\"echo,\"\"1\"\"\",200,true,4,8,12,0.5,12,,http://127.0.0.1:9100,false\n"
@@ -247,9 +298,9 @@ mod tests {
             cases.push((seed % 400_000_000_000_000) as i64 - 100_000_000_000_000);
         }
         for ms in cases {
-            let mut slow = String::new();
+            let mut slow = Vec::new();
             write_time_slow(&mut slow, ms);
-            assert_eq!(format_time(ms), slow, "{ms}");
+            assert_eq!(format_time(ms).as_bytes(), slow, "{ms}");
         }
     }
 
@@ -284,14 +335,14 @@ mod tests {
             "end\"",
             "mid\"dle",
         ] {
-            let mut out = String::new();
-            csv_field(&mut out, s);
-            assert_eq!(out, reference(s), "{s:?}");
+            let mut out = Vec::new();
+            csv_field(&mut out, s.as_bytes());
+            assert_eq!(out, reference(s).as_bytes(), "{s:?}");
         }
         for v in [0u64, 7, 10, 99, 100, 12_345, u64::MAX] {
-            let mut out = String::new();
+            let mut out = Vec::new();
             push_u64(&mut out, v);
-            assert_eq!(out, v.to_string());
+            assert_eq!(out, v.to_string().as_bytes());
         }
     }
 
@@ -299,8 +350,9 @@ mod tests {
     fn formula_cells_are_defused() {
         let mut r = sample();
         r.model = "=HYPERLINK(\"x\")".into();
-        let mut out = String::new();
+        let mut out = Vec::new();
         r.write_csv(&mut out);
+        let out = String::from_utf8(out).unwrap();
         assert!(out.contains(",\"'=HYPERLINK(\"\"x\"\")\","), "{out}");
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
 
-use super::record::UsageRecord;
+use super::record::{CsvRow, UsageRecord};
 
 /// Narrow columns, one per `UsageRecord` field, so the console and exports never parse blobs.
 /// The table is clustered by key: its primary key is (key_id, time_ms, seq), so one key's rows
@@ -337,6 +337,46 @@ pub(super) fn read_row(row: &Row<'_>, rec: &mut UsageRecord) -> rusqlite::Result
     set_text(&mut rec.upstream, row, 15)?;
     rec.estimated = row.get(16)?;
     Ok(seq)
+}
+
+fn text<'r>(row: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r [u8]> {
+    Ok(row.get_ref(i)?.as_bytes()?)
+}
+
+fn int_u64(row: &Row<'_>, i: usize) -> rusqlite::Result<u64> {
+    Ok(u64::try_from(row.get_ref(i)?.as_i64()?).unwrap_or(0))
+}
+
+/// One `SELECT_COLUMNS` row as CSV fields, borrowed from the row (what `read_row` and
+/// `UsageRecord::write_csv` would give, without copying a string). Returns its `seq` too.
+pub(super) fn csv_row<'r>(row: &'r Row<'_>) -> rusqlite::Result<(i64, CsvRow<'r>)> {
+    let seq = row.get_ref(0)?.as_i64()?;
+    let status = u16::try_from(row.get_ref(7)?.as_i64()?).map_or(0, u64::from);
+    let ttft_ms = row
+        .get_ref(14)?
+        .as_i64_or_null()?
+        .map(|v| u64::try_from(v).unwrap_or(0));
+    Ok((
+        seq,
+        CsvRow {
+            time_ms: row.get_ref(1)?.as_i64()?,
+            request_id: text(row, 2)?,
+            key_id: text(row, 3)?,
+            listener: text(row, 4)?,
+            endpoint: text(row, 5)?,
+            model: text(row, 6)?,
+            status,
+            stream: row.get_ref(8)?.as_i64()? != 0,
+            prompt_tokens: int_u64(row, 9)?,
+            completion_tokens: int_u64(row, 10)?,
+            total_tokens: int_u64(row, 11)?,
+            cost: row.get(12)?,
+            latency_ms: int_u64(row, 13)?,
+            ttft_ms,
+            upstream: text(row, 15)?,
+            estimated: row.get_ref(16)?.as_i64()? != 0,
+        },
+    ))
 }
 
 /// An empty record for `read_row` to fill.
