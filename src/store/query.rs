@@ -213,31 +213,57 @@ fn keys_to_merge(conn: &Connection) -> Result<Option<Vec<String>>, StoreError> {
     Ok((keys.len() <= MERGE_MAX_KEYS).then_some(keys))
 }
 
-/// Like `scan` across every key, for the keys given: one statement per key, their rows merged
-/// in (time_ms, seq) order (descending for `q.desc`). Each key's walk is sequential.
+/// One prepared walk per key for `merge_scan`, kept for the whole export (the SQL is the
+/// same for every key; the key is its first parameter).
+struct Merge<'c> {
+    keys: Vec<String>,
+    stmts: Vec<rusqlite::Statement<'c>>,
+}
+
+impl<'c> Merge<'c> {
+    /// The walks for `keys`, reusing `prev`'s when the keys have not changed.
+    fn for_keys(
+        conn: &'c Connection,
+        q: &Query,
+        keys: Vec<String>,
+        prev: Option<Merge<'c>>,
+    ) -> Result<Merge<'c>, StoreError> {
+        if let Some(prev) = prev.filter(|p| p.keys == keys) {
+            return Ok(prev);
+        }
+        let one = Query {
+            key_id: Some(String::new()),
+            ..q.clone()
+        };
+        let (sql, _) = select(&one, (0, 0), 0);
+        let stmts = keys
+            .iter()
+            .map(|_| conn.prepare(&sql).map_err(StoreError::query))
+            .collect::<Result<_, _>>()?;
+        Ok(Merge { keys, stmts })
+    }
+}
+
+/// Like `scan` across every key: one walk per key, their rows merged in (time_ms, seq) order
+/// (descending for `q.desc`). Each key's walk is sequential in the key-clustered table.
 fn merge_scan(
-    conn: &Connection,
+    merge: &mut Merge<'_>,
     q: &Query,
-    keys: &[String],
     from: (i64, i64),
     limit: usize,
     each: &mut dyn FnMut(&Row<'_>) -> Result<bool, StoreError>,
 ) -> Result<usize, StoreError> {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    let mut stmts = Vec::with_capacity(keys.len());
-    for key in keys {
+    let mut walks = Vec::with_capacity(merge.stmts.len());
+    for (stmt, key) in merge.stmts.iter_mut().zip(&merge.keys) {
         let one = Query {
             key_id: Some(key.clone()),
             ..q.clone()
         };
-        let (sql, args) = select(&one, from, limit);
-        stmts.push((conn.prepare(&sql).map_err(StoreError::query)?, args));
-    }
-    let mut walks = Vec::with_capacity(stmts.len());
-    for (stmt, args) in &mut stmts {
+        let (_, args) = select(&one, from, limit);
         walks.push(
-            stmt.query(params_from_iter(args.iter()))
+            stmt.query(params_from_iter(args))
                 .map_err(StoreError::query)?,
         );
     }
@@ -297,6 +323,7 @@ pub(super) fn export(
     let mut sent: u64 = 0;
     // Full chunks of the current page with their row counts.
     let mut ready: Vec<(Bytes, u64)> = Vec::new();
+    let mut merge: Option<Merge<'_>> = None;
     while let Some(start) = from {
         let mut last = None;
         let mut each = |row: &Row<'_>| {
@@ -311,12 +338,15 @@ pub(super) fn export(
             Ok(true)
         };
         // Keys are listed again each round, so one first seen mid-export is not missed.
-        let merge = match q.key_id {
+        merge = match q.key_id {
             Some(_) => None,
-            None => keys_to_merge(conn)?,
+            None => match keys_to_merge(conn)? {
+                Some(keys) => Some(Merge::for_keys(conn, q, keys, merge.take())?),
+                None => None,
+            },
         };
-        let seen = match merge {
-            Some(keys) => merge_scan(conn, q, &keys, start, EXPORT_PAGE, &mut each)?,
+        let seen = match &mut merge {
+            Some(m) => merge_scan(m, q, start, EXPORT_PAGE, &mut each)?,
             None => scan(conn, q, start, EXPORT_PAGE, &mut each)?,
         };
         // The page's statements are done, so their read snapshot is released before the sink
