@@ -26,10 +26,10 @@ pub fn peer(pool: &Pool, up: &Upstream) -> Box<HttpPeer> {
     };
     let mut peer = HttpPeer::new(up.addr, up.cfg.tls, sni);
     let o = &mut peer.options;
-    o.connection_timeout = Some(pool.connect_timeout);
-    o.total_connection_timeout = Some(pool.connect_timeout * 2);
-    o.read_timeout = Some(pool.read_timeout);
-    o.write_timeout = Some(pool.read_timeout);
+    o.connection_timeout = Some(pool.cfg.connect_timeout);
+    o.total_connection_timeout = Some(pool.cfg.connect_timeout * 2);
+    o.read_timeout = Some(pool.cfg.read_timeout);
+    o.write_timeout = Some(pool.cfg.read_timeout);
     o.idle_timeout = Some(std::time::Duration::from_secs(60));
     Box::new(peer)
 }
@@ -37,7 +37,6 @@ pub fn peer(pool: &Pool, up: &Upstream) -> Box<HttpPeer> {
 /// Rewrites the client's request header into the upstream's.
 pub fn rewrite_request(
     req: &mut RequestHeader,
-    pool: &Pool,
     up: &Upstream,
     body_len: usize,
     request_id: &str,
@@ -45,7 +44,7 @@ pub fn rewrite_request(
     for h in CLIENT_CREDENTIALS {
         req.remove_header(h);
     }
-    if let Some(auth) = &pool.authorization {
+    if let Some(auth) = &up.authorization {
         req.insert_header(http::header::AUTHORIZATION, auth.clone())?;
     }
     req.insert_header(http::header::HOST, up.host_header.clone())?;

@@ -213,10 +213,10 @@ async fn refused_model_and_endpoint_are_403_permission_denied() {
 }
 
 #[tokio::test]
-async fn unreachable_upstream_is_502_upstream_error() {
+async fn unreachable_upstream_is_502_then_503_while_it_is_out_of_rotation() {
     let g = start();
-    for base in g.bases() {
-        let (status, e) = error_of(
+    let ask = |base: String| async move {
+        error_of(
             post_json(
                 &base,
                 "/v1/chat/completions",
@@ -224,8 +224,19 @@ async fn unreachable_upstream_is_502_upstream_error() {
             )
             .await,
         )
-        .await;
-        assert_eq!((status, e["code"].as_str()), (502, Some("upstream_error")));
+        .await
+    };
+    // The first request tries it and fails; its pool then has no healthy upstream.
+    let (status, e) = ask(g.main.clone()).await;
+    assert_eq!((status, e["code"].as_str()), (502, Some("upstream_error")));
+    for base in g.bases() {
+        let started = std::time::Instant::now();
+        let (status, e) = ask(base).await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (503, Some("no_healthy_upstream"))
+        );
+        assert!(started.elapsed() < std::time::Duration::from_millis(500));
     }
 }
 
@@ -251,6 +262,8 @@ async fn upstream_401_and_403_become_502_upstream_error() {
     }
 }
 
+/// 429 and 5xx are tried again (`max_attempts`, 3 by default); when every try fails the same
+/// way, the last reply passes through unchanged. 400 is never retried.
 #[tokio::test]
 async fn other_upstream_errors_pass_through_unchanged() {
     let g = start();

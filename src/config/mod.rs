@@ -64,8 +64,36 @@ pub struct PoolConfig {
     pub name: String,
     pub upstreams: Vec<UpstreamConfig>,
     pub api_key: Option<Secret>,
+    pub strategy: Strategy,
     pub connect_timeout: Duration,
+    /// The longest wait for any one read or write on the upstream connection.
     pub read_timeout: Duration,
+    /// From the request sent to the reply's header (a plain reply is whole by then on most
+    /// model servers, so this is long by default).
+    pub first_byte_timeout: Duration,
+    /// Between two pieces of a streamed reply.
+    pub idle_timeout: Duration,
+    /// The whole exchange of a reply that is not streamed.
+    pub request_timeout: Duration,
+    /// How often each upstream is asked `GET /v1/models`; None: never.
+    pub health_interval: Option<Duration>,
+    /// How long an upstream stays out of rotation after a failed request.
+    pub cooldown: Duration,
+    pub retry_base: Duration,
+    pub retry_cap: Duration,
+    /// Tries of a request in all, the first included.
+    pub max_attempts: u32,
+}
+
+/// How a pool spreads requests over its upstreams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// In turn (weights ignored).
+    RoundRobin,
+    /// In turn, each upstream `weight` times as often (smooth: no bursts to one upstream).
+    Weighted,
+    /// To the upstream with the fewest requests in flight (ties in turn).
+    LeastConnections,
 }
 
 #[derive(Debug, Clone)]
@@ -76,6 +104,10 @@ pub struct UpstreamConfig {
     pub port: u16,
     /// Path prefix of the base URL, without a trailing slash ("" for none).
     pub base_path: String,
+    /// Share of the pool's requests under `strategy = "weighted"` (default 1).
+    pub weight: u32,
+    /// This upstream's own credential (another account of the same provider); else the pool's.
+    pub api_key: Option<Secret>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
@@ -95,6 +127,8 @@ pub struct ModelConfig {
     pub pool: String,
     pub upstream_model: String,
     pub price: Price,
+    /// Models whose pools take the request, in order, when this one's cannot answer.
+    pub fallbacks: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -147,10 +181,35 @@ struct RawStorage {
 #[serde(deny_unknown_fields)]
 struct RawPool {
     name: Spanned<String>,
-    upstreams: Spanned<Vec<Spanned<String>>>,
+    upstreams: Spanned<Vec<Spanned<RawUpstream>>>,
     api_key: Option<Spanned<String>>,
+    strategy: Option<Spanned<String>>,
     connect_timeout_ms: Option<u64>,
     read_timeout_ms: Option<u64>,
+    first_byte_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<u64>,
+    request_timeout_ms: Option<u64>,
+    health_interval_ms: Option<u64>,
+    cooldown_ms: Option<u64>,
+    retry_base_ms: Option<u64>,
+    retry_cap_ms: Option<u64>,
+    max_attempts: Option<Spanned<u32>>,
+}
+
+/// An upstream: its base URL, or `{ url = "…", weight = 2, api_key = "env:…" }`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawUpstream {
+    Url(String),
+    Full(RawUpstreamTable),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUpstreamTable {
+    url: String,
+    weight: Option<u32>,
+    api_key: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -160,6 +219,7 @@ struct RawModel {
     pool: Spanned<String>,
     upstream_model: Option<String>,
     price: Option<Spanned<Price>>,
+    fallbacks: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Deserialize)]
@@ -277,11 +337,58 @@ impl Config {
             }
             let mut upstreams = Vec::new();
             for u in rp.upstreams.get_ref() {
-                match parse_upstream_url(u.get_ref()) {
-                    Ok(up) => upstreams.push(up),
-                    Err(m) => p.push(Problem::new(&file, at(u.span()), &field("upstreams"), m)),
+                let (url, weight, key) = match u.get_ref() {
+                    RawUpstream::Url(url) => (url, 1, None),
+                    RawUpstream::Full(t) => (&t.url, t.weight.unwrap_or(1), t.api_key.as_ref()),
+                };
+                let mut problem = |m: String| {
+                    p.push(Problem::new(&file, at(u.span()), &field("upstreams"), m));
+                };
+                if !(1..=1000).contains(&weight) {
+                    problem(format!("weight of '{url}' must be 1 to 1000"));
+                }
+                let api_key = match key.map(|k| resolve_secret(k)) {
+                    None => None,
+                    Some(Ok(s)) => Some(s),
+                    Some(Err(m)) => {
+                        problem(m);
+                        None
+                    }
+                };
+                match parse_upstream_url(url) {
+                    Ok(mut up) => {
+                        up.weight = weight;
+                        up.api_key = api_key;
+                        upstreams.push(up);
+                    }
+                    Err(m) => problem(m),
                 }
             }
+            let strategy = match rp.strategy.as_ref().map(|s| s.get_ref().as_str()) {
+                None | Some("round_robin") => Strategy::RoundRobin,
+                Some("weighted") => Strategy::Weighted,
+                Some("least_connections") => Strategy::LeastConnections,
+                Some(other) => {
+                    p.push(Problem::new(
+                        &file,
+                        rp.strategy.as_ref().and_then(|s| at(s.span())),
+                        &field("strategy"),
+                        format!("'{other}' is not one of round_robin, weighted, least_connections"),
+                    ));
+                    Strategy::RoundRobin
+                }
+            };
+            let max_attempts = rp.max_attempts.as_ref().map_or(3, |m| *m.get_ref());
+            if !(1..=10).contains(&max_attempts) {
+                p.push(Problem::new(
+                    &file,
+                    rp.max_attempts.as_ref().and_then(|m| at(m.span())),
+                    &field("max_attempts"),
+                    "must be 1 to 10",
+                ));
+            }
+            let ms = |v: Option<u64>, default: u64| Duration::from_millis(v.unwrap_or(default));
+            let read_timeout = ms(rp.read_timeout_ms, 300_000);
             let api_key = match &rp.api_key {
                 None => None,
                 Some(k) => match resolve_secret(k.get_ref()) {
@@ -296,8 +403,24 @@ impl Config {
                 name,
                 upstreams,
                 api_key,
-                connect_timeout: Duration::from_millis(rp.connect_timeout_ms.unwrap_or(5_000)),
-                read_timeout: Duration::from_millis(rp.read_timeout_ms.unwrap_or(300_000)),
+                strategy,
+                connect_timeout: ms(rp.connect_timeout_ms, 5_000),
+                read_timeout,
+                first_byte_timeout: rp
+                    .first_byte_timeout_ms
+                    .map_or(read_timeout, Duration::from_millis),
+                idle_timeout: rp
+                    .idle_timeout_ms
+                    .map_or(read_timeout, Duration::from_millis),
+                request_timeout: ms(rp.request_timeout_ms, 600_000),
+                health_interval: match rp.health_interval_ms {
+                    Some(0) => None,
+                    v => Some(ms(v, 10_000)),
+                },
+                cooldown: ms(rp.cooldown_ms, 10_000),
+                retry_base: ms(rp.retry_base_ms, 200),
+                retry_cap: ms(rp.retry_cap_ms, 5_000),
+                max_attempts: max_attempts.clamp(1, 10),
             });
         }
 
@@ -340,7 +463,25 @@ impl Config {
                 name,
                 pool: rm.pool.get_ref().clone(),
                 price,
+                fallbacks: rm
+                    .fallbacks
+                    .as_ref()
+                    .map(|f| f.get_ref().clone())
+                    .unwrap_or_default(),
             });
+        }
+
+        for (i, (rm, m)) in raw.models.iter().zip(&models).enumerate() {
+            for f in &m.fallbacks {
+                if f == &m.name || !model_names.contains(f) {
+                    p.push(Problem::new(
+                        &file,
+                        rm.fallbacks.as_ref().and_then(|f| at(f.span())),
+                        &format!("models[{i}].fallbacks"),
+                        format!("'{f}' is not another configured model"),
+                    ));
+                }
+            }
         }
 
         let demo_mock_upstream = raw.demo.and_then(|d| d.mock_upstream).map(|m| {
@@ -471,6 +612,8 @@ fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
             .to_string(),
         port,
         base_path: base_path.to_string(),
+        weight: 1,
+        api_key: None,
     })
 }
 

@@ -43,20 +43,8 @@ impl From<Box<Error>> for Stop {
     }
 }
 
-/// How the admitted request goes upstream.
-pub(super) enum Verdict {
-    /// Through Pingora's proxy loop.
-    Proxy,
-    /// Through our own client (a chunked body Pingora cannot replay; see body.rs).
-    Direct,
-}
-
 impl Gateway {
-    pub(super) async fn decide(
-        &self,
-        session: &mut Session,
-        ctx: &mut Ctx,
-    ) -> Result<Verdict, Stop> {
+    pub(super) async fn decide(&self, session: &mut Session, ctx: &mut Ctx) -> Result<(), Stop> {
         let target = target(session, ctx)?;
         // One snapshot of keys and router for the whole request.
         let snapshot = self.shared.live.snapshot();
@@ -71,16 +59,11 @@ impl Gateway {
             return Err(GatewayError::InsufficientBalance.into());
         }
         let read = read_body(session, self.shared.live.config.max_body_bytes).await?;
-        let probe = probe(session, endpoint, &read.bytes).await?;
+        let probe = probe(session, endpoint, &read).await?;
         ctx.model = probe.model.clone();
         ctx.stream = probe.stream;
         let route = route_model(&snapshot.router, &key, &probe.model)?;
-        prepare_upstream(ctx, endpoint, route, &probe, &read.bytes)?;
-        Ok(if read.via_pingora {
-            Verdict::Proxy
-        } else {
-            Verdict::Direct
-        })
+        prepare_upstream(ctx, endpoint, route, &probe, &read)
     }
 
     fn limit(&self, key: &Key, ctx: &mut Ctx) -> Result<(), Stop> {
@@ -175,7 +158,7 @@ fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), S
 
 /// Reads the whole body before any upstream; a client waiting for `100 Continue` gets it now
 /// (only once its key, permission and budget have passed).
-async fn read_body(session: &mut Session, max_bytes: usize) -> Result<body::ReadBody, Stop> {
+async fn read_body(session: &mut Session, max_bytes: usize) -> Result<Bytes, Stop> {
     let expects_continue = session
         .req_header()
         .headers
@@ -243,15 +226,10 @@ fn prepare_upstream(
         .renames()
         .then_some(route.model.upstream_model.as_str());
     ctx.body = route_body::for_upstream(body, probe, rename, ask_usage);
-    let Some(up) = route.pool.pick() else {
+    // Every upstream of the pool down: say so at once.
+    if route.pool.pick(&[]).is_none() {
         return Err(GatewayError::NoHealthyUpstream(route.pool.name.clone()).into());
-    };
-    ctx.upstream = route
-        .pool
-        .upstreams
-        .iter()
-        .position(|u| std::ptr::eq(u, up))
-        .unwrap_or(0);
+    }
     ctx.route = Some(route);
     ctx.proxied = true;
     Ok(())

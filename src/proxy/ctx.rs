@@ -25,8 +25,10 @@ pub struct Ctx {
     /// The model the client asked for.
     pub model: String,
     pub route: Option<Arc<Route>>,
-    /// Index of the chosen upstream in the route's pool.
+    /// Index of the upstream that answered (or was tried last) in the route's pool.
     pub upstream: usize,
+    /// Tries it took upstream (0: never sent).
+    pub attempts: u32,
     /// The whole body as it will be sent upstream.
     pub body: Bytes,
     pub stream: bool,
@@ -57,6 +59,7 @@ impl Ctx {
             model: String::new(),
             route: None,
             upstream: 0,
+            attempts: 0,
             body: Bytes::new(),
             stream: false,
             outcome: Outcome::Pending,

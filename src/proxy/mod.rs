@@ -1,11 +1,12 @@
-//! The proxy: `Gateway` implements Pingora's `ProxyHttp`. Each phase is a few lines that call
-//! a stage: auth → permissions and budget → body and route → upstream → reply (metered) →
-//! usage record. Refusals are answered in `request_filter` before any upstream is touched.
+//! The proxy: `Gateway` implements Pingora's `ProxyHttp`. `request_filter` runs the stages:
+//! auth → permissions and budget → body and route (`admit`) → upstream tries and the metered
+//! reply (`forward`); `logging` writes the usage record. Pingora's own upstream phases are not
+//! used: one forwarding path owns retries, timeouts and cancellation for every body framing.
 
 mod admit;
 pub mod body;
 pub mod ctx;
-mod direct;
+mod forward;
 mod models;
 pub mod record;
 pub mod reply;
@@ -14,25 +15,22 @@ pub mod respond;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use pingora_core::connectors::http::Connector;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType};
-use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::route::endpoint::Group;
 use crate::state::Shared;
-use crate::upstream;
 use crate::web;
-use admit::{Stop, Verdict};
+use admit::Stop;
 use ctx::{Ctx, Listener, Outcome};
 
 pub struct Gateway {
     shared: Arc<Shared>,
     listener: Listener,
-    /// Our own upstream client, for bodies Pingora's pipe cannot carry (see body.rs).
+    /// The upstream client (connection pools per upstream) of `forward`.
     connector: Connector,
 }
 
@@ -51,9 +49,8 @@ impl Gateway {
             return self.web(session, ctx).await;
         }
         match self.decide(session, ctx).await {
-            Ok(Verdict::Proxy) => Ok(false),
-            Ok(Verdict::Direct) => {
-                direct::forward(&self.connector, session, ctx).await;
+            Ok(()) => {
+                forward::run(&self.connector, session, ctx).await?;
                 Ok(true)
             }
             Err(Stop::Answered) => Ok(true),
@@ -91,20 +88,6 @@ impl Gateway {
     }
 }
 
-/// The route and upstream chosen in `admit`; Pingora only calls the upstream phases after it.
-fn chosen(ctx: &Ctx) -> pingora_error::Result<(&crate::route::Pool, &crate::route::Upstream)> {
-    let pool = &ctx
-        .route
-        .as_ref()
-        .ok_or_else(|| Error::explain(ErrorType::InternalError, "no route"))?
-        .pool;
-    let up = pool
-        .upstreams
-        .get(ctx.upstream)
-        .ok_or_else(|| Error::explain(ErrorType::InternalError, "no upstream"))?;
-    Ok((pool, up))
-}
-
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = Ctx;
@@ -124,55 +107,16 @@ impl ProxyHttp for Gateway {
         self.admit(session, ctx).await
     }
 
+    /// Never called: `request_filter` answers every request (see `forward`).
     async fn upstream_peer(
         &self,
         _session: &mut Session,
-        ctx: &mut Ctx,
+        _ctx: &mut Ctx,
     ) -> pingora_error::Result<Box<HttpPeer>> {
-        let (pool, up) = chosen(ctx)?;
-        Ok(upstream::peer(pool, up))
-    }
-
-    async fn upstream_request_filter(
-        &self,
-        _session: &mut Session,
-        req: &mut RequestHeader,
-        ctx: &mut Ctx,
-    ) -> pingora_error::Result<()> {
-        let (pool, up) = chosen(ctx)?;
-        upstream::rewrite_request(req, pool, up, ctx.body.len(), &ctx.request_id)
-    }
-
-    async fn request_body_filter(
-        &self,
-        _session: &mut Session,
-        body: &mut Option<Bytes>,
-        end_of_stream: bool,
-        ctx: &mut Ctx,
-    ) -> pingora_error::Result<()> {
-        // Pingora hands over the retry buffer's tail (see body.rs); send the whole body instead.
-        *body = (end_of_stream && !ctx.body.is_empty()).then(|| ctx.body.clone());
-        Ok(())
-    }
-
-    async fn upstream_response_filter(
-        &self,
-        _session: &mut Session,
-        resp: &mut ResponseHeader,
-        ctx: &mut Ctx,
-    ) -> pingora_error::Result<()> {
-        reply::on_upstream_header(ctx, resp)
-    }
-
-    fn response_body_filter(
-        &self,
-        _session: &mut Session,
-        body: &mut Option<Bytes>,
-        end_of_stream: bool,
-        ctx: &mut Ctx,
-    ) -> pingora_error::Result<Option<std::time::Duration>> {
-        reply::on_body(ctx, body, end_of_stream);
-        Ok(None)
+        Err(Error::explain(
+            ErrorType::InternalError,
+            "no upstream phase",
+        ))
     }
 
     /// A client that goes away is normal traffic, not an error worth a log line.

@@ -1,46 +1,51 @@
 //! Route stage: model name → its pool and upstream credential, and which upstream of the pool
-//! takes this request (round robin). Built once per config and swapped whole.
+//! takes this request (`balance`). Built once per config and swapped whole.
 
+pub mod balance;
 pub mod body;
 pub mod endpoint;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use http::HeaderValue;
 
-use crate::config::{Config, ModelConfig, Problem, Problems, UpstreamConfig};
+use crate::config::{Config, ModelConfig, PoolConfig, Problem, Problems, Secret, UpstreamConfig};
+use balance::{Balancer, Health};
 
 pub struct Upstream {
     pub cfg: UpstreamConfig,
     pub addr: SocketAddr,
     /// `Host` header value: host, plus the port when it is not the scheme's default.
     pub host_header: HeaderValue,
+    /// `Bearer <api_key>` (the upstream's own, else the pool's), sent in place of the client's.
+    pub authorization: Option<HeaderValue>,
+    pub health: Health,
 }
 
 pub struct Pool {
     pub name: String,
     pub upstreams: Vec<Upstream>,
-    /// `Bearer <api_key>`, sent upstream in place of the client's key.
-    pub authorization: Option<HeaderValue>,
-    pub connect_timeout: Duration,
-    pub read_timeout: Duration,
-    next: AtomicUsize,
+    /// Timeouts, retries, health interval.
+    pub cfg: PoolConfig,
+    balancer: Balancer,
 }
 
 impl Pool {
-    /// Round robin over the pool's upstreams.
-    pub fn pick(&self) -> Option<&Upstream> {
-        let n = self.upstreams.len();
-        if n == 0 {
-            return None;
-        }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        self.upstreams.get(i)
+    /// The upstream for a request's next try, skipping the ones it tried while others are
+    /// healthy; None when none is.
+    pub fn pick(&self, tried: &[usize]) -> Option<usize> {
+        let health: Vec<&Health> = self.upstreams.iter().map(|u| &u.health).collect();
+        self.balancer.pick(&health, tried)
     }
+}
+
+/// `Bearer <key>` as a header value that is never logged.
+fn bearer(key: &Secret) -> Option<HeaderValue> {
+    let mut v = HeaderValue::from_str(&format!("Bearer {}", key.expose())).ok()?;
+    v.set_sensitive(true);
+    Some(v)
 }
 
 pub struct Route {
@@ -85,11 +90,23 @@ impl Router {
                         } else {
                             format!("{}:{}", u.host, u.port)
                         };
+                        let key = u.api_key.as_ref().or(p.api_key.as_ref());
+                        let authorization = key.and_then(bearer);
+                        if key.is_some() && authorization.is_none() {
+                            problems.push(Problem::new(
+                                &file,
+                                None,
+                                &format!("pools.{}.api_key", p.name),
+                                "not a valid header value",
+                            ));
+                        }
                         match HeaderValue::from_str(&host) {
                             Ok(host_header) => upstreams.push(Upstream {
                                 cfg: u.clone(),
                                 addr,
                                 host_header,
+                                authorization,
+                                health: Health::default(),
                             }),
                             Err(_) => problems.push(Problem::new(
                                 &file,
@@ -107,33 +124,14 @@ impl Router {
                     )),
                 }
             }
-            let authorization = match &p.api_key {
-                None => None,
-                Some(k) => match HeaderValue::from_str(&format!("Bearer {}", k.expose())) {
-                    Ok(mut v) => {
-                        v.set_sensitive(true);
-                        Some(v)
-                    }
-                    Err(_) => {
-                        problems.push(Problem::new(
-                            &file,
-                            None,
-                            &format!("pools.{}.api_key", p.name),
-                            "not a valid header value",
-                        ));
-                        None
-                    }
-                },
-            };
+            let weights: Vec<u32> = upstreams.iter().map(|u| u.cfg.weight).collect();
             pools.insert(
                 p.name.clone(),
                 Arc::new(Pool {
                     name: p.name.clone(),
                     upstreams,
-                    authorization,
-                    connect_timeout: p.connect_timeout,
-                    read_timeout: p.read_timeout,
-                    next: AtomicUsize::new(0),
+                    balancer: Balancer::new(p.strategy, &weights),
+                    cfg: p.clone(),
                 }),
             );
         }

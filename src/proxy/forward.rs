@@ -1,0 +1,273 @@
+//! The one forwarding path: every admitted request, whatever its body's size or framing, goes
+//! upstream through here. Per try: pick an upstream of the pool, connect, send the (already
+//! read) body, wait for the reply header. Connect failures, resets and timeouts before the
+//! reply, 429 and 5xx are tried again (on another upstream when the pool has one) after the
+//! pool's backoff, up to `max_attempts`; nothing is retried once a byte of the reply has gone
+//! to the client. A client that goes away is noticed at once on every wait, and the upstream
+//! request is dropped with it. The reply streams back through `reply` (metering), under the
+//! idle and whole-request deadlines; a reply cut midway ends without its final chunk, so the
+//! client can tell.
+
+use std::time::{Duration, Instant};
+
+use pingora_core::connectors::http::Connector;
+use pingora_core::protocols::http::client::HttpSession;
+use pingora_error::{Error, ErrorType};
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+
+use super::ctx::{Ctx, Outcome};
+use super::{reply, respond};
+use crate::error::GatewayError;
+use crate::route::balance::backoff;
+use crate::route::{Pool, Upstream};
+use crate::upstream;
+
+/// How one try ended before any of its reply reached the client.
+enum Try {
+    /// A reply header: pass it on (or retry it, for 429 and 5xx).
+    Reply(Box<HttpSession>, Box<ResponseHeader>),
+    /// No reply: the error the client gets if no try succeeds.
+    Failed(GatewayError),
+    /// The client went away.
+    ClientGone,
+}
+
+/// Forwards the request in `ctx` and streams the reply. `Err` means the reply was cut after it
+/// began: Pingora then drops the client connection instead of ending the body cleanly.
+pub async fn run(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut Ctx,
+) -> pingora_error::Result<()> {
+    let Some(route) = ctx.route.clone() else {
+        return Ok(());
+    };
+    let pool = &route.pool;
+    let mut tried: Vec<usize> = Vec::with_capacity(pool.cfg.max_attempts as usize);
+    let mut last_error = None;
+    // A request's own retries count once toward ejecting an upstream for 5xx: the same bad
+    // request retried must not take a pool's only upstream out for everyone.
+    let mut counted_5xx = false;
+    for attempt in 1..=pool.cfg.max_attempts {
+        let Some(i) = pool.pick(&tried) else { break };
+        let Some(up) = pool.upstreams.get(i) else {
+            break;
+        };
+        ctx.upstream = i;
+        ctx.attempts = attempt;
+        let _inflight = up.health.enter();
+        let last = attempt == pool.cfg.max_attempts;
+        match try_once(connector, session, ctx, pool, up).await {
+            Try::ClientGone => {
+                ctx.outcome = Outcome::ClientGone;
+                return Ok(());
+            }
+            Try::Failed(e) => {
+                up.health.transport_failed(pool.cfg.cooldown);
+                tracing::debug!(request_id = %ctx.request_id, upstream = %up.cfg.url, "try {attempt} failed: {e:?}");
+                last_error = Some(e);
+                tried.push(i);
+                if !last && !wait(session, pool, attempt + 1, None).await {
+                    ctx.outcome = Outcome::ClientGone;
+                    return Ok(());
+                }
+            }
+            Try::Reply(client, resp) => {
+                let status = resp.status.as_u16();
+                let retryable = status == 429 || (status >= 500 && status != 501);
+                if status >= 500 {
+                    if !counted_5xx {
+                        up.health.server_error(pool.cfg.cooldown);
+                        counted_5xx = true;
+                    }
+                } else {
+                    up.health.answered();
+                }
+                if retryable && !last {
+                    let retry_after = retry_after(&resp);
+                    tried.push(i);
+                    // Another upstream can take it now; only the same one must be waited for.
+                    let others = pool.pick(&tried).is_some_and(|n| !tried.contains(&n));
+                    let too_long = retry_after.is_some_and(|ra| ra > pool.cfg.retry_cap);
+                    if others || !too_long {
+                        drop(client);
+                        let ra = if others { None } else { retry_after };
+                        if !wait(session, pool, attempt + 1, ra).await {
+                            ctx.outcome = Outcome::ClientGone;
+                            return Ok(());
+                        }
+                        continue;
+                    }
+                }
+                return stream_reply(connector, session, ctx, pool, up, client, *resp).await;
+            }
+        }
+    }
+    let e = last_error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(pool.name.clone()));
+    let _ = respond::json(session, ctx, e.status(), e.body()).await;
+    ctx.outcome = Outcome::UpstreamFailed(e.status());
+    Ok(())
+}
+
+/// Waits out the backoff before try `attempt`; false if the client left meanwhile.
+async fn wait(
+    session: &mut Session,
+    pool: &Pool,
+    attempt: u32,
+    retry_after: Option<Duration>,
+) -> bool {
+    let delay = backoff(
+        pool.cfg.retry_base,
+        pool.cfg.retry_cap,
+        attempt,
+        retry_after,
+    );
+    tokio::select! {
+        () = tokio::time::sleep(delay) => true,
+        () = client_gone(session) => false,
+    }
+}
+
+/// Resolves when the client closes its connection (its request body was read whole, so the
+/// only thing left to read is the close). Never resolves otherwise.
+async fn client_gone(session: &mut Session) {
+    if session
+        .as_downstream_mut()
+        .read_body_or_idle(true)
+        .await
+        .is_err()
+    {
+        return;
+    }
+    // Bytes of a next request (pipelining) are not a close: keep waiting on the rest.
+    std::future::pending::<()>().await
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by model servers).
+fn retry_after(resp: &ResponseHeader) -> Option<Duration> {
+    let v = resp.headers.get(http::header::RETRY_AFTER)?.to_str().ok()?;
+    let secs: f64 = v.trim().parse().ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(86_400.0)))
+}
+
+/// One try up to the reply header.
+async fn try_once(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut Ctx,
+    pool: &Pool,
+    up: &Upstream,
+) -> Try {
+    let peer = upstream::peer(pool, up);
+    let mut req = session.req_header().clone();
+    if let Err(e) = upstream::rewrite_request(&mut req, up, ctx.body.len(), &ctx.request_id) {
+        return Try::Failed(GatewayError::Internal(format!("upstream request: {e}")));
+    }
+    let body = ctx.body.clone();
+    let exchange = async {
+        let (mut client, _reused) = connector.get_http_session(&*peer).await?;
+        client.set_read_timeout(peer.options.read_timeout);
+        client.set_write_timeout(peer.options.write_timeout);
+        client.write_request_header(Box::new(req)).await?;
+        client.write_request_body(body, true).await?;
+        client.finish_request_body().await?;
+        client.read_response_header().await?;
+        Ok::<HttpSession, Box<Error>>(client)
+    };
+    let timed = tokio::time::timeout(pool.cfg.first_byte_timeout, exchange);
+    let result = tokio::select! {
+        r = timed => r,
+        () = client_gone(session) => return Try::ClientGone,
+    };
+    match result {
+        Err(_) => Try::Failed(GatewayError::UpstreamTimeout(format!(
+            "the upstream sent no reply within {} ms",
+            pool.cfg.first_byte_timeout.as_millis()
+        ))),
+        // Everything in `exchange` talks to the upstream: its errors are the upstream's.
+        Ok(Err(e)) => match reply::classify_failure(&e.into_up()) {
+            Some(g) => Try::Failed(g),
+            None => Try::ClientGone,
+        },
+        Ok(Ok(client)) => match client.response_header().cloned() {
+            Some(resp) => Try::Reply(Box::new(client), Box::new(resp)),
+            None => Try::Failed(GatewayError::UpstreamError(
+                "the upstream sent no reply header".into(),
+            )),
+        },
+    }
+}
+
+/// Passes the reply on, metered. Errors before the header reached the client are answered in
+/// the contract's shape; after it, the reply is cut (`Err`).
+async fn stream_reply(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut Ctx,
+    pool: &Pool,
+    up: &Upstream,
+    mut client: Box<HttpSession>,
+    mut resp: ResponseHeader,
+) -> pingora_error::Result<()> {
+    if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
+        if let Some(g) = reply::classify_failure(&e) {
+            let _ = respond::json(session, ctx, g.status(), g.body()).await;
+            ctx.outcome = Outcome::UpstreamFailed(g.status());
+        }
+        return Ok(());
+    }
+    if let Err(e) = session.write_response_header(Box::new(resp), false).await {
+        ctx.outcome = Outcome::ClientGone;
+        return Err(e);
+    }
+    // A stream may go quiet for `idle_timeout` between events; a plain reply must be whole
+    // within `request_timeout` of the start.
+    let deadline = (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout);
+    loop {
+        let limit = match deadline {
+            Some(d) => d
+                .saturating_duration_since(Instant::now())
+                .min(pool.cfg.idle_timeout),
+            None => pool.cfg.idle_timeout,
+        };
+        let read = tokio::time::timeout(limit, client.read_response_body());
+        let chunk = tokio::select! {
+            r = read => r,
+            () = client_gone(session) => {
+                ctx.outcome = Outcome::ClientGone;
+                return Err(Error::explain(ErrorType::ConnectionClosed, "client went away").into_down());
+            }
+        };
+        let mut chunk = match chunk {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                up.health.transport_failed(pool.cfg.cooldown);
+                ctx.outcome = Outcome::UpstreamFailed(502);
+                return Err(e.into_up());
+            }
+            Err(_) => {
+                ctx.outcome = Outcome::UpstreamFailed(504);
+                return Err(Error::explain(
+                    ErrorType::ReadTimedout,
+                    "the upstream's reply stalled past its deadline",
+                )
+                .into_up());
+            }
+        };
+        let done = chunk.is_none() || client.response_done();
+        reply::on_body(ctx, &mut chunk, done);
+        if let Err(e) = session.write_response_body(chunk, done).await {
+            ctx.outcome = Outcome::ClientGone;
+            return Err(e);
+        }
+        if done {
+            break;
+        }
+    }
+    let peer = upstream::peer(pool, up);
+    connector
+        .release_http_session(*client, &*peer, peer.options.idle_timeout)
+        .await;
+    Ok(())
+}

@@ -1,0 +1,295 @@
+//! Which upstream of a pool takes a request, and each upstream's health as the gateway sees it.
+//!
+//! Selection is written here rather than with pingora-load-balancing: its backend set is keyed
+//! by address and weight, so two accounts of one provider (the same URL with different
+//! `api_key`s) would collapse into one; it has no least-connections; and its health checks run
+//! as a separate service that cannot take the passive signals (a refused connection, a 5xx)
+//! the proxy sees on real requests. Everything here is lock-free atomics read per pick.
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::config::Strategy;
+
+/// Consecutive 5xx replies that take an upstream out of rotation (a single one is often about
+/// the request, not the server). A failed connection, reset or timeout takes it out at once.
+pub const EJECT_AFTER_5XX: u32 = 3;
+
+/// Milliseconds since the process's first call: a monotonic clock that fits an atomic.
+pub fn now_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+}
+
+/// One upstream's health: the active check's verdict, a passive cool-down, requests in flight.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The last active check failed (until one passes).
+    check_failed: AtomicBool,
+    /// Out of rotation until this `now_ms()` after failed requests (0: not ejected).
+    ejected_until: AtomicU64,
+    consecutive_5xx: AtomicU32,
+    inflight: AtomicUsize,
+    requests: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl Health {
+    pub fn healthy(&self, now: u64) -> bool {
+        !self.check_failed.load(Ordering::Relaxed)
+            && self.ejected_until.load(Ordering::Relaxed) <= now
+    }
+
+    /// A request to this upstream starts; it counts as in flight until the guard drops.
+    pub fn enter(&self) -> InFlight<'_> {
+        self.inflight.fetch_add(1, Ordering::Relaxed);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        InFlight(self)
+    }
+
+    /// The upstream answered with a reply that says nothing against it.
+    pub fn answered(&self) {
+        self.consecutive_5xx.store(0, Ordering::Relaxed);
+    }
+
+    /// No reply: refused, reset or timed out. Out of rotation for the cool-down.
+    pub fn transport_failed(&self, cooldown: Duration) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        self.eject(cooldown);
+    }
+
+    /// A 5xx reply: out of rotation once `EJECT_AFTER_5XX` come in a row.
+    pub fn server_error(&self, cooldown: Duration) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if self.consecutive_5xx.fetch_add(1, Ordering::Relaxed) + 1 >= EJECT_AFTER_5XX {
+            self.consecutive_5xx.store(0, Ordering::Relaxed);
+            self.eject(cooldown);
+        }
+    }
+
+    fn eject(&self, cooldown: Duration) {
+        let until = now_ms() + cooldown.as_millis() as u64;
+        self.ejected_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// The active check's verdict. A pass also ends a passive cool-down: the upstream answers.
+    pub fn checked(&self, ok: bool) -> bool {
+        if ok {
+            self.ejected_until.store(0, Ordering::Relaxed);
+            self.consecutive_5xx.store(0, Ordering::Relaxed);
+        }
+        self.check_failed.swap(!ok, Ordering::Relaxed) == ok
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// For the admin view: (check failed, ms of cool-down left, in flight, requests, failures).
+    pub fn view(&self, now: u64) -> (bool, u64, usize, u64, u64) {
+        (
+            self.check_failed.load(Ordering::Relaxed),
+            self.ejected_until
+                .load(Ordering::Relaxed)
+                .saturating_sub(now),
+            self.inflight(),
+            self.requests.load(Ordering::Relaxed),
+            self.failures.load(Ordering::Relaxed),
+        )
+    }
+}
+
+pub struct InFlight<'a>(&'a Health);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The order a pool hands out its upstreams in, built once per config.
+pub struct Balancer {
+    strategy: Strategy,
+    /// Upstream indexes in turn: each once (round robin), or each `weight` times spread out
+    /// (smooth weighted round robin, as nginx does it), so no upstream gets a burst.
+    turns: Vec<usize>,
+    next: AtomicUsize,
+}
+
+impl Balancer {
+    pub fn new(strategy: Strategy, weights: &[u32]) -> Balancer {
+        let turns = match strategy {
+            Strategy::Weighted => smooth_weighted(weights),
+            _ => (0..weights.len()).collect(),
+        };
+        Balancer {
+            strategy,
+            turns,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// The upstream for the next try of a request: a healthy one it has not tried yet, else a
+    /// healthy one it has (a pool of one retries its only upstream); None when none is healthy.
+    pub fn pick(&self, health: &[&Health], tried: &[usize]) -> Option<usize> {
+        let now = now_ms();
+        let n = self.turns.len();
+        if n == 0 {
+            return None;
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let ok = |i: usize| health.get(i).is_some_and(|h| h.healthy(now));
+        for fresh in [true, false] {
+            let allowed = |i: usize| ok(i) && (!fresh || !tried.contains(&i));
+            let found = match self.strategy {
+                Strategy::LeastConnections => (0..n)
+                    .map(|k| self.turns[(start + k) % n])
+                    .filter(|&i| allowed(i))
+                    .min_by_key(|&i| health.get(i).map_or(usize::MAX, |h| h.inflight())),
+                _ => (0..n)
+                    .map(|k| self.turns[(start + k) % n])
+                    .find(|&i| allowed(i)),
+            };
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+}
+
+/// nginx's smooth weighted round robin, unrolled into one cycle of picks.
+fn smooth_weighted(weights: &[u32]) -> Vec<usize> {
+    let total: i64 = weights.iter().map(|&w| i64::from(w.max(1))).sum();
+    let mut current = vec![0i64; weights.len()];
+    let mut turns = Vec::with_capacity(total as usize);
+    for _ in 0..total {
+        for (c, &w) in current.iter_mut().zip(weights) {
+            *c += i64::from(w.max(1));
+        }
+        let Some((best, _)) = current
+            .iter()
+            .enumerate()
+            .max_by_key(|&(i, &c)| (c, -(i as i64)))
+        else {
+            break;
+        };
+        current[best] -= total;
+        turns.push(best);
+    }
+    turns
+}
+
+/// The wait before try `attempt` (2 for the first retry): min(base × 2^(attempt-2), cap), plus
+/// up to 10% jitter, and never less than what the upstream asked for with `Retry-After` when
+/// that is within the cap.
+pub fn backoff(
+    base: Duration,
+    cap: Duration,
+    attempt: u32,
+    retry_after: Option<Duration>,
+) -> Duration {
+    let exp = base.saturating_mul(1u32 << attempt.saturating_sub(2).min(20));
+    let delay = exp.min(cap);
+    let jitter = delay.mul_f64(rand::random::<f64>() * 0.1);
+    let wait = delay + jitter;
+    match retry_after {
+        Some(ra) if ra <= cap => wait.max(ra),
+        _ => wait,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn healths(n: usize) -> Vec<Health> {
+        (0..n).map(|_| Health::default()).collect()
+    }
+
+    #[test]
+    fn round_robin_takes_turns_and_skips_the_unhealthy_and_the_tried() {
+        let h = healths(3);
+        let refs: Vec<&Health> = h.iter().collect();
+        let b = Balancer::new(Strategy::RoundRobin, &[1, 1, 1]);
+        let picks: Vec<_> = (0..6).map(|_| b.pick(&refs, &[]).unwrap()).collect();
+        assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
+        h[1].transport_failed(Duration::from_secs(60));
+        let picks: Vec<_> = (0..4).map(|_| b.pick(&refs, &[]).unwrap()).collect();
+        assert!(!picks.contains(&1), "{picks:?}");
+        assert_eq!(b.pick(&refs, &[0]), Some(2));
+        // Every healthy one tried: a tried one again rather than none.
+        assert!(matches!(b.pick(&refs, &[0, 2]), Some(0 | 2)));
+        h[0].checked(false);
+        h[2].checked(false);
+        assert_eq!(b.pick(&refs, &[]), None);
+        h[2].checked(true);
+        assert_eq!(b.pick(&refs, &[]), Some(2));
+    }
+
+    #[test]
+    fn weights_spread_smoothly_in_proportion() {
+        let turns = smooth_weighted(&[5, 1, 1]);
+        assert_eq!(turns, [0, 0, 1, 0, 2, 0, 0]);
+        let h = healths(2);
+        let refs: Vec<&Health> = h.iter().collect();
+        let b = Balancer::new(Strategy::Weighted, &[3, 1]);
+        let picks: Vec<_> = (0..400).map(|_| b.pick(&refs, &[]).unwrap()).collect();
+        assert_eq!(picks.iter().filter(|&&i| i == 0).count(), 300);
+    }
+
+    #[test]
+    fn least_connections_picks_the_least_busy() {
+        let h = healths(3);
+        let refs: Vec<&Health> = h.iter().collect();
+        let b = Balancer::new(Strategy::LeastConnections, &[1, 1, 1]);
+        let _a = h[0].enter();
+        let _b = h[0].enter();
+        let _c = h[2].enter();
+        assert_eq!(b.pick(&refs, &[]), Some(1));
+        assert_eq!(b.pick(&refs, &[1]), Some(2));
+    }
+
+    #[test]
+    fn five_hundreds_eject_only_in_a_row_and_a_passing_check_brings_it_back() {
+        let h = Health::default();
+        let now = now_ms();
+        h.server_error(Duration::from_secs(60));
+        h.server_error(Duration::from_secs(60));
+        h.answered();
+        h.server_error(Duration::from_secs(60));
+        assert!(h.healthy(now));
+        h.server_error(Duration::from_secs(60));
+        h.server_error(Duration::from_secs(60));
+        assert!(!h.healthy(now_ms()));
+        assert!(!h.checked(true), "no change of the check's verdict");
+        assert!(h.healthy(now_ms()));
+        assert!(h.checked(false), "a change");
+        assert!(!h.healthy(now_ms()));
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap_with_at_most_ten_percent_jitter_and_honours_retry_after() {
+        let base = Duration::from_millis(100);
+        let cap = Duration::from_millis(1_000);
+        for (attempt, want) in [
+            (2, 100),
+            (3, 200),
+            (4, 400),
+            (5, 800),
+            (6, 1_000),
+            (30, 1_000),
+        ] {
+            for _ in 0..50 {
+                let w = backoff(base, cap, attempt, None).as_millis() as u64;
+                assert!(w >= want && w <= want + want / 10, "{attempt}: {w}");
+            }
+        }
+        let ra = Some(Duration::from_millis(700));
+        assert!(backoff(base, cap, 2, ra) >= Duration::from_millis(700));
+        let far = Some(Duration::from_secs(60));
+        assert!(backoff(base, cap, 2, far) < Duration::from_millis(111));
+    }
+}
