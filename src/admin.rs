@@ -1,4 +1,5 @@
-//! The admin listener: `/healthz` for probes and `/metrics` (Prometheus text). Answers from the live
+//! The admin listener: `/healthz` for probes, `/metrics` (Prometheus text) and `/upstreams`
+//! (each pool's upstreams and their health). Answers from the live
 //! state only; never proxies.
 
 use std::sync::Arc;
@@ -29,6 +30,7 @@ impl ServeHttp for Admin {
                     self.shared.live.snapshot().router.ordered.len()
                 ),
             ),
+            "/upstreams" => (200, "application/json", self.upstreams()),
             "/metrics" => (
                 200,
                 "text/plain; version=0.0.4",
@@ -49,6 +51,48 @@ impl ServeHttp for Admin {
             .header("content-length", body.len())
             .body(body.into_bytes())
             .unwrap_or_default()
+    }
+}
+
+impl Admin {
+    /// Every pool's upstreams and how the gateway sees them right now.
+    fn upstreams(&self) -> String {
+        let snapshot = self.shared.live.snapshot();
+        let now = crate::route::balance::now_ms();
+        let mut seen = std::collections::HashSet::new();
+        let pools: Vec<serde_json::Value> = snapshot
+            .router
+            .ordered
+            .iter()
+            .filter(|r| seen.insert(r.pool.name.clone()))
+            .map(|r| {
+                let ups: Vec<serde_json::Value> = r
+                    .pool
+                    .upstreams
+                    .iter()
+                    .map(|u| {
+                        let (check_failed, cooldown_ms, inflight, requests, failures) =
+                            u.health.view(now);
+                        serde_json::json!({
+                            "url": u.cfg.url,
+                            "weight": u.cfg.weight,
+                            "healthy": u.health.healthy(now),
+                            "check_failed": check_failed,
+                            "cooldown_remaining_ms": cooldown_ms,
+                            "in_flight": inflight,
+                            "requests": requests,
+                            "failures": failures,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "name": r.pool.name,
+                    "strategy": r.pool.cfg.strategy.name(),
+                    "upstreams": ups,
+                })
+            })
+            .collect();
+        serde_json::json!({ "pools": pools }).to_string()
     }
 }
 

@@ -85,6 +85,17 @@ pub struct PoolConfig {
     pub max_attempts: u32,
 }
 
+impl Strategy {
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::RoundRobin => "round_robin",
+            Strategy::Weighted => "weighted",
+            Strategy::LeastConnections => "least_connections",
+        }
+    }
+}
+
 /// How a pool spreads requests over its upstreams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {

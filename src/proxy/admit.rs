@@ -227,7 +227,7 @@ fn prepare_upstream(
         .then_some(route.model.upstream_model.as_str());
     ctx.body = route_body::for_upstream(body, probe, rename, ask_usage);
     // Every upstream of the pool down: say so at once.
-    if route.pool.pick(&[]).is_none() {
+    if !route.pool.has_healthy(&[]) {
         return Err(GatewayError::NoHealthyUpstream(route.pool.name.clone()).into());
     }
     ctx.route = Some(route);

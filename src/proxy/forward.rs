@@ -88,7 +88,7 @@ pub async fn run(
                     let retry_after = retry_after(&resp);
                     tried.push(i);
                     // Another upstream can take it now; only the same one must be waited for.
-                    let others = pool.pick(&tried).is_some_and(|n| !tried.contains(&n));
+                    let others = pool.has_healthy(&tried);
                     let too_long = retry_after.is_some_and(|ra| ra > pool.cfg.retry_cap);
                     if others || !too_long {
                         drop(client);

@@ -39,6 +39,15 @@ impl Pool {
         let health: Vec<&Health> = self.upstreams.iter().map(|u| &u.health).collect();
         self.balancer.pick(&health, tried)
     }
+
+    /// Whether an upstream other than `tried` ones is healthy (does not take a turn).
+    pub fn has_healthy(&self, tried: &[usize]) -> bool {
+        let now = balance::now_ms();
+        self.upstreams
+            .iter()
+            .enumerate()
+            .any(|(i, u)| !tried.contains(&i) && u.health.healthy(now))
+    }
 }
 
 /// `Bearer <key>` as a header value that is never logged.

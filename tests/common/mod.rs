@@ -108,6 +108,7 @@ max_concurrent = 2
 
 /// Options a test may change.
 pub struct Setup {
+    /// Appended to the config; `@MOCK@` and `@DEAD@` become the mock's and a dead port.
     pub extra_config: String,
     pub read_timeout_ms: u64,
     pub max_body_bytes: usize,
@@ -211,7 +212,10 @@ price = {{ prompt = 1000000.0, completion = 1000000.0, request = 0.5 }}
 "#,
         max_body = setup.max_body_bytes,
         read_timeout = setup.read_timeout_ms,
-        extra = setup.extra_config,
+        extra = setup
+            .extra_config
+            .replace("@MOCK@", &mock.to_string())
+            .replace("@DEAD@", &dead.to_string()),
     );
     std::fs::write(path.join("modelgate.toml"), config).map_err(|e| e.to_string())?;
     let keys = KEYS.replace(
