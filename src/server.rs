@@ -12,6 +12,7 @@ use crate::config::reload::KeysReloader;
 use crate::mock_upstream;
 use crate::proxy::Gateway;
 use crate::proxy::ctx::Listener;
+use crate::route::health::HealthChecker;
 use crate::state::Shared;
 
 pub fn build(shared: Arc<Shared>) -> Server {
@@ -56,6 +57,10 @@ pub fn build(shared: Arc<Shared>) -> Server {
     server.add_service(pingora_core::services::background::background_service(
         "keys reload",
         KeysReloader::new(shared.live.clone()),
+    ));
+    server.add_service(pingora_core::services::background::background_service(
+        "upstream health checks",
+        HealthChecker::new(shared.live.clone()),
     ));
     if let Some(addr) = &config.listeners.admin {
         server.add_service(admin::service(addr, shared.clone()));

@@ -4,6 +4,7 @@
 pub mod balance;
 pub mod body;
 pub mod endpoint;
+pub mod health;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -66,6 +67,11 @@ impl Route {
     /// Whether the body's `model` must be rewritten for the upstream.
     pub fn renames(&self) -> bool {
         self.model.name != self.model.upstream_model
+    }
+
+    /// The model name to splice into the body for the upstream, if it differs.
+    pub fn upstream_rename(&self) -> Option<&str> {
+        self.renames().then_some(self.model.upstream_model.as_str())
     }
 }
 

@@ -1,0 +1,115 @@
+//! Active health checks, a background service: every `health_interval_ms` each upstream of a
+//! pool is asked `GET /v1/models` with its own credential. One that fails (no connection, no
+//! reply within the check's deadline, or a status other than 2xx) leaves rotation until a check
+//! passes; a pass also ends a passive cool-down early. Changes are logged once each.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora_core::connectors::http::Connector;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+use pingora_http::RequestHeader;
+
+use super::{Pool, Upstream};
+use crate::config::live::Live;
+use crate::upstream;
+
+/// How often the service looks for pools whose check is due.
+const TICK: Duration = Duration::from_millis(100);
+
+pub struct HealthChecker {
+    live: Arc<Live>,
+}
+
+impl HealthChecker {
+    pub fn new(live: Arc<Live>) -> HealthChecker {
+        HealthChecker { live }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for HealthChecker {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let connector = Arc::new(Connector::new(None));
+        let mut due: HashMap<String, Instant> = HashMap::new();
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {}
+            }
+            let now = Instant::now();
+            let snapshot = self.live.snapshot();
+            for route in &snapshot.router.ordered {
+                let pool = &route.pool;
+                let Some(every) = pool.cfg.health_interval else {
+                    continue;
+                };
+                if due.get(&pool.name).is_some_and(|&at| at > now) {
+                    continue;
+                }
+                due.insert(pool.name.clone(), now + every);
+                for i in 0..pool.upstreams.len() {
+                    let (pool, connector) = (pool.clone(), connector.clone());
+                    tokio::spawn(async move { check(&connector, &pool, i).await });
+                }
+            }
+        }
+    }
+}
+
+/// One check of upstream `i` of `pool`; its verdict goes to the upstream's health.
+async fn check(connector: &Connector, pool: &Arc<Pool>, i: usize) {
+    let Some(up) = pool.upstreams.get(i) else {
+        return;
+    };
+    let deadline = pool
+        .cfg
+        .health_interval
+        .unwrap_or(Duration::from_secs(10))
+        .min(pool.cfg.connect_timeout + Duration::from_secs(5));
+    let verdict = match tokio::time::timeout(deadline, models(connector, pool, up)).await {
+        Ok(Ok(200..=299)) => Ok(()),
+        Ok(Ok(status)) => Err(format!("GET /v1/models answered {status}")),
+        Ok(Err(e)) => Err(format!("GET /v1/models failed: {}", e.etype().as_str())),
+        Err(_) => Err(format!(
+            "no answer to GET /v1/models within {} ms",
+            deadline.as_millis()
+        )),
+    };
+    let changed = up.health.checked(verdict.is_ok());
+    match verdict {
+        Err(why) if changed => tracing::warn!(
+            pool = %pool.name, upstream = %up.cfg.url,
+            "upstream out of rotation: {why}"
+        ),
+        Ok(()) if changed => tracing::info!(
+            pool = %pool.name, upstream = %up.cfg.url,
+            "upstream back in rotation: its health check passed"
+        ),
+        _ => {}
+    }
+}
+
+/// `GET /v1/models` with the upstream's credential; its status.
+async fn models(connector: &Connector, pool: &Pool, up: &Upstream) -> pingora_error::Result<u16> {
+    let peer = upstream::peer(pool, up);
+    let mut req = RequestHeader::build("GET", b"/v1/models", Some(4))?;
+    upstream::rewrite_request(&mut req, up, 0, "health-check")?;
+    req.remove_header(&http::header::CONTENT_LENGTH);
+    let (mut client, _) = connector.get_http_session(&*peer).await?;
+    client.set_read_timeout(peer.options.read_timeout);
+    client.write_request_header(Box::new(req)).await?;
+    client.finish_request_body().await?;
+    client.read_response_header().await?;
+    let status = client.response_header().map_or(0, |r| r.status.as_u16());
+    // Read the (small) list so the connection can be reused for the next check.
+    while client.read_response_body().await?.is_some() {}
+    connector
+        .release_http_session(client, &*peer, peer.options.idle_timeout)
+        .await;
+    Ok(status)
+}
