@@ -48,6 +48,8 @@ fn record(i: u64, time_ms: i64) -> UsageRecord {
         ttft_ms: (i % 2 == 0).then_some(80 + i % 200),
         upstream: "https://api.example.com".into(),
         estimated: i % 10 == 0,
+        attempts: 1,
+        served_model: "gpt-4o".into(),
     }
 }
 

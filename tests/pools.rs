@@ -132,3 +132,190 @@ upstream_model = "echo-1"
         .map(|p| p["strategy"].clone());
     assert_eq!(strategy, Some(serde_json::json!("weighted")), "{view}");
 }
+
+/// Asks the admin listener until `ready` holds for the view (the health checker runs on its
+/// own clock), failing after `within`.
+async fn await_view(
+    g: &Gateway,
+    within: std::time::Duration,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let view = upstreams(g).await;
+        if ready(&view) {
+            return view;
+        }
+        assert!(std::time::Instant::now() < deadline, "not reached: {view}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_health_check_takes_a_dead_upstream_out_and_brings_it_back() {
+    let second = start_mock(&[]);
+    let port = second.port;
+    let g = start_with(Setup {
+        extra_config: format!(
+            r#"
+[[pools]]
+name = "checked"
+upstreams = ["http://127.0.0.1:@MOCK@", "http://127.0.0.1:{port}"]
+health_interval_ms = 100
+cooldown_ms = 600000
+
+[[models]]
+name = "checked-model"
+pool = "checked"
+upstream_model = "echo-1"
+"#
+        ),
+        ..Setup::default()
+    });
+    let within = std::time::Duration::from_secs(5);
+    drop(second);
+    // No request has gone to it: the check alone takes it out.
+    let view = await_view(&g, within, |v| {
+        pool(v, "checked")[1]["check_failed"] == true
+    })
+    .await;
+    assert_eq!(pool(&view, "checked")[1]["requests"], 0, "{view}");
+    for _ in 0..6 {
+        assert_eq!(chat_status(&g.main, "checked-model").await, 200);
+    }
+    let again = start_mock_at(port, &[]);
+    await_view(&g, within, |v| pool(v, "checked")[1]["healthy"] == true).await;
+    for _ in 0..6 {
+        assert_eq!(chat_status(&g.main, "checked-model").await, 200);
+    }
+    let view = upstreams(&g).await;
+    assert!(
+        pool(&view, "checked")[1]["requests"].as_u64() >= Some(2),
+        "{view}"
+    );
+    drop(again);
+}
+
+#[tokio::test]
+async fn a_500_then_recovery_is_retried_with_backoff_and_the_record_counts_the_tries() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[pools]]
+name = "flaky"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+retry_base_ms = 100
+retry_cap_ms = 1000
+
+[[models]]
+name = "flaky-model"
+pool = "flaky"
+upstream_model = "echo-1"
+"#
+        .into(),
+        ..Setup::default()
+    });
+    for (status, fails) in [("500", 2), ("429", 1)] {
+        let started = std::time::Instant::now();
+        let resp = send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &chat_body("flaky-model", false),
+            &[
+                ("x-mock-status", status),
+                ("x-mock-fail-first", &fails.to_string()),
+            ],
+        )
+        .await;
+        let elapsed = started.elapsed();
+        assert_eq!(resp.status(), 200, "{status}");
+        let id = resp.headers()["x-request-id"]
+            .to_str()
+            .expect("id")
+            .to_string();
+        // Waits of 100 ms, then 200 ms, each plus up to 10%.
+        let least = if fails == 2 { 300 } else { 100 };
+        assert!(
+            elapsed >= std::time::Duration::from_millis(least),
+            "{elapsed:?}"
+        );
+        assert!(
+            elapsed < std::time::Duration::from_millis(least * 11 / 10 + 1_500),
+            "{elapsed:?}"
+        );
+        let r = await_record(&g, &id).await;
+        assert_eq!(r["attempts"], fails + 1, "{r}");
+        assert_eq!(r["status"], 200, "{r}");
+    }
+    // A 400 is the client's: never retried.
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("flaky-model", false),
+        &[("x-mock-status", "400"), ("x-mock-fail-first", "1")],
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    let id = resp.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    assert_eq!(await_record(&g, &id).await["attempts"], 1);
+}
+
+/// Records are written in batches: wait for this one.
+async fn await_record(g: &Gateway, request_id: &str) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let resp = get(&g.direct, "/api/usage?limit=1000", Some(KEY)).await;
+        let page: serde_json::Value = resp.json().await.expect("json");
+        if let Some(r) = page["data"]
+            .as_array()
+            .and_then(|d| d.iter().find(|r| r["request_id"] == request_id))
+        {
+            return r.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no record {request_id}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_model_whose_pool_is_down_falls_back_and_the_record_says_which_answered() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[models]]
+name = "primary-model"
+pool = "dead"
+fallbacks = ["big-model"]
+price = { request = 1.0 }
+"#
+        .into(),
+        ..Setup::default()
+    });
+    for base in g.bases() {
+        let resp = post_json(
+            &base,
+            "/v1/chat/completions",
+            &chat_body("primary-model", false),
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        // The fallback's upstream name went upstream.
+        assert_eq!(resp.headers()["x-mock-model"], "upstream/big-model-v2");
+        let id = resp.headers()["x-request-id"]
+            .to_str()
+            .expect("id")
+            .to_string();
+        let r = await_record(&g, &id).await;
+        assert_eq!(
+            (r["model"].as_str(), r["served_model"].as_str()),
+            (Some("primary-model"), Some("big-model")),
+            "{r}"
+        );
+    }
+}

@@ -56,11 +56,32 @@ impl Default for MockOptions {
 /// The mock model server, a Pingora HTTP application.
 pub struct MockUpstream {
     opts: MockOptions,
+    /// `x-mock-fail-first`: how often each `x-request-id` has been seen (retries carry it).
+    seen: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 impl MockUpstream {
     pub fn new(opts: MockOptions) -> Self {
-        MockUpstream { opts }
+        MockUpstream {
+            opts,
+            seen: Default::default(),
+        }
+    }
+
+    /// The status to force on this request: `x-mock-status`, or with `x-mock-fail-first: N`
+    /// that status (500 by default) only for the first N tries of one `x-request-id`.
+    fn forced_status(&self, headers: &http::HeaderMap, status: Option<u16>) -> Option<u16> {
+        let Some(n) = request::header_parse::<u32>(headers, "x-mock-fail-first") else {
+            return status;
+        };
+        let id = String::from_utf8_lossy(header_bytes(headers, "x-request-id")).into_owned();
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.len() > 100_000 {
+            seen.clear();
+        }
+        let tries = seen.entry(id).or_insert(0);
+        *tries += 1;
+        (*tries <= n).then_some(status.unwrap_or(500))
     }
 }
 
@@ -129,7 +150,8 @@ impl HttpServerApp for MockUpstream {
         let req = session.req_header();
         let method = req.method.clone();
         let path = req.uri.path().to_string();
-        let overrides = Overrides::from_headers(&req.headers, &self.opts);
+        let mut overrides = Overrides::from_headers(&req.headers, &self.opts);
+        overrides.status = self.forced_status(&req.headers, overrides.status);
         let authorization = header_bytes(&req.headers, "authorization").to_vec();
         let content_type =
             String::from_utf8_lossy(header_bytes(&req.headers, "content-type")).into_owned();

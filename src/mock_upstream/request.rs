@@ -59,7 +59,7 @@ pub(super) fn header_bytes<'a>(headers: &'a HeaderMap, name: &str) -> &'a [u8] {
     headers.get(name).map_or(&b""[..], |v| v.as_bytes())
 }
 
-fn header_parse<T: FromStr>(headers: &HeaderMap, name: &str) -> Option<T> {
+pub(super) fn header_parse<T: FromStr>(headers: &HeaderMap, name: &str) -> Option<T> {
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use pingora_error::Error;
 use pingora_proxy::Session;
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, Fallbacks};
 use super::{Gateway, body, models, respond};
 use crate::auth;
 use crate::config::keys::{Key, KeyTable};
@@ -63,7 +63,7 @@ impl Gateway {
         ctx.model = probe.model.clone();
         ctx.stream = probe.stream;
         let route = route_model(&snapshot.router, &key, &probe.model)?;
-        prepare_upstream(ctx, endpoint, route, &probe, &read)
+        prepare_upstream(ctx, endpoint, route, &snapshot.router, probe, read)
     }
 
     fn limit(&self, key: &Key, ctx: &mut Ctx) -> Result<(), Stop> {
@@ -208,8 +208,9 @@ fn prepare_upstream(
     ctx: &mut Ctx,
     endpoint: Endpoint,
     route: Arc<Route>,
-    probe: &route_body::Probe,
-    body: &Bytes,
+    router: &Router,
+    probe: route_body::Probe,
+    body: Bytes,
 ) -> Result<(), Stop> {
     // Streams are metered from their events; ask the upstream for usage if the client did
     // not (and hide it from the client again, see meter/sse.rs).
@@ -222,13 +223,25 @@ fn prepare_upstream(
         Group::Chat | Group::Embeddings | Group::Moderations => Meter::json(),
         _ => Meter::None,
     };
-    let rename = route
-        .renames()
-        .then_some(route.model.upstream_model.as_str());
-    ctx.body = route_body::for_upstream(body, probe, rename, ask_usage);
-    // Every upstream of the pool down: say so at once.
-    if !route.pool.has_healthy(&[]) {
+    ctx.body = route_body::for_upstream(&body, &probe, route.upstream_rename(), ask_usage);
+    let fallbacks: Vec<Arc<Route>> = route
+        .model
+        .fallbacks
+        .iter()
+        .filter_map(|m| router.get(m).cloned())
+        .collect();
+    // Every upstream of every pool that could take it down: say so at once.
+    let routes = std::iter::once(&route).chain(&fallbacks);
+    if !routes.into_iter().any(|r| r.pool.has_healthy(&[])) {
         return Err(GatewayError::NoHealthyUpstream(route.pool.name.clone()).into());
+    }
+    if !fallbacks.is_empty() {
+        ctx.fallbacks = Some(Box::new(Fallbacks {
+            routes: fallbacks,
+            body,
+            probe,
+            ask_usage,
+        }));
     }
     ctx.route = Some(route);
     ctx.proxied = true;

@@ -29,6 +29,8 @@ pub struct Ctx {
     pub upstream: usize,
     /// Tries it took upstream (0: never sent).
     pub attempts: u32,
+    /// The models that take the request, in order, when the route's pool cannot answer.
+    pub fallbacks: Option<Box<Fallbacks>>,
     /// The whole body as it will be sent upstream.
     pub body: Bytes,
     pub stream: bool,
@@ -60,6 +62,7 @@ impl Ctx {
             route: None,
             upstream: 0,
             attempts: 0,
+            fallbacks: None,
             body: Bytes::new(),
             stream: false,
             outcome: Outcome::Pending,
@@ -70,6 +73,15 @@ impl Ctx {
             slot: None,
         }
     }
+}
+
+/// What it takes to send the request to a fallback model's pool instead: its routes, and the
+/// client's body as read, to splice each fallback's upstream model name into.
+pub struct Fallbacks {
+    pub routes: Vec<Arc<Route>>,
+    pub body: Bytes,
+    pub probe: crate::route::body::Probe,
+    pub ask_usage: bool,
 }
 
 /// How a request ended, for its usage record and metrics. One owner: it changes only through

@@ -20,6 +20,7 @@ use super::ctx::{Ctx, Outcome};
 use super::{reply, respond};
 use crate::error::GatewayError;
 use crate::route::balance::backoff;
+use crate::route::body as route_body;
 use crate::route::{Pool, Upstream};
 use crate::upstream;
 
@@ -33,8 +34,18 @@ enum Try {
     ClientGone,
 }
 
-/// Forwards the request in `ctx` and streams the reply. `Err` means the reply was cut after it
-/// began: Pingora then drops the client connection instead of ending the body cleanly.
+/// How a pool's tries ended.
+enum PoolEnd {
+    /// The client has its reply (or went away): `Err` if the reply was cut.
+    Done(pingora_error::Result<()>),
+    /// No upstream of the pool could answer: the error to give if no fallback can either.
+    CannotAnswer(GatewayError),
+}
+
+/// Forwards the request in `ctx` and streams the reply: to the route's pool, then, if it
+/// cannot answer, to each fallback model's pool in turn (with that model's upstream name and
+/// price). `Err` means the reply was cut after it began: Pingora then drops the client
+/// connection instead of ending the body cleanly.
 pub async fn run(
     connector: &Connector,
     session: &mut Session,
@@ -43,34 +54,70 @@ pub async fn run(
     let Some(route) = ctx.route.clone() else {
         return Ok(());
     };
-    let pool = &route.pool;
+    let fallbacks = ctx.fallbacks.take();
+    let routes = fallbacks.as_ref().map_or(&[][..], |f| &f.routes[..]);
+    let mut error = None;
+    for (n, next) in std::iter::once(&route).chain(routes).enumerate() {
+        if n > 0 {
+            if let Some(f) = &fallbacks {
+                ctx.body = route_body::for_upstream(
+                    &f.body,
+                    &f.probe,
+                    next.upstream_rename(),
+                    f.ask_usage,
+                );
+            }
+            tracing::debug!(request_id = %ctx.request_id, model = %next.model.name, "fallback");
+        }
+        ctx.route = Some(next.clone());
+        let more = n < routes.len();
+        match try_pool(connector, session, ctx, &next.pool, more).await {
+            PoolEnd::Done(result) => return result,
+            PoolEnd::CannotAnswer(e) => error = Some(e),
+        }
+    }
+    let e = error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(route.pool.name.clone()));
+    let _ = respond::json(session, ctx, e.status(), e.body()).await;
+    ctx.outcome = Outcome::UpstreamFailed(e.status());
+    Ok(())
+}
+
+/// Tries the pool's upstreams. Unless `more` (a fallback follows), the last try's reply is
+/// passed on even when it is a 429 or 5xx.
+async fn try_pool(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut Ctx,
+    pool: &Pool,
+    more: bool,
+) -> PoolEnd {
     let mut tried: Vec<usize> = Vec::with_capacity(pool.cfg.max_attempts as usize);
     let mut last_error = None;
     // A request's own retries count once toward ejecting an upstream for 5xx: the same bad
     // request retried must not take a pool's only upstream out for everyone.
     let mut counted_5xx = false;
+    let gone = |ctx: &mut Ctx| {
+        ctx.outcome = Outcome::ClientGone;
+        PoolEnd::Done(Ok(()))
+    };
     for attempt in 1..=pool.cfg.max_attempts {
         let Some(i) = pool.pick(&tried) else { break };
         let Some(up) = pool.upstreams.get(i) else {
             break;
         };
         ctx.upstream = i;
-        ctx.attempts = attempt;
+        ctx.attempts += 1;
         let _inflight = up.health.enter();
         let last = attempt == pool.cfg.max_attempts;
         match try_once(connector, session, ctx, pool, up).await {
-            Try::ClientGone => {
-                ctx.outcome = Outcome::ClientGone;
-                return Ok(());
-            }
+            Try::ClientGone => return gone(ctx),
             Try::Failed(e) => {
                 up.health.transport_failed(pool.cfg.cooldown);
                 tracing::debug!(request_id = %ctx.request_id, upstream = %up.cfg.url, "try {attempt} failed: {e:?}");
                 last_error = Some(e);
                 tried.push(i);
-                if !last && !wait(session, pool, attempt + 1, None).await {
-                    ctx.outcome = Outcome::ClientGone;
-                    return Ok(());
+                if !last && pool.has_healthy(&[]) && !wait(session, pool, attempt + 1, None).await {
+                    return gone(ctx);
                 }
             }
             Try::Reply(client, resp) => {
@@ -84,30 +131,37 @@ pub async fn run(
                 } else {
                     up.health.answered();
                 }
-                if retryable && !last {
+                if retryable && (!last || more) {
                     let retry_after = retry_after(&resp);
                     tried.push(i);
                     // Another upstream can take it now; only the same one must be waited for.
                     let others = pool.has_healthy(&tried);
                     let too_long = retry_after.is_some_and(|ra| ra > pool.cfg.retry_cap);
-                    if others || !too_long {
+                    if last || (!others && too_long) {
+                        if more {
+                            drop(client);
+                            return PoolEnd::CannotAnswer(GatewayError::UpstreamError(format!(
+                                "the upstream answered {status}"
+                            )));
+                        }
+                    } else {
                         drop(client);
                         let ra = if others { None } else { retry_after };
                         if !wait(session, pool, attempt + 1, ra).await {
-                            ctx.outcome = Outcome::ClientGone;
-                            return Ok(());
+                            return gone(ctx);
                         }
                         continue;
                     }
                 }
-                return stream_reply(connector, session, ctx, pool, up, client, *resp).await;
+                return PoolEnd::Done(
+                    stream_reply(connector, session, ctx, pool, up, client, *resp).await,
+                );
             }
         }
     }
-    let e = last_error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(pool.name.clone()));
-    let _ = respond::json(session, ctx, e.status(), e.body()).await;
-    ctx.outcome = Outcome::UpstreamFailed(e.status());
-    Ok(())
+    PoolEnd::CannotAnswer(
+        last_error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(pool.name.clone())),
+    )
 }
 
 /// Waits out the backoff before try `attempt`; false if the client left meanwhile.

@@ -45,6 +45,11 @@ pub fn build(ctx: &Ctx, key_id: &str) -> UsageRecord {
         ttft_ms: ctx.ttft_ms,
         upstream,
         estimated,
+        attempts: ctx.attempts,
+        served_model: route
+            .filter(|_| ctx.proxied)
+            .map(|r| r.model.name.clone())
+            .unwrap_or_default(),
     }
 }
 

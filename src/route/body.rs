@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use crate::error::GatewayError;
 
 /// What the gateway needs from a request body.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Probe {
     pub model: String,
     pub stream: bool,

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use serde_json::{Value, json};
 
-pub const CSV_HEADER: &str = "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated";
+pub const CSV_HEADER: &str = "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated,attempts,served_model";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct UsageRecord {
@@ -33,6 +33,10 @@ pub struct UsageRecord {
     pub upstream: String,
     /// Tokens were counted by the gateway's tokenizer, not reported by the upstream.
     pub estimated: bool,
+    /// Tries it took upstream (0: the upstream was never asked).
+    pub attempts: u32,
+    /// The model whose pool answered: `model`, or the fallback that took it ("" when none).
+    pub served_model: String,
 }
 
 /// RFC 3339 UTC with milliseconds, e.g. `2026-11-22T13:07:16.648Z`.
@@ -151,6 +155,8 @@ pub struct CsvRow<'a> {
     pub ttft_ms: Option<u64>,
     pub upstream: &'a [u8],
     pub estimated: bool,
+    pub attempts: u64,
+    pub served_model: &'a [u8],
 }
 
 impl CsvRow<'_> {
@@ -184,10 +190,14 @@ impl CsvRow<'_> {
         out.push(b',');
         csv_field(out, self.upstream);
         out.extend_from_slice(if self.estimated {
-            b",true\n"
+            b",true,"
         } else {
-            b",false\n"
+            b",false,"
         });
+        push_u64(out, self.attempts);
+        out.push(b',');
+        csv_field(out, self.served_model);
+        out.push(b'\n');
     }
 }
 
@@ -211,6 +221,8 @@ impl UsageRecord {
             ttft_ms: self.ttft_ms,
             upstream: self.upstream.as_bytes(),
             estimated: self.estimated,
+            attempts: u64::from(self.attempts),
+            served_model: self.served_model.as_bytes(),
         }
         .write(out);
     }
@@ -233,6 +245,8 @@ impl UsageRecord {
             "ttft_ms": self.ttft_ms,
             "upstream": self.upstream,
             "estimated": self.estimated,
+            "attempts": self.attempts,
+            "served_model": self.served_model,
         })
     }
 }
@@ -260,6 +274,8 @@ mod tests {
             ttft_ms: None,
             upstream: "http://127.0.0.1:9100".into(),
             estimated: false,
+            attempts: 1,
+            served_model: "echo,\"1\"".into(),
         }
     }
 
@@ -270,9 +286,9 @@ mod tests {
         let out = String::from_utf8(out).unwrap();
         assert_eq!(
             out,
-            "2026-11-22T13:14:25.123Z,req_1,demo,main,chat,\"echo,\"\"1\"\"\",200,true,4,8,12,0.5,12,,http://127.0.0.1:9100,false\n"
+            "2026-11-22T13:14:25.123Z,req_1,demo,main,chat,\"echo,\"\"1\"\"\",200,true,4,8,12,0.5,12,,http://127.0.0.1:9100,false,1,\"echo,\"\"1\"\"\"\n"
         );
-        assert_eq!(CSV_HEADER.split(',').count(), 16);
+        assert_eq!(CSV_HEADER.split(',').count(), 18);
         let v = sample().to_json();
         let keys: Vec<&str> = CSV_HEADER.split(',').collect();
         for k in keys {

@@ -34,6 +34,8 @@ CREATE TABLE IF NOT EXISTS usage (
     ttft_ms INTEGER,
     upstream TEXT NOT NULL,
     estimated INTEGER NOT NULL,
+    attempts INTEGER NOT NULL DEFAULT 1,
+    served_model TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (key_id, time_ms, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS usage_time ON usage (time_ms, seq);
@@ -68,12 +70,12 @@ DROP TABLE usage_rowid;
 /// The column list every reader selects, `seq` first; `read_row` follows this order.
 pub(super) const SELECT_COLUMNS: &str = "seq, time_ms, request_id, key_id, listener, endpoint, \
      model, status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, \
-     ttft_ms, upstream, estimated";
+     ttft_ms, upstream, estimated, attempts, served_model";
 
 const INSERT: &str = "INSERT INTO usage (time_ms, request_id, key_id, listener, endpoint, model, \
      status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, ttft_ms, \
-     upstream, estimated, seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, \
-     ?14, ?15, ?16, ?17)";
+     upstream, estimated, seq, attempts, served_model) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+     ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)";
 
 const SPEND_UPSERT: &str = "INSERT INTO spend (key_id, spend, last_used_ms) VALUES (?1, ?2, ?3) \
      ON CONFLICT(key_id) DO UPDATE SET spend = spend + excluded.spend, \
@@ -128,6 +130,7 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, String> {
     conn.execute_batch(SCHEMA)
         .map_err(|e| db_err("creating schema", e))?;
     add_last_used(&conn)?;
+    add_attempts(&conn)?;
     conn.execute_batch(super::rollup::SCHEMA)
         .map_err(|e| db_err("creating the rollup schema", e))?;
     super::rollup::backfill(&mut conn)?;
@@ -172,6 +175,26 @@ fn next_seq(tx: &Connection) -> Result<i64, String> {
             })
             .map_err(|e| db_err("reading the largest seq", e)),
     }
+}
+
+/// `usage.attempts` and `usage.served_model` came with retries and fallbacks; older rows read
+/// as one try, by the model they name.
+fn add_attempts(conn: &Connection) -> Result<(), String> {
+    let has: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('usage') WHERE name = 'attempts')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| db_err("reading the usage table", e))?;
+    if !has {
+        conn.execute_batch(
+            "ALTER TABLE usage ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1; \
+             ALTER TABLE usage ADD COLUMN served_model TEXT NOT NULL DEFAULT '';",
+        )
+        .map_err(|e| db_err("adding usage.attempts", e))?;
+    }
+    Ok(())
 }
 
 /// `spend.last_used_ms` (when each key last made a request) came after the first release.
@@ -237,6 +260,8 @@ pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Resu
                     r.upstream,
                     r.estimated,
                     seq,
+                    r.attempts,
+                    r.served_model,
                 ])
                 .map_err(|e| db_err("insert", e))?;
             seq += 1;
@@ -336,6 +361,8 @@ pub(super) fn read_row(row: &Row<'_>, rec: &mut UsageRecord) -> rusqlite::Result
         .map(|v| u64::try_from(v).unwrap_or(0));
     set_text(&mut rec.upstream, row, 15)?;
     rec.estimated = row.get(16)?;
+    rec.attempts = u32::try_from(row.get::<_, i64>(17)?).unwrap_or(0);
+    set_text(&mut rec.served_model, row, 18)?;
     Ok(seq)
 }
 
@@ -375,6 +402,8 @@ pub(super) fn csv_row<'r>(row: &'r Row<'_>) -> rusqlite::Result<(i64, CsvRow<'r>
             ttft_ms,
             upstream: text(row, 15)?,
             estimated: row.get_ref(16)?.as_i64()? != 0,
+            attempts: int_u64(row, 17)?,
+            served_model: text(row, 18)?,
         },
     ))
 }
@@ -398,6 +427,8 @@ pub(super) fn blank_record() -> UsageRecord {
         ttft_ms: None,
         upstream: String::new(),
         estimated: false,
+        attempts: 0,
+        served_model: String::new(),
     }
 }
 
@@ -421,6 +452,12 @@ pub(super) fn sample_record(i: u64, key: &str, time_ms: i64) -> UsageRecord {
         ttft_ms: if i % 2 == 0 { None } else { Some(i) },
         upstream: "http://127.0.0.1:9100".into(),
         estimated: i % 5 == 0,
+        attempts: (i % 3) as u32 + 1,
+        served_model: if i % 4 == 0 {
+            String::new()
+        } else {
+            format!("served-{}", i % 3)
+        },
     }
 }
 

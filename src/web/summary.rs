@@ -391,6 +391,8 @@ mod tests {
             ttft_ms: None,
             upstream: String::new(),
             estimated: false,
+            attempts: 1,
+            served_model: String::new(),
         }
     }
 

@@ -189,6 +189,7 @@ read_timeout_ms = {read_timeout}
 name = "dead"
 upstreams = ["http://127.0.0.1:{dead}"]
 connect_timeout_ms = 2000
+health_interval_ms = 0      # only requests find it dead (tests/errors.rs counts on that)
 
 [[models]]
 name = "echo-1"
@@ -413,7 +414,11 @@ impl Drop for MockProcess {
 }
 
 pub fn start_mock(extra_args: &[&str]) -> MockProcess {
-    let port = free_port();
+    start_mock_at(free_port(), extra_args)
+}
+
+/// A mock on a given port (to bring back one that was stopped).
+pub fn start_mock_at(port: u16, extra_args: &[&str]) -> MockProcess {
     let child = Command::new(bin())
         .args(["mock-upstream", "--listen", &format!("127.0.0.1:{port}")])
         .args(extra_args)

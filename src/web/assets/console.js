@@ -8,7 +8,7 @@
   // The endpoint groups this gateway knows, from the session info.
   let GROUPS = [];
   const FIELDS = ["time", "request_id", "key_id", "listener", "endpoint", "model", "status", "stream",
-    "prompt_tokens", "completion_tokens", "total_tokens", "cost", "latency_ms", "ttft_ms", "upstream", "estimated"];
+    "prompt_tokens", "completion_tokens", "total_tokens", "cost", "latency_ms", "ttft_ms", "upstream", "estimated", "attempts", "served_model"];
   const TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
   const state = { csrf: "", keys: [], editing: null, cursor: null, chart: null, range: null };
 

@@ -8,7 +8,7 @@
   const BROWSER_TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
   const PAGE_SIZE = 50;
   const FIELDS = ["time", "request_id", "key_id", "listener", "endpoint", "model", "status", "stream",
-    "prompt_tokens", "completion_tokens", "total_tokens", "cost", "latency_ms", "ttft_ms", "upstream", "estimated"];
+    "prompt_tokens", "completion_tokens", "total_tokens", "cost", "latency_ms", "ttft_ms", "upstream", "estimated", "attempts", "served_model"];
 
   // tz: the zone the From/To inputs and every time on the page are in.
   const state = { startMs: 0, endMs: 0, cursor: null, chart: null, shownRange: null, tz: BROWSER_TZ };
