@@ -172,6 +172,7 @@ fn serve(path: &Path) -> ExitCode {
         spend,
         limiter: Default::default(),
         web: Default::default(),
+        lifecycle: Default::default(),
     });
     crate::server::build(shared).run(pingora_core::server::RunArgs::default());
     // Every runtime has exited, so every request has handed over its record: write them all.

@@ -37,6 +37,8 @@ pub enum GatewayError {
     UpstreamError(String),
     NoHealthyUpstream(String),
     UpstreamTimeout(String),
+    /// The gateway is shutting down and ended the request.
+    ShuttingDown,
     Internal(String),
 }
 
@@ -154,6 +156,13 @@ impl GatewayError {
                 format!("No healthy upstream in pool '{pool}'."),
             ),
             E::UpstreamTimeout(m) => (504, "api_error", "upstream_timeout", None, m.clone()),
+            E::ShuttingDown => (
+                503,
+                "api_error",
+                "shutting_down",
+                None,
+                "The gateway is shutting down; retry, another instance will answer.".into(),
+            ),
             E::Internal(m) => (500, "api_error", "internal_error", None, m.clone()),
         };
         ErrorParts {

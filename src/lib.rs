@@ -6,6 +6,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod lifecycle;
 pub mod limit;
 pub mod meter;
 pub mod metrics;

@@ -9,6 +9,7 @@ use pingora_proxy::http_proxy_service_with_name;
 
 use crate::admin;
 use crate::config::reload::KeysReloader;
+use crate::lifecycle::Drain;
 use crate::mock_upstream;
 use crate::proxy::Gateway;
 use crate::proxy::ctx::Listener;
@@ -22,7 +23,9 @@ pub fn build(shared: Arc<Shared>) -> Server {
         // One thread per service: a current-thread runtime, no cross-thread wake-ups
         // (pingora-perf-notes.md §1). With more threads, work stealing keeps them balanced.
         work_stealing: config.threads > 1,
-        grace_period_seconds: Some(config.grace_period_seconds),
+        // The drain service (lifecycle.rs) ends the process once requests are done; Pingora's
+        // own grace period is only the backstop behind it.
+        grace_period_seconds: Some(config.grace_period_seconds + 10),
         graceful_shutdown_timeout_seconds: Some(5),
         // Idle upstream connections kept for reuse; more than any expected concurrency.
         upstream_keepalive_pool_size: 4096,
@@ -57,6 +60,14 @@ pub fn build(shared: Arc<Shared>) -> Server {
     server.add_service(pingora_core::services::background::background_service(
         "keys reload",
         KeysReloader::new(shared.live.clone()),
+    ));
+    server.add_service(pingora_core::services::background::background_service(
+        "shutdown drain",
+        Drain {
+            lifecycle: shared.lifecycle.clone(),
+            store: shared.store.clone(),
+            grace: std::time::Duration::from_secs(config.grace_period_seconds),
+        },
     ));
     server.add_service(pingora_core::services::background::background_service(
         "upstream health checks",

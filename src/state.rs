@@ -15,6 +15,8 @@ pub struct Shared {
     pub spend: Spend,
     pub limiter: Limiter,
     pub web: crate::web::WebState,
+    /// Requests in flight, and the signal that ends them at shutdown.
+    pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
 }
 
 /// Which API listener a request came in on.

@@ -45,6 +45,9 @@ pub struct Ctx {
     pub headroom: Headroom,
     /// One of the key's `max_concurrent` slots, freed when the request ends.
     pub slot: Option<Slot>,
+    /// Counts the request as in flight until it ends (its record written); carries the
+    /// shutdown's signal to end it.
+    pub life: Option<crate::lifecycle::InFlight>,
 }
 
 impl Ctx {
@@ -71,6 +74,7 @@ impl Ctx {
             proxied: false,
             headroom: Headroom::default(),
             slot: None,
+            life: None,
         }
     }
 }

@@ -19,6 +19,7 @@ use pingora_proxy::Session;
 use super::ctx::{Ctx, Outcome};
 use super::{reply, respond};
 use crate::error::GatewayError;
+use crate::lifecycle::{Lifecycle, cut};
 use crate::route::balance::backoff;
 use crate::route::body as route_body;
 use crate::route::{Pool, Upstream};
@@ -32,6 +33,15 @@ enum Try {
     Failed(GatewayError),
     /// The client went away.
     ClientGone,
+    /// The gateway is shutting down and ends the request.
+    ShuttingDown,
+}
+
+/// How a wait between tries ended.
+enum Waited {
+    Done,
+    ClientGone,
+    ShuttingDown,
 }
 
 /// How a pool's tries ended.
@@ -100,6 +110,8 @@ async fn try_pool(
         ctx.outcome = Outcome::ClientGone;
         PoolEnd::Done(Ok(()))
     };
+    let life = ctx.life.as_ref().map(|l| l.lifecycle());
+    let life = life.as_deref();
     for attempt in 1..=pool.cfg.max_attempts {
         let Some(i) = pool.pick(&tried) else { break };
         let Some(up) = pool.upstreams.get(i) else {
@@ -109,15 +121,20 @@ async fn try_pool(
         ctx.attempts += 1;
         let _inflight = up.health.enter();
         let last = attempt == pool.cfg.max_attempts;
-        match try_once(connector, session, ctx, pool, up).await {
+        match try_once(connector, session, ctx, pool, up, life).await {
             Try::ClientGone => return gone(ctx),
+            Try::ShuttingDown => return shutting_down(session, ctx).await,
             Try::Failed(e) => {
                 up.health.transport_failed(pool.cfg.cooldown);
                 tracing::debug!(request_id = %ctx.request_id, upstream = %up.cfg.url, "try {attempt} failed: {e:?}");
                 last_error = Some(e);
                 tried.push(i);
-                if !last && pool.has_healthy(&[]) && !wait(session, pool, attempt + 1, None).await {
-                    return gone(ctx);
+                if !last && pool.has_healthy(&[]) {
+                    match wait(session, pool, attempt + 1, None, life).await {
+                        Waited::Done => {}
+                        Waited::ClientGone => return gone(ctx),
+                        Waited::ShuttingDown => return shutting_down(session, ctx).await,
+                    }
                 }
             }
             Try::Reply(client, resp) => {
@@ -147,10 +164,11 @@ async fn try_pool(
                     } else {
                         drop(client);
                         let ra = if others { None } else { retry_after };
-                        if !wait(session, pool, attempt + 1, ra).await {
-                            return gone(ctx);
+                        match wait(session, pool, attempt + 1, ra, life).await {
+                            Waited::Done => continue,
+                            Waited::ClientGone => return gone(ctx),
+                            Waited::ShuttingDown => return shutting_down(session, ctx).await,
                         }
-                        continue;
                     }
                 }
                 return PoolEnd::Done(
@@ -164,13 +182,23 @@ async fn try_pool(
     )
 }
 
-/// Waits out the backoff before try `attempt`; false if the client left meanwhile.
+/// Answers 503 `shutting_down`: the shutdown ended the request before its reply began.
+async fn shutting_down(session: &mut Session, ctx: &mut Ctx) -> PoolEnd {
+    let e = GatewayError::ShuttingDown;
+    let _ = respond::json(session, ctx, e.status(), e.body()).await;
+    ctx.outcome = Outcome::UpstreamFailed(e.status());
+    PoolEnd::Done(Ok(()))
+}
+
+/// Waits out the backoff before try `attempt`, unless the client leaves or the shutdown ends
+/// the request meanwhile.
 async fn wait(
     session: &mut Session,
     pool: &Pool,
     attempt: u32,
     retry_after: Option<Duration>,
-) -> bool {
+    life: Option<&Lifecycle>,
+) -> Waited {
     let delay = backoff(
         pool.cfg.retry_base,
         pool.cfg.retry_cap,
@@ -178,8 +206,9 @@ async fn wait(
         retry_after,
     );
     tokio::select! {
-        () = tokio::time::sleep(delay) => true,
-        () = client_gone(session) => false,
+        () = tokio::time::sleep(delay) => Waited::Done,
+        () = client_gone(session) => Waited::ClientGone,
+        () = cut(life) => Waited::ShuttingDown,
     }
 }
 
@@ -212,6 +241,7 @@ async fn try_once(
     ctx: &mut Ctx,
     pool: &Pool,
     up: &Upstream,
+    life: Option<&Lifecycle>,
 ) -> Try {
     let peer = upstream::peer(pool, up);
     let mut req = session.req_header().clone();
@@ -233,6 +263,7 @@ async fn try_once(
     let result = tokio::select! {
         r = timed => r,
         () = client_gone(session) => return Try::ClientGone,
+        () = cut(life) => return Try::ShuttingDown,
     };
     match result {
         Err(_) => Try::Failed(GatewayError::UpstreamTimeout(format!(
@@ -275,6 +306,7 @@ async fn stream_reply(
         ctx.outcome = Outcome::ClientGone;
         return Err(e);
     }
+    let life = ctx.life.as_ref().map(|l| l.lifecycle());
     // A stream may go quiet for `idle_timeout` between events; a plain reply must be whole
     // within `request_timeout` of the start.
     let deadline = (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout);
@@ -291,6 +323,10 @@ async fn stream_reply(
             () = client_gone(session) => {
                 ctx.outcome = Outcome::ClientGone;
                 return Err(Error::explain(ErrorType::ConnectionClosed, "client went away").into_down());
+            }
+            () = cut(life.as_deref()) => {
+                ctx.outcome = Outcome::UpstreamFailed(GatewayError::ShuttingDown.status());
+                return Err(Error::explain(ErrorType::InternalError, "ended by the shutdown"));
             }
         };
         let mut chunk = match chunk {

@@ -93,7 +93,9 @@ impl ProxyHttp for Gateway {
     type CTX = Ctx;
 
     fn new_ctx(&self) -> Ctx {
-        Ctx::new(self.listener)
+        let mut ctx = Ctx::new(self.listener);
+        ctx.life = Some(self.shared.lifecycle.enter());
+        ctx
     }
 
     /// No response compression: the reply goes through as the upstream sent it.
@@ -127,6 +129,15 @@ impl ProxyHttp for Gateway {
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
         let failure = reply::classify_failure(e);
         ctx.outcome = match (&failure, session.response_written()) {
+            // `forward` already named how the reply was cut.
+            (_, Some(_))
+                if matches!(
+                    ctx.outcome,
+                    Outcome::UpstreamFailed(_) | Outcome::ClientGone
+                ) =>
+            {
+                ctx.outcome
+            }
             (Some(g), None) => {
                 if let Err(we) = respond::json(session, ctx, g.status(), g.body()).await {
                     tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");

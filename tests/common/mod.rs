@@ -112,6 +112,8 @@ pub struct Setup {
     pub extra_config: String,
     pub read_timeout_ms: u64,
     pub max_body_bytes: usize,
+    /// `[server] grace_period_seconds`.
+    pub grace_seconds: u64,
     /// Extra environment for the gateway process.
     pub env: Vec<(String, String)>,
 }
@@ -122,6 +124,7 @@ impl Default for Setup {
             extra_config: String::new(),
             read_timeout_ms: 30_000,
             max_body_bytes: 25 * 1024 * 1024,
+            grace_seconds: 1,
             env: Vec::new(),
         }
     }
@@ -174,7 +177,7 @@ max_body_bytes = {max_body}
 
 [server]
 threads = 1
-grace_period_seconds = 1
+grace_period_seconds = {grace}
 
 [demo]
 mock_upstream = "127.0.0.1:{mock}"
@@ -212,6 +215,7 @@ price = {{ prompt = 1000000.0, completion = 1000000.0, request = 0.5 }}
 {extra}
 "#,
         max_body = setup.max_body_bytes,
+        grace = setup.grace_seconds,
         read_timeout = setup.read_timeout_ms,
         extra = setup
             .extra_config

@@ -1,0 +1,136 @@
+//! Shutdown that loses nothing. Every API request holds an `InFlight` guard for its whole life
+//! (its usage record is handed to the store before the guard drops). On SIGTERM (or after an
+//! upgrade's hand-over) Pingora stops accepting; the `Drain` service then waits until nothing
+//! is in flight, or until `grace_period_seconds` have passed and it asks the rest to end
+//! (`cut`): a stream stops without its final chunk, a request still waiting for its upstream
+//! gets 503 `shutting_down`, and each writes its record. Then the store is flushed and the
+//! process exits 0, as soon as that is done rather than after the whole grace period.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+use tokio::sync::watch;
+
+use crate::store::Store;
+
+/// How long requests that were told to end get to write their records.
+const CUT_WAIT: Duration = Duration::from_secs(3);
+
+pub struct Lifecycle {
+    inflight: AtomicUsize,
+    cut: watch::Sender<bool>,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Lifecycle {
+            inflight: AtomicUsize::new(0),
+            cut: watch::Sender::new(false),
+        }
+    }
+}
+
+impl Lifecycle {
+    /// A request starts; it is in flight until the guard drops.
+    pub fn enter(self: &Arc<Self>) -> InFlight {
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        InFlight(self.clone())
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::SeqCst)
+    }
+
+    /// Asks every request in flight to end now.
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Resolves once `cut` has been called.
+    pub async fn cut_requested(&self) {
+        let mut rx = self.cut.subscribe();
+        let _ = rx.wait_for(|&cut| cut).await;
+    }
+
+    /// Waits until nothing is in flight or `limit` has passed; true if nothing is.
+    async fn settle(&self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while self.inflight() > 0 {
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+}
+
+pub struct InFlight(Arc<Lifecycle>);
+
+impl InFlight {
+    pub fn lifecycle(&self) -> Arc<Lifecycle> {
+        self.0.clone()
+    }
+}
+
+/// Resolves when the shutdown asks requests to end (never without a lifecycle).
+pub async fn cut(life: Option<&Lifecycle>) {
+    match life {
+        Some(l) => l.cut_requested().await,
+        None => std::future::pending().await,
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The background service that ends the process once a graceful shutdown has drained.
+pub struct Drain {
+    pub lifecycle: Arc<Lifecycle>,
+    pub store: Arc<Store>,
+    pub grace: Duration,
+}
+
+#[async_trait]
+impl BackgroundService for Drain {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        while !*shutdown.borrow() {
+            if shutdown.changed().await.is_err() {
+                return;
+            }
+        }
+        let started = Instant::now();
+        tracing::info!(
+            in_flight = self.lifecycle.inflight(),
+            "shutting down: no new connections; waiting for requests in flight"
+        );
+        if !self.lifecycle.settle(self.grace).await {
+            tracing::warn!(
+                in_flight = self.lifecycle.inflight(),
+                "grace period over: ending the requests still in flight"
+            );
+            self.lifecycle.cut();
+            if !self.lifecycle.settle(CUT_WAIT).await {
+                tracing::error!(
+                    in_flight = self.lifecycle.inflight(),
+                    "requests did not end when asked; their records may be missing"
+                );
+            }
+        }
+        let store = self.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.close()).await;
+        tracing::info!(
+            written = self.store.stats().written,
+            after_ms = started.elapsed().as_millis() as u64,
+            "usage records written; exiting"
+        );
+        std::process::exit(0);
+    }
+}
