@@ -27,6 +27,10 @@ struct Cli {
     /// Config file (for plain `modelgate`, same as `serve`).
     #[arg(long, global = true, default_value = "conf/modelgate.toml")]
     config: PathBuf,
+    /// Take the listening sockets over from a running instance (zero-downtime upgrade: start
+    /// the new binary with this flag, then send the old process SIGQUIT).
+    #[arg(short = 'u', long, global = true)]
+    upgrade: bool,
 }
 
 #[derive(Subcommand)]
@@ -74,7 +78,7 @@ pub fn run() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => serve(&cli.config),
+        Command::Serve => serve(&cli.config, cli.upgrade),
         Command::Check => check(&cli.config),
         Command::Key {
             command: KeyCommand::New { id },
@@ -116,7 +120,7 @@ fn load(path: &Path) -> Result<Live, crate::config::Problems> {
     Live::load(Config::load(path)?)
 }
 
-fn serve(path: &Path) -> ExitCode {
+fn serve(path: &Path, upgrade: bool) -> ExitCode {
     let live = match load(path) {
         Ok(l) => Arc::new(l),
         Err(p) => {
@@ -133,7 +137,8 @@ fn serve(path: &Path) -> ExitCode {
         &c.listeners.admin,
         &c.demo_mock_upstream,
     ];
-    for addr in addrs.into_iter().flatten() {
+    // An upgrade takes over sockets the running instance holds: they are busy by design.
+    for addr in addrs.into_iter().flatten().filter(|_| !upgrade) {
         if let Err(e) = std::net::TcpListener::bind(addr) {
             eprintln!("cannot listen on {addr}: {e}");
             return ExitCode::from(2);
@@ -174,7 +179,7 @@ fn serve(path: &Path) -> ExitCode {
         web: Default::default(),
         lifecycle: Default::default(),
     });
-    crate::server::build(shared).run(pingora_core::server::RunArgs::default());
+    crate::server::build(shared, upgrade).run(pingora_core::server::RunArgs::default());
     // Every runtime has exited, so every request has handed over its record: write them all.
     store.close();
     tracing::info!(

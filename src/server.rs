@@ -16,7 +16,7 @@ use crate::proxy::ctx::Listener;
 use crate::route::health::HealthChecker;
 use crate::state::Shared;
 
-pub fn build(shared: Arc<Shared>) -> Server {
+pub fn build(shared: Arc<Shared>, upgrade: bool) -> Server {
     let config = shared.live.config.clone();
     let conf = ServerConf {
         threads: config.threads,
@@ -29,9 +29,14 @@ pub fn build(shared: Arc<Shared>) -> Server {
         graceful_shutdown_timeout_seconds: Some(5),
         // Idle upstream connections kept for reuse; more than any expected concurrency.
         upstream_keepalive_pool_size: 4096,
+        upgrade_sock: config.upgrade_sock.display().to_string(),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = pingora_core::server::configuration::Opt {
+        upgrade,
+        ..Default::default()
+    };
+    let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
     server.bootstrap();
 
     if let Some(addr) = &config.demo_mock_upstream {

@@ -86,3 +86,118 @@ async fn streams_longer_than_the_grace_period_are_cut_and_each_leaves_a_record()
         assert_eq!(r["stream"], json!(true));
     }
 }
+
+/// Kills the process when dropped (the new instance of an upgrade).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_under_load_refuses_nothing_and_finishes_the_stream_in_flight() {
+    let mut old = start_with(Setup {
+        grace_seconds: 30,
+        ..Setup::default()
+    });
+    // A stream of about 8 s that starts before the hand-over and must end cleanly.
+    let stream = client()
+        .post(format!("{}/v1/chat/completions", old.main))
+        .bearer_auth(KEY)
+        .header("x-mock-chunks", "40")
+        .header("x-mock-delay-ms", "200")
+        .json(&chat_body("echo-1", true))
+        .send()
+        .await
+        .expect("stream starts");
+    let stream = tokio::spawn(async move {
+        let mut resp = stream;
+        let mut body = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(b)) => body.extend_from_slice(&b),
+                Ok(None) => return (String::from_utf8_lossy(&body).into_owned(), true),
+                Err(_) => return (String::from_utf8_lossy(&body).into_owned(), false),
+            }
+        }
+    });
+    // A client hammering the gateway meanwhile, one new connection a request.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hammer = {
+        let (stop, base) = (stop.clone(), old.direct.clone());
+        tokio::spawn(async move {
+            let c = reqwest::Client::builder()
+                .pool_max_idle_per_host(0)
+                .build()
+                .expect("client");
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = c
+                    .post(format!("{base}/v1/chat/completions"))
+                    .bearer_auth(KEY)
+                    .json(&chat_body("echo-1", false))
+                    .send()
+                    .await;
+                match r {
+                    Ok(r) if r.status() == 200 => ok += 1,
+                    Ok(r) => failed.push(r.status().to_string()),
+                    Err(e) => failed.push(e.to_string()),
+                }
+            }
+            (ok, failed)
+        })
+    };
+    let config = old.dir.path().join("modelgate.toml");
+    let sock = old.dir.path().join("modelgate-upgrade.sock");
+    let new = Killed(
+        std::process::Command::new(bin())
+            .args(["serve", "-u", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn the new instance"),
+    );
+    // The new instance waits for the sockets on the upgrade socket; then the old one hands
+    // them over on SIGQUIT.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sock.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the new instance never listened for the hand-over"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = tokio::task::block_in_place(|| old.signal("-QUIT"));
+    assert!(status.success(), "old instance: {status}");
+    let (body, clean) = stream.await.expect("stream task");
+    assert!(
+        clean && body.contains("data: [DONE]"),
+        "stream cut across the upgrade: {body}"
+    );
+    // The new instance alone now; a few more requests, then stop the hammer.
+    for _ in 0..5 {
+        assert_eq!(chat_status_on(&old.main).await, 200);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = hammer.await.expect("hammer");
+    assert!(
+        failed.is_empty(),
+        "{} failed of {}: {failed:?}",
+        failed.len(),
+        ok as usize + failed.len()
+    );
+    assert!(ok > 20, "only {ok} requests during the upgrade");
+    drop(new);
+}
+
+async fn chat_status_on(base: &str) -> u16 {
+    post_json(base, "/v1/chat/completions", &chat_body("echo-1", false))
+        .await
+        .status()
+        .as_u16()
+}

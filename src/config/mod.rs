@@ -50,6 +50,9 @@ pub struct Config {
     pub console: Option<ConsoleConfig>,
     pub threads: usize,
     pub grace_period_seconds: u64,
+    /// Where a process started with `--upgrade` takes the listening sockets over from this
+    /// one (default `modelgate-upgrade.sock` beside the config file).
+    pub upgrade_sock: PathBuf,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -258,6 +261,7 @@ struct RawLimits {
 struct RawServer {
     threads: Option<usize>,
     grace_period_seconds: Option<u64>,
+    upgrade_sock: Option<String>,
 }
 
 impl Config {
@@ -570,7 +574,15 @@ impl Config {
                 .unwrap_or(DEFAULT_MAX_BODY_BYTES),
             console,
             threads: server.as_ref().and_then(|s| s.threads).unwrap_or(2).max(1),
-            grace_period_seconds: server.and_then(|s| s.grace_period_seconds).unwrap_or(5),
+            grace_period_seconds: server
+                .as_ref()
+                .and_then(|s| s.grace_period_seconds)
+                .unwrap_or(5),
+            upgrade_sock: dir.join(
+                server
+                    .and_then(|s| s.upgrade_sock)
+                    .unwrap_or_else(|| "modelgate-upgrade.sock".into()),
+            ),
         };
         Ok((config, p))
     }
