@@ -29,6 +29,8 @@ pub enum GatewayError {
     /// Console: the thing to create exists already (a key id).
     Conflict(String),
     RequestTooLarge(usize),
+    /// The client did not send its whole body within `client_body_timeout_ms`.
+    RequestTimeout(u64),
     /// `retry_after`: whole seconds until a request would be admitted (the Retry-After header).
     RateLimited {
         message: String,
@@ -133,6 +135,13 @@ impl GatewayError {
                 "This change must come from the console page itself (same-origin Origin or its CSRF token).".into(),
             ),
             E::Conflict(m) => (409, "invalid_request_error", "conflict", None, m.clone()),
+            E::RequestTimeout(ms) => (
+                408,
+                "invalid_request_error",
+                "request_timeout",
+                None,
+                format!("The request body did not arrive within {ms} ms."),
+            ),
             E::RequestTooLarge(limit) => (
                 413,
                 "invalid_request_error",

@@ -36,7 +36,10 @@ pub async fn error(
     e: &GatewayError,
     decorate: impl FnOnce(&mut ResponseHeader) -> pingora_error::Result<()>,
 ) -> pingora_error::Result<()> {
-    drain_small_body(session).await;
+    // A body that stalled past its deadline is not waited for again.
+    if !matches!(e, GatewayError::RequestTimeout(_)) {
+        drain_small_body(session).await;
+    }
     let retry_after = match e {
         GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
         _ => None,

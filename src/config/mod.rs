@@ -53,6 +53,10 @@ pub struct Config {
     /// Where a process started with `--upgrade` takes the listening sockets over from this
     /// one (default `modelgate-upgrade.sock` beside the config file).
     pub upgrade_sock: PathBuf,
+    /// The whole request body must arrive within this, else 408.
+    pub client_body_timeout: Duration,
+    /// An idle keep-alive connection is closed after this.
+    pub keepalive_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -262,6 +266,8 @@ struct RawServer {
     threads: Option<usize>,
     grace_period_seconds: Option<u64>,
     upgrade_sock: Option<String>,
+    client_body_timeout_ms: Option<u64>,
+    keepalive_timeout_ms: Option<u64>,
 }
 
 impl Config {
@@ -578,6 +584,18 @@ impl Config {
                 .as_ref()
                 .and_then(|s| s.grace_period_seconds)
                 .unwrap_or(5),
+            client_body_timeout: Duration::from_millis(
+                server
+                    .as_ref()
+                    .and_then(|s| s.client_body_timeout_ms)
+                    .unwrap_or(60_000),
+            ),
+            keepalive_timeout: Duration::from_millis(
+                server
+                    .as_ref()
+                    .and_then(|s| s.keepalive_timeout_ms)
+                    .unwrap_or(60_000),
+            ),
             upgrade_sock: dir.join(
                 server
                     .and_then(|s| s.upgrade_sock)

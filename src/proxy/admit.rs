@@ -12,6 +12,7 @@ use pingora_proxy::Session;
 use super::ctx::{Ctx, Fallbacks};
 use super::{Gateway, body, models, respond};
 use crate::auth;
+use crate::config::Config;
 use crate::config::keys::{Key, KeyTable};
 use crate::error::GatewayError;
 use crate::limit::rate::retry_after_secs;
@@ -58,7 +59,7 @@ impl Gateway {
         if self.shared.spend.exhausted(&key) {
             return Err(GatewayError::InsufficientBalance.into());
         }
-        let read = read_body(session, self.shared.live.config.max_body_bytes).await?;
+        let read = read_body(session, &self.shared.live.config).await?;
         let probe = probe(session, endpoint, &read).await?;
         ctx.model = probe.model.clone();
         ctx.stream = probe.stream;
@@ -158,7 +159,7 @@ fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), S
 
 /// Reads the whole body before any upstream; a client waiting for `100 Continue` gets it now
 /// (only once its key, permission and budget have passed).
-async fn read_body(session: &mut Session, max_bytes: usize) -> Result<Bytes, Stop> {
+async fn read_body(session: &mut Session, config: &Config) -> Result<Bytes, Stop> {
     let expects_continue = session
         .req_header()
         .headers
@@ -170,7 +171,15 @@ async fn read_body(session: &mut Session, max_bytes: usize) -> Result<Bytes, Sto
             .write_continue_response()
             .await?;
     }
-    Ok(body::read(session, max_bytes).await??)
+    let limit = config.client_body_timeout;
+    match tokio::time::timeout(limit, body::read(session, config.max_body_bytes)).await {
+        Ok(read) => Ok(read??),
+        Err(_) => {
+            // The rest of the body may still come: this connection cannot carry another request.
+            session.as_downstream_mut().set_keepalive(None);
+            Err(GatewayError::RequestTimeout(limit.as_millis() as u64).into())
+        }
+    }
 }
 
 async fn probe(

@@ -45,6 +45,18 @@ impl Gateway {
 
     /// Decides the request. `Ok(true)`: answered here; `Ok(false)`: proxy it.
     async fn admit(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {
+        // An idle keep-alive connection is closed after `keepalive_timeout_ms`.
+        let downstream = session.as_downstream_mut();
+        if downstream.get_keepalive().is_some() {
+            let secs = self
+                .shared
+                .live
+                .config
+                .keepalive_timeout
+                .as_millis()
+                .div_ceil(1000);
+            downstream.set_keepalive(Some(secs.max(1) as u64));
+        }
         if web::owns(session.req_header().uri.path()) {
             return self.web(session, ctx).await;
         }

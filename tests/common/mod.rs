@@ -114,6 +114,8 @@ pub struct Setup {
     pub max_body_bytes: usize,
     /// `[server] grace_period_seconds`.
     pub grace_seconds: u64,
+    /// More `[server]` lines.
+    pub server_extra: String,
     /// Extra environment for the gateway process.
     pub env: Vec<(String, String)>,
 }
@@ -125,6 +127,7 @@ impl Default for Setup {
             read_timeout_ms: 30_000,
             max_body_bytes: 25 * 1024 * 1024,
             grace_seconds: 1,
+            server_extra: String::new(),
             env: Vec::new(),
         }
     }
@@ -178,6 +181,7 @@ max_body_bytes = {max_body}
 [server]
 threads = 1
 grace_period_seconds = {grace}
+{server_extra}
 
 [demo]
 mock_upstream = "127.0.0.1:{mock}"
@@ -216,6 +220,7 @@ price = {{ prompt = 1000000.0, completion = 1000000.0, request = 0.5 }}
 "#,
         max_body = setup.max_body_bytes,
         grace = setup.grace_seconds,
+        server_extra = setup.server_extra,
         read_timeout = setup.read_timeout_ms,
         extra = setup
             .extra_config

@@ -1,0 +1,95 @@
+//! Deadlines on the client side: a body that stalls gets 408 (recorded as the client's), and
+//! an idle keep-alive connection is closed.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn addr(base: &str) -> String {
+    base.trim_start_matches("http://").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_gets_408_and_a_record_saying_so() {
+    let g = start_with(Setup {
+        server_extra: "client_body_timeout_ms = 500".into(),
+        ..Setup::default()
+    });
+    let (status, body, took) = tokio::task::block_in_place(|| {
+        let mut s = TcpStream::connect(addr(&g.direct)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
+             Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"model\": \"ec"
+        );
+        let started = Instant::now();
+        s.write_all(head.as_bytes()).expect("write");
+        let mut reply = Vec::new();
+        let _ = s.read_to_end(&mut reply);
+        let reply = String::from_utf8_lossy(&reply).into_owned();
+        let status = reply.split(' ').nth(1).unwrap_or("").to_string();
+        (status, reply, started.elapsed())
+    });
+    assert_eq!(status, "408", "{body}");
+    assert!(body.contains("\"request_timeout\""), "{body}");
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    // The key had passed: the request left a record, with the client's status.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let page: serde_json::Value = get(&g.main, "/api/usage", Some(KEY))
+            .await
+            .json()
+            .await
+            .expect("json");
+        let found = page["data"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|r| r["status"] == 408));
+        if found {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no 408 record: {page}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_after_its_timeout() {
+    let g = start_with(Setup {
+        server_extra: "keepalive_timeout_ms = 1000".into(),
+        ..Setup::default()
+    });
+    let (first, closed_after) = tokio::task::block_in_place(|| {
+        let mut s = TcpStream::connect(addr(&g.main)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("timeout");
+        let req =
+            format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+        s.write_all(req.as_bytes()).expect("write");
+        let mut buf = [0u8; 65536];
+        let n = s.read(&mut buf).expect("reply");
+        let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let idle = Instant::now();
+        // Drain the rest of the reply if any, then wait for the close.
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        (first, idle.elapsed())
+    });
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(
+        closed_after >= Duration::from_millis(800),
+        "{closed_after:?}"
+    );
+    assert!(closed_after < Duration::from_secs(4), "{closed_after:?}");
+}
