@@ -92,3 +92,87 @@ async fn bodies_over_the_limit_get_413_with_either_framing() {
     let resp = send(&g.direct, big_chat(90_000), true).await;
     assert_eq!(resp.status(), 200);
 }
+
+/// A streamed chat body of about `size` bytes for `model`.
+fn big_stream(model: &str, size: usize) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "model": model, "stream": true,
+        "messages": [{"role": "user", "content": "x".repeat(size)}]
+    }))
+    .expect("json")
+}
+
+/// One forwarding path: whatever the body's framing and size, a stream the upstream cuts is
+/// cut for the client too (no clean end) and recorded as 502, and a dead upstream is 502
+/// `upstream_error`.
+#[tokio::test]
+async fn every_framing_sees_the_same_cut_stream_and_the_same_dead_upstream() {
+    let g = start();
+    for (size, chunked) in [(100, false), (100, true), (200_000, false), (200_000, true)] {
+        let pieces: Vec<Result<Vec<u8>, std::io::Error>> = big_stream("echo-1", size)
+            .chunks(16 * 1024)
+            .map(|c| Ok(c.to_vec()))
+            .collect();
+        let req = client()
+            .post(format!("{}/v1/chat/completions", g.direct))
+            .bearer_auth(KEY)
+            .header("content-type", "application/json")
+            .header("x-mock-cut-after", "2")
+            .header("x-mock-chunks", "20");
+        let req = if chunked {
+            req.body(reqwest::Body::wrap_stream(stream::iter(pieces)))
+        } else {
+            req.body(big_stream("echo-1", size))
+        };
+        let mut resp = req.send().await.expect("send");
+        assert_eq!(resp.status(), 200, "{size} {chunked}");
+        let id = resp.headers()["x-request-id"]
+            .to_str()
+            .expect("id")
+            .to_string();
+        let clean_end = loop {
+            match resp.chunk().await {
+                Ok(Some(_)) => {}
+                Ok(None) => break true,
+                Err(_) => break false,
+            }
+        };
+        assert!(
+            !clean_end,
+            "a cut stream ended cleanly: size {size} chunked {chunked}"
+        );
+        let r = await_record(&g, &id).await;
+        assert_eq!(r["status"], 502, "size {size} chunked {chunked}: {r}");
+
+        let dead = big_stream("gone-model", size);
+        let resp = send(&g.main, dead, chunked).await;
+        let (status, e) = error_of(resp).await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (502, Some("upstream_error")),
+            "dead upstream, size {size} chunked {chunked}: {e}"
+        );
+    }
+}
+
+async fn await_record(g: &Gateway, request_id: &str) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let page: serde_json::Value = get(&g.direct, "/api/usage?limit=1000", Some(KEY))
+            .await
+            .json()
+            .await
+            .expect("json");
+        if let Some(r) = page["data"]
+            .as_array()
+            .and_then(|d| d.iter().find(|r| r["request_id"] == request_id))
+        {
+            return r.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no record {request_id}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

@@ -213,25 +213,36 @@ async fn refused_model_and_endpoint_are_403_permission_denied() {
 }
 
 #[tokio::test]
-async fn unreachable_upstream_is_502_then_503_while_it_is_out_of_rotation() {
-    let g = start();
-    let ask = |base: String| async move {
-        error_of(
-            post_json(
-                &base,
-                "/v1/chat/completions",
-                &chat_body("gone-model", false),
-            )
-            .await,
-        )
-        .await
+async fn unreachable_upstreams_are_502_then_503_while_every_one_is_out_of_rotation() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[pools]]
+name = "all-dead"
+upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:1"]
+health_interval_ms = 0
+retry_base_ms = 10
+
+[[models]]
+name = "all-dead-model"
+pool = "all-dead"
+"#
+        .into(),
+        ..Setup::default()
+    });
+    let ask = |base: String, model: &'static str| async move {
+        error_of(post_json(&base, "/v1/chat/completions", &chat_body(model, false)).await).await
     };
-    // The first request tries it and fails; its pool then has no healthy upstream.
-    let (status, e) = ask(g.main.clone()).await;
+    // A pool of one never leaves rotation on what requests see: each request tries it.
+    for base in g.bases() {
+        let (status, e) = ask(base, "gone-model").await;
+        assert_eq!((status, e["code"].as_str()), (502, Some("upstream_error")));
+    }
+    // A pool of two: the first request tries both and fails; then none is healthy.
+    let (status, e) = ask(g.main.clone(), "all-dead-model").await;
     assert_eq!((status, e["code"].as_str()), (502, Some("upstream_error")));
     for base in g.bases() {
         let started = std::time::Instant::now();
-        let (status, e) = ask(base).await;
+        let (status, e) = ask(base, "all-dead-model").await;
         assert_eq!(
             (status, e["code"].as_str()),
             (503, Some("no_healthy_upstream"))

@@ -319,3 +319,97 @@ price = { request = 1.0 }
         );
     }
 }
+
+/// A stand-in upstream on a raw socket that answers one stream's first event and then waits:
+/// it reports how long after `since` it saw the gateway close the connection.
+fn hanging_stream_upstream() -> (u16, std::sync::mpsc::Receiver<std::time::Instant>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut s) = conn else { return };
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                let mut seen = Vec::new();
+                while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                if !String::from_utf8_lossy(&seen).starts_with("POST") {
+                    // The health check's GET /v1/models.
+                    let _ =
+                        s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 11\r\n\r\n{\"data\":[]}");
+                    return;
+                }
+                let event = "data: {\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{event}\r\n",
+                    event.len()
+                );
+                let _ = s.write_all(head.as_bytes());
+                // Then nothing more, until the gateway closes the connection.
+                loop {
+                    match s.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                }
+                let _ = tx.send(std::time::Instant::now());
+            });
+        }
+    });
+    (port, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_cancels_makes_the_gateway_close_the_upstream_within_a_second() {
+    let (port, closed) = hanging_stream_upstream();
+    let g = start_with(Setup {
+        extra_config: format!(
+            r#"
+[[pools]]
+name = "hanging"
+upstreams = ["http://127.0.0.1:{port}"]
+
+[[models]]
+name = "hanging-model"
+pool = "hanging"
+"#
+        ),
+        ..Setup::default()
+    });
+    for base in g.bases() {
+        let mut resp = client()
+            .post(format!("{base}/v1/chat/completions"))
+            .bearer_auth(KEY)
+            .json(&chat_body("hanging-model", true))
+            .send()
+            .await
+            .expect("stream starts");
+        assert_eq!(resp.status(), 200);
+        let first = resp.chunk().await.expect("first event").expect("some");
+        assert!(String::from_utf8_lossy(&first).contains("hi"));
+        let id = resp.headers()["x-request-id"]
+            .to_str()
+            .expect("id")
+            .to_string();
+        let cancelled = std::time::Instant::now();
+        drop(resp);
+        let at =
+            tokio::task::block_in_place(|| closed.recv_timeout(std::time::Duration::from_secs(5)))
+                .expect("the upstream never saw the close");
+        let took = at.duration_since(cancelled);
+        assert!(took < std::time::Duration::from_secs(1), "{took:?}");
+        let r = await_record(&g, &id).await;
+        assert_eq!(r["status"], 499, "{r}");
+        assert!(
+            r["completion_tokens"].as_u64() > Some(0),
+            "tokens so far: {r}"
+        );
+    }
+}

@@ -125,7 +125,7 @@ async fn try_pool(
             Try::ClientGone => return gone(ctx),
             Try::ShuttingDown => return shutting_down(session, ctx).await,
             Try::Failed(e) => {
-                up.health.transport_failed(pool.cfg.cooldown);
+                pool.transport_failed(up);
                 tracing::debug!(request_id = %ctx.request_id, upstream = %up.cfg.url, "try {attempt} failed: {e:?}");
                 last_error = Some(e);
                 tried.push(i);
@@ -142,7 +142,7 @@ async fn try_pool(
                 let retryable = status == 429 || (status >= 500 && status != 501);
                 if status >= 500 {
                     if !counted_5xx {
-                        up.health.server_error(pool.cfg.cooldown);
+                        pool.server_error(up);
                         counted_5xx = true;
                     }
                 } else {
@@ -332,7 +332,7 @@ async fn stream_reply(
         let mut chunk = match chunk {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
-                up.health.transport_failed(pool.cfg.cooldown);
+                pool.transport_failed(up);
                 ctx.outcome = Outcome::UpstreamFailed(502);
                 return Err(e.into_up());
             }

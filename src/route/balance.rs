@@ -68,6 +68,11 @@ impl Health {
         }
     }
 
+    /// A failure that takes nothing out of rotation (counted for the admin view).
+    pub fn count_failure(&self) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn eject(&self, cooldown: Duration) {
         let until = now_ms() + cooldown.as_millis() as u64;
         self.ejected_until.fetch_max(until, Ordering::Relaxed);

@@ -41,6 +41,26 @@ impl Pool {
         self.balancer.pick(&health, tried)
     }
 
+    /// A failed connection, reset or timeout on `up`. A pool of one never ejects its only
+    /// upstream on what requests see (as nginx does): that would turn one bad moment into a
+    /// cool-down of refusals; its active check can still take it out.
+    pub fn transport_failed(&self, up: &Upstream) {
+        if self.upstreams.len() > 1 {
+            up.health.transport_failed(self.cfg.cooldown);
+        } else {
+            up.health.count_failure();
+        }
+    }
+
+    /// A 5xx reply from `up` (see `transport_failed` for a pool of one).
+    pub fn server_error(&self, up: &Upstream) {
+        if self.upstreams.len() > 1 {
+            up.health.server_error(self.cfg.cooldown);
+        } else {
+            up.health.count_failure();
+        }
+    }
+
     /// Whether an upstream other than `tried` ones is healthy (does not take a turn).
     pub fn has_healthy(&self, tried: &[usize]) -> bool {
         let now = balance::now_ms();
