@@ -13,6 +13,8 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     /// Keys-file reloads refused because the file did not parse or validate.
     pub keys_reload_errors: IntCounter,
+    /// Config-file reloads refused (the pools and models in force stay).
+    pub config_reload_errors: IntCounter,
     pub keys: IntGauge,
     records_written: IntCounter,
     records_overflowed: IntCounter,
@@ -47,6 +49,10 @@ impl Metrics {
             keys_reload_errors: counter(
                 "keys_reload_errors_total",
                 "Keys-file reloads rejected (the previous keys stay in force)",
+            )?,
+            config_reload_errors: counter(
+                "config_reload_errors_total",
+                "Config-file reloads rejected (the pools and models in force stay)",
             )?,
             keys: gauge("keys", "Keys in force")?,
             records_written: counter(

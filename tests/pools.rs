@@ -413,3 +413,51 @@ pool = "hanging"
         );
     }
 }
+
+async fn metric(g: &Gateway, name: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", g.admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn pools_and_models_reload_from_the_config_file_and_a_bad_file_keeps_them() {
+    let g = start();
+    assert_eq!(chat_status(&g.main, "late-model").await, 404);
+    let path = g.dir.path().join("modelgate.toml");
+    let good = std::fs::read_to_string(&path).expect("config");
+    let added = format!(
+        "{good}\n[[models]]\nname = \"late-model\"\npool = \"local\"\nupstream_model = \"echo-1\"\n"
+    );
+    std::fs::write(&path, &added).expect("write");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while chat_status(&g.main, "late-model").await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new model never answered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // A file that does not load: the pools and models in force stay.
+    std::fs::write(
+        &path,
+        format!("{added}\n[[models]]\nname = \"broken\"\npool = \"nope\"\n"),
+    )
+    .expect("write");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    while metric(&g, "modelgate_config_reload_errors_total").await < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the bad file was not rejected"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(chat_status(&g.direct, "late-model").await, 200);
+    assert_eq!(chat_status(&g.direct, "broken").await, 404);
+}

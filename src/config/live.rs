@@ -47,6 +47,15 @@ impl Live {
         self.state.load_full()
     }
 
+    /// Puts a new router (pools, models, prices, fallbacks) in force; the keys stay.
+    pub fn set_router(&self, router: Router) {
+        let router = Arc::new(router);
+        self.state.rcu(|cur| Snapshot {
+            keys: cur.keys.clone(),
+            router: router.clone(),
+        });
+    }
+
     /// Puts a new, already validated key table in force (the router stays). Concurrent
     /// swaps (the watcher and a console edit) each keep the other's router.
     pub fn set_keys(&self, keys: KeyTable) {

@@ -1,5 +1,6 @@
-//! Keys hot reload, a background service: a change to the keys file is picked up within 2 s,
-//! with no restart. Triggers: the `notify` watcher on the file's folder (so replacement by
+//! Hot reload, a background service: a change to the keys file is picked up within 2 s, with no
+//! restart, and so is a change to the config file's pools, models, prices and fallbacks (the
+//! router). Listeners, storage and server settings need a restart; a change to them is logged. Triggers: the `notify` watcher on the file's folder (so replacement by
 //! rename and Kubernetes-style symlink swaps are seen), SIGHUP, and a 1 s check of the file's
 //! identity (mtime, length, inode) in case an event is missed. A reload prepares the whole new
 //! table first and then swaps it in one store; a file that does not parse or validate is
@@ -21,6 +22,8 @@ use super::live::Live;
 pub struct KeysReloader {
     live: Arc<Live>,
     path: PathBuf,
+    /// The config file, whose router part is reloaded too.
+    config: PathBuf,
 }
 
 /// What identifies a version of the file, following symlinks.
@@ -41,7 +44,46 @@ fn fingerprint(path: &Path) -> Fingerprint {
 impl KeysReloader {
     pub fn new(live: Arc<Live>) -> KeysReloader {
         let path = live.config.keys_file.clone();
-        KeysReloader { live, path }
+        let config = live.config.path.clone();
+        KeysReloader { live, path, config }
+    }
+
+    /// Reads the config file, builds its router (upstream health carried over) and swaps it
+    /// in; a file that does not load keeps the router in force. Returns the models in force.
+    pub fn reload_router(&self) -> Result<usize, Problems> {
+        let config = super::Config::load(&self.config)?;
+        let old = &self.live.config;
+        if config.listeners.main != old.listeners.main
+            || config.listeners.direct != old.listeners.direct
+            || config.listeners.admin != old.listeners.admin
+            || config.sqlite != old.sqlite
+            || config.keys_file != old.keys_file
+        {
+            tracing::warn!("listeners, storage and the keys file change only with a restart");
+        }
+        let router =
+            crate::route::Router::build_after(&config, Some(&self.live.snapshot().router))?;
+        let n = router.ordered.len();
+        self.live.set_router(router);
+        Ok(n)
+    }
+
+    fn reload_router_and_report(&self, why: &str) {
+        match self.reload_router() {
+            Ok(n) => {
+                tracing::info!(models = n, file = %self.config.display(), "pools and models reloaded ({why})")
+            }
+            Err(problems) => {
+                for p in &problems.0 {
+                    tracing::error!(
+                        "config file rejected, the pools and models in force stay: {p}"
+                    );
+                }
+                if let Some(m) = crate::metrics::get() {
+                    m.config_reload_errors.inc();
+                }
+            }
+        }
     }
 
     /// Loads the keys file and swaps it in, or leaves the keys in force and says why.
@@ -96,23 +138,27 @@ impl KeysReloader {
 impl BackgroundService for KeysReloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let (tx, mut events) = tokio::sync::mpsc::unbounded_channel::<()>();
-        let folder = self
-            .path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
+        let folder = |p: &Path| {
+            p.parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_else(|| PathBuf::from("."))
+        };
+        let (keys_folder, config_folder) = (folder(&self.path), folder(&self.config));
         // Kept alive for the life of the service; without it the checks below still run.
         let _watcher = notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
             let _ = tx.send(());
         })
         .and_then(|mut w| {
-            w.watch(&folder, notify::RecursiveMode::NonRecursive)
-                .map(|()| w)
+            w.watch(&keys_folder, notify::RecursiveMode::NonRecursive)?;
+            if config_folder != keys_folder {
+                w.watch(&config_folder, notify::RecursiveMode::NonRecursive)?;
+            }
+            Ok(w)
         })
         .map_err(|e| {
             tracing::warn!(
                 "cannot watch {}: {e}; checking every second instead",
-                folder.display()
+                self.path.display()
             )
         })
         .ok();
@@ -121,6 +167,7 @@ impl BackgroundService for KeysReloader {
             .ok();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let mut seen = fingerprint(&self.path);
+        let mut seen_config = fingerprint(&self.config);
         if let Some(m) = crate::metrics::get() {
             m.keys.set(self.live.snapshot().keys.len() as i64);
         }
@@ -136,11 +183,15 @@ impl BackgroundService for KeysReloader {
                 Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
                 _ = tick.tick() => false,
             };
+            let why = if forced { "SIGHUP" } else { "file changed" };
             let now = fingerprint(&self.path);
-            if (forced || now != seen)
-                && self.reload_and_report(if forced { "SIGHUP" } else { "file changed" })
-            {
+            if (forced || now != seen) && self.reload_and_report(why) {
                 seen = now;
+            }
+            let now = fingerprint(&self.config);
+            if forced || now != seen_config {
+                seen_config = now;
+                self.reload_router_and_report(why);
             }
         }
     }

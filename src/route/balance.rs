@@ -137,21 +137,25 @@ impl Balancer {
 
     /// The upstream for the next try of a request: a healthy one it has not tried yet, else a
     /// healthy one it has (a pool of one retries its only upstream); None when none is healthy.
-    pub fn pick(&self, health: &[&Health], tried: &[usize]) -> Option<usize> {
+    pub fn pick<'h>(
+        &self,
+        health: impl Fn(usize) -> Option<&'h Health>,
+        tried: &[usize],
+    ) -> Option<usize> {
         let now = now_ms();
         let n = self.turns.len();
         if n == 0 {
             return None;
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let ok = |i: usize| health.get(i).is_some_and(|h| h.healthy(now));
+        let ok = |i: usize| health(i).is_some_and(|h| h.healthy(now));
         for fresh in [true, false] {
             let allowed = |i: usize| ok(i) && (!fresh || !tried.contains(&i));
             let found = match self.strategy {
                 Strategy::LeastConnections => (0..n)
                     .map(|k| self.turns[(start + k) % n])
                     .filter(|&i| allowed(i))
-                    .min_by_key(|&i| health.get(i).map_or(usize::MAX, |h| h.inflight())),
+                    .min_by_key(|&i| health(i).map_or(usize::MAX, |h| h.inflight())),
                 _ => (0..n)
                     .map(|k| self.turns[(start + k) % n])
                     .find(|&i| allowed(i)),
@@ -219,19 +223,26 @@ mod tests {
         let h = healths(3);
         let refs: Vec<&Health> = h.iter().collect();
         let b = Balancer::new(Strategy::RoundRobin, &[1, 1, 1]);
-        let picks: Vec<_> = (0..6).map(|_| b.pick(&refs, &[]).unwrap()).collect();
+        let picks: Vec<_> = (0..6)
+            .map(|_| b.pick(|i| refs.get(i).copied(), &[]).unwrap())
+            .collect();
         assert_eq!(picks, [0, 1, 2, 0, 1, 2]);
         h[1].transport_failed(Duration::from_secs(60));
-        let picks: Vec<_> = (0..4).map(|_| b.pick(&refs, &[]).unwrap()).collect();
+        let picks: Vec<_> = (0..4)
+            .map(|_| b.pick(|i| refs.get(i).copied(), &[]).unwrap())
+            .collect();
         assert!(!picks.contains(&1), "{picks:?}");
-        assert_eq!(b.pick(&refs, &[0]), Some(2));
+        assert_eq!(b.pick(|i| refs.get(i).copied(), &[0]), Some(2));
         // Every healthy one tried: a tried one again rather than none.
-        assert!(matches!(b.pick(&refs, &[0, 2]), Some(0 | 2)));
+        assert!(matches!(
+            b.pick(|i| refs.get(i).copied(), &[0, 2]),
+            Some(0 | 2)
+        ));
         h[0].checked(false);
         h[2].checked(false);
-        assert_eq!(b.pick(&refs, &[]), None);
+        assert_eq!(b.pick(|i| refs.get(i).copied(), &[]), None);
         h[2].checked(true);
-        assert_eq!(b.pick(&refs, &[]), Some(2));
+        assert_eq!(b.pick(|i| refs.get(i).copied(), &[]), Some(2));
     }
 
     #[test]
@@ -241,7 +252,9 @@ mod tests {
         let h = healths(2);
         let refs: Vec<&Health> = h.iter().collect();
         let b = Balancer::new(Strategy::Weighted, &[3, 1]);
-        let picks: Vec<_> = (0..400).map(|_| b.pick(&refs, &[]).unwrap()).collect();
+        let picks: Vec<_> = (0..400)
+            .map(|_| b.pick(|i| refs.get(i).copied(), &[]).unwrap())
+            .collect();
         assert_eq!(picks.iter().filter(|&&i| i == 0).count(), 300);
     }
 
@@ -253,8 +266,8 @@ mod tests {
         let _a = h[0].enter();
         let _b = h[0].enter();
         let _c = h[2].enter();
-        assert_eq!(b.pick(&refs, &[]), Some(1));
-        assert_eq!(b.pick(&refs, &[1]), Some(2));
+        assert_eq!(b.pick(|i| refs.get(i).copied(), &[]), Some(1));
+        assert_eq!(b.pick(|i| refs.get(i).copied(), &[1]), Some(2));
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub struct Upstream {
     pub host_header: HeaderValue,
     /// `Bearer <api_key>` (the upstream's own, else the pool's), sent in place of the client's.
     pub authorization: Option<HeaderValue>,
-    pub health: Health,
+    pub health: Arc<Health>,
 }
 
 pub struct Pool {
@@ -37,8 +37,8 @@ impl Pool {
     /// The upstream for a request's next try, skipping the ones it tried while others are
     /// healthy; None when none is.
     pub fn pick(&self, tried: &[usize]) -> Option<usize> {
-        let health: Vec<&Health> = self.upstreams.iter().map(|u| &u.health).collect();
-        self.balancer.pick(&health, tried)
+        self.balancer
+            .pick(|i| self.upstreams.get(i).map(|u| &*u.health), tried)
     }
 
     /// A failed connection, reset or timeout on `up`. A pool of one never ejects its only
@@ -106,6 +106,12 @@ pub struct Router {
 impl Router {
     /// Resolves every upstream address; all problems are reported at once.
     pub fn build(config: &Config) -> Result<Router, Problems> {
+        Self::build_after(config, None)
+    }
+
+    /// Like `build`, for a reload: an upstream that stays (same pool, same URL) keeps its
+    /// health as the router in force sees it.
+    pub fn build_after(config: &Config, previous: Option<&Router>) -> Result<Router, Problems> {
         let file = config.path.display().to_string();
         let mut problems = Problems::default();
         let mut pools = HashMap::new();
@@ -141,7 +147,9 @@ impl Router {
                                 addr,
                                 host_header,
                                 authorization,
-                                health: Health::default(),
+                                health: previous
+                                    .and_then(|r| r.health_of(&p.name, &u.url))
+                                    .unwrap_or_default(),
                             }),
                             Err(_) => problems.push(Problem::new(
                                 &file,
@@ -188,6 +196,18 @@ impl Router {
             ordered,
             created,
         })
+    }
+
+    /// The health of `url` in pool `pool`, shared with the upstream that has it now.
+    fn health_of(&self, pool: &str, url: &str) -> Option<Arc<Health>> {
+        self.ordered
+            .iter()
+            .map(|r| &r.pool)
+            .find(|p| p.name == pool)?
+            .upstreams
+            .iter()
+            .find(|u| u.cfg.url == url)
+            .map(|u| u.health.clone())
     }
 
     pub fn get(&self, model: &str) -> Option<&Arc<Route>> {
