@@ -71,6 +71,10 @@ enum KeyCommand {
     New {
         #[arg(long, default_value = "new-key")]
         id: String,
+        /// Append the entry to this keys file (comments and layout kept; the running gateway
+        /// picks it up) and print only the secret.
+        #[arg(long, value_name = "KEYS_FILE")]
+        append: Option<PathBuf>,
     },
 }
 
@@ -81,11 +85,18 @@ pub fn run() -> ExitCode {
         Command::Serve => serve(&cli.config, cli.upgrade),
         Command::Check => check(&cli.config),
         Command::Key {
-            command: KeyCommand::New { id },
+            command: KeyCommand::New { id, append: None },
         } => {
             print!("{}", new_key(&id));
             ExitCode::SUCCESS
         }
+        Command::Key {
+            command:
+                KeyCommand::New {
+                    id,
+                    append: Some(file),
+                },
+        } => append_key(&id, &file),
         Command::PasswordHash => password_hash(),
         Command::MockUpstream {
             listen,
@@ -221,10 +232,35 @@ fn check(path: &Path) -> ExitCode {
 /// `sk-` + 48 url-safe characters (36 random bytes), and the entry to paste.
 pub fn new_key(id: &str) -> String {
     let secret = crate::config::keys::new_secret();
+    // The id as a TOML string (quotes and escapes), so any id gives a valid entry.
+    let id = toml::Value::String(id.to_string());
     format!(
-        "{secret}\n\n[[keys]]\nid = \"{id}\"\nsecret_sha256 = \"{}\"\n",
+        "{secret}\n\n[[keys]]\nid = {id}\nsecret_sha256 = \"{}\"\n",
         hex::encode(sha256(secret.as_bytes()))
     )
+}
+
+/// `key new --append FILE`: the entry goes into the keys file through the one keys-file
+/// writer (checked, atomic); only the secret is printed.
+fn append_key(id: &str, file: &Path) -> ExitCode {
+    let secret = crate::config::keys::new_secret();
+    let edit = crate::config::keys_file::Edit::Create {
+        id: id.to_string(),
+        secret_sha256: hex::encode(sha256(secret.as_bytes())),
+        hint: crate::config::keys::secret_hint(&secret),
+        fields: serde_json::Map::new(),
+    };
+    match crate::config::keys_file::apply(file, &edit) {
+        Ok(_) => {
+            println!("{secret}");
+            eprintln!("key '{id}' appended to {}", file.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("{}: {e}", file.display());
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn password_hash() -> ExitCode {

@@ -169,6 +169,47 @@ fn key_new_prints_a_fresh_key_and_an_entry_with_only_its_hash() {
 }
 
 #[test]
+fn key_new_appends_its_entry_to_a_keys_file_keeping_comments_and_prints_only_the_secret() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let keys = dir.path().join("keys.toml");
+    std::fs::write(
+        &keys,
+        format!(
+            "# team keys, edited by hand\n[[keys]]\nid = \"a\"\nsecret_sha256 = \"{}\"\n",
+            "0".repeat(64)
+        ),
+    )
+    .expect("write");
+    let path = keys.to_str().expect("utf-8");
+    let (code, out, err) = run(
+        &["key", "new", "--id", "b \"quoted\"", "--append", path],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let secret = out.trim();
+    assert!(
+        secret.starts_with("sk-") && out.lines().count() == 1,
+        "{out}"
+    );
+    let text = std::fs::read_to_string(&keys).expect("read");
+    assert!(text.starts_with("# team keys, edited by hand"), "{text}");
+    assert!(text.contains(&sha256_hex(secret.as_bytes())), "{text}");
+    assert!(!text.contains(secret), "the file must not hold the secret");
+    let parsed: toml::Value = toml::from_str(&text).expect("valid TOML");
+    assert_eq!(parsed["keys"][1]["id"].as_str(), Some("b \"quoted\""));
+    // The same id again is refused, the file untouched.
+    let (code, _, err) = run(&["key", "new", "--id", "a", "--append", path], None);
+    assert_ne!(code, 0);
+    assert!(err.contains("exists"), "{err}");
+    assert_eq!(std::fs::read_to_string(&keys).expect("read"), text);
+    // Without --append, any id still makes an entry that parses.
+    let (_, out, _) = run(&["key", "new", "--id", "x\"y"], None);
+    let entry: String = out.lines().skip(2).map(|l| format!("{l}\n")).collect();
+    let parsed: toml::Value = toml::from_str(&entry).expect("valid TOML");
+    assert_eq!(parsed["keys"][0]["id"].as_str(), Some("x\"y"));
+}
+
+#[test]
 fn password_hash_prints_an_argon2id_hash() {
     let (code, out, _) = run(&["password-hash"], Some("correct horse\n"));
     assert_eq!(code, 0);
