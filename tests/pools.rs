@@ -461,3 +461,51 @@ async fn pools_and_models_reload_from_the_config_file_and_a_bad_file_keeps_them(
     assert_eq!(chat_status(&g.direct, "late-model").await, 200);
     assert_eq!(chat_status(&g.direct, "broken").await, 404);
 }
+
+#[tokio::test]
+async fn a_hanging_upstream_times_out_and_the_others_take_over() {
+    // Accepts connections and never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            held.push(conn);
+        }
+    });
+    let g = start_with(Setup {
+        extra_config: format!(
+            r#"
+[[pools]]
+name = "half-hung"
+upstreams = ["http://127.0.0.1:{port}", "http://127.0.0.1:@MOCK@"]
+first_byte_timeout_ms = 300
+retry_base_ms = 10
+health_interval_ms = 0
+
+[[models]]
+name = "half-hung-model"
+pool = "half-hung"
+upstream_model = "echo-1"
+"#
+        ),
+        ..Setup::default()
+    });
+    let started = std::time::Instant::now();
+    for i in 0..6 {
+        assert_eq!(
+            chat_status(&g.main, "half-hung-model").await,
+            200,
+            "request {i}"
+        );
+    }
+    // Only the first request waited for the hung one: it is then out for its cool-down.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let view = upstreams(&g).await;
+    assert_eq!(pool(&view, "half-hung")[0]["healthy"], false, "{view}");
+    assert_eq!(pool(&view, "half-hung")[0]["requests"], 1, "{view}");
+}
