@@ -8,6 +8,7 @@ pub mod config;
 pub mod error;
 pub mod lifecycle;
 pub mod limit;
+pub mod listener;
 pub mod meter;
 pub mod metrics;
 pub mod mock_upstream;

@@ -5,11 +5,13 @@ use std::sync::Arc;
 
 use pingora_core::server::Server;
 use pingora_core::server::configuration::ServerConf;
-use pingora_proxy::http_proxy_service_with_name;
+use pingora_core::services::listening::Service;
+use pingora_proxy::http_proxy;
 
 use crate::admin;
 use crate::config::reload::KeysReloader;
 use crate::lifecycle::Drain;
+use crate::listener::HeaderDeadline;
 use crate::mock_upstream;
 use crate::proxy::Gateway;
 use crate::proxy::ctx::Listener;
@@ -53,11 +55,15 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Server {
     ] {
         if let Some(addr) = addr {
             let name = format!("modelgate {}", listener.name());
-            let mut svc = http_proxy_service_with_name(
+            let proxy = http_proxy(
                 &server.configuration,
                 Gateway::new(shared.clone(), listener),
-                &name,
             );
+            let app = HeaderDeadline {
+                inner: Arc::new(proxy),
+                limit: config.client_header_timeout,
+            };
+            let mut svc = Service::new(name, app);
             svc.add_tcp(addr);
             server.add_service(svc);
         }

@@ -93,3 +93,59 @@ async fn an_idle_keep_alive_connection_is_closed_after_its_timeout() {
     );
     assert!(closed_after < Duration::from_secs(4), "{closed_after:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_header_is_cut_at_its_deadline_but_an_idle_keep_alive_is_not() {
+    let g = start_with(Setup {
+        server_extra: "client_header_timeout_ms = 500".into(),
+        ..Setup::default()
+    });
+    let cut_after = tokio::task::block_in_place(|| {
+        let mut s = TcpStream::connect(addr(&g.main)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let started = Instant::now();
+        s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            .expect("write");
+        let mut buf = [0u8; 1024];
+        loop {
+            assert!(started.elapsed() < Duration::from_secs(10), "never cut");
+            match s.read(&mut buf) {
+                Ok(0) => return started.elapsed(),
+                Ok(_) => return started.elapsed(),
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => return started.elapsed(),
+            }
+            // One more byte of the header, never its end.
+            if s.write_all(b"a").is_err() {
+                return started.elapsed();
+            }
+        }
+    });
+    assert!(cut_after >= Duration::from_millis(450), "{cut_after:?}");
+    assert!(cut_after < Duration::from_secs(3), "{cut_after:?}");
+
+    // A kept-alive connection idle longer than the header deadline still serves its next
+    // request: the deadline starts with that request's first byte.
+    let (first, second) = tokio::task::block_in_place(|| {
+        let mut s = TcpStream::connect(addr(&g.direct)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let req =
+            format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+        let mut buf = [0u8; 65536];
+        s.write_all(req.as_bytes()).expect("write");
+        let n = s.read(&mut buf).expect("first reply");
+        let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+        std::thread::sleep(Duration::from_millis(800));
+        s.write_all(req.as_bytes()).expect("write again");
+        let n = s.read(&mut buf).expect("second reply");
+        (first, String::from_utf8_lossy(&buf[..n]).into_owned())
+    });
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+}

@@ -53,6 +53,9 @@ pub struct Config {
     /// Where a process started with `--upgrade` takes the listening sockets over from this
     /// one (default `modelgate-upgrade.sock` beside the config file).
     pub upgrade_sock: PathBuf,
+    /// A request's header must be complete within this of its first byte, else the
+    /// connection is closed.
+    pub client_header_timeout: Duration,
     /// The whole request body must arrive within this, else 408.
     pub client_body_timeout: Duration,
     /// An idle keep-alive connection is closed after this.
@@ -266,6 +269,7 @@ struct RawServer {
     threads: Option<usize>,
     grace_period_seconds: Option<u64>,
     upgrade_sock: Option<String>,
+    client_header_timeout_ms: Option<u64>,
     client_body_timeout_ms: Option<u64>,
     keepalive_timeout_ms: Option<u64>,
 }
@@ -584,6 +588,12 @@ impl Config {
                 .as_ref()
                 .and_then(|s| s.grace_period_seconds)
                 .unwrap_or(5),
+            client_header_timeout: Duration::from_millis(
+                server
+                    .as_ref()
+                    .and_then(|s| s.client_header_timeout_ms)
+                    .unwrap_or(10_000),
+            ),
             client_body_timeout: Duration::from_millis(
                 server
                     .as_ref()

@@ -1,0 +1,253 @@
+//! The listeners' connection layer: a deadline for each request's header. Pingora bounds each
+//! read of a request header (60 s) but not the whole header, so a client trickling one byte at
+//! a time could hold a connection forever. `HeaderDeadline` wraps the proxy app: each
+//! connection's stream is wrapped once in `Deadlined`, which ends the connection when a
+//! request's header is not complete within `client_header_timeout_ms` of its first byte (of the
+//! connection's start, for the first request). Idle time between requests is the keep-alive
+//! timeout's business, and the body's is `client_body_timeout_ms`'s.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora_core::apps::ServerApp;
+use pingora_core::protocols::raw_connect::ProxyDigest;
+use pingora_core::protocols::tls::{SslDigest, TlsRef};
+use pingora_core::protocols::{
+    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
+    Stream, TimingDigest, UniqueID, UniqueIDType,
+};
+use pingora_core::server::ShutdownWatch;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The end of an HTTP/1 header.
+const HEADER_END: &[u8; 4] = b"\r\n\r\n";
+
+/// A proxy app whose connections each get a header deadline.
+pub struct HeaderDeadline<A> {
+    pub inner: Arc<A>,
+    pub limit: Duration,
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        // Called again for each request on a kept-alive connection, with the stream it
+        // returned: the deadline then starts at the next request's first byte.
+        let stream: Stream = if stream.as_any().is::<Deadlined>() {
+            match stream.into_any().downcast::<Deadlined>() {
+                Ok(mut d) => {
+                    d.next_request();
+                    d
+                }
+                Err(_) => return None,
+            }
+        } else {
+            Box::new(Deadlined::new(stream, self.limit))
+        };
+        self.inner.process_new(stream, shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        self.inner.cleanup().await
+    }
+}
+
+/// A connection's stream with a deadline on the current request's header.
+#[derive(Debug)]
+pub struct Deadlined {
+    inner: Stream,
+    limit: Duration,
+    /// While `armed`, the header must be complete when this fires (one timer per connection,
+    /// reset for each request).
+    timer: Pin<Box<tokio::time::Sleep>>,
+    armed: bool,
+    /// Between requests: the timer starts with the next byte.
+    awaiting_first_byte: bool,
+    /// How much of `HEADER_END` the bytes read so far end with.
+    matched: usize,
+}
+
+impl Deadlined {
+    fn new(inner: Stream, limit: Duration) -> Deadlined {
+        Deadlined {
+            inner,
+            limit,
+            timer: Box::pin(tokio::time::sleep(limit)),
+            armed: true,
+            awaiting_first_byte: false,
+            matched: 0,
+        }
+    }
+
+    fn next_request(&mut self) {
+        self.armed = false;
+        self.awaiting_first_byte = true;
+        self.matched = 0;
+    }
+
+    /// Watches the bytes just read for the header's end.
+    fn saw(&mut self, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.awaiting_first_byte {
+            self.awaiting_first_byte = false;
+            let at = tokio::time::Instant::now() + self.limit;
+            self.timer.as_mut().reset(at);
+            self.armed = true;
+        }
+        if !self.armed {
+            return;
+        }
+        for &b in bytes {
+            self.matched = if b == HEADER_END[self.matched] {
+                self.matched + 1
+            } else if b == b'\r' {
+                1
+            } else {
+                0
+            };
+            if self.matched == HEADER_END.len() {
+                self.armed = false;
+                self.matched = 0;
+                return;
+            }
+        }
+    }
+}
+
+impl AsyncRead for Deadlined {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let me = &mut *self;
+                me.saw(&buf.filled()[before..]);
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => {
+                let expired = self.armed && self.timer.as_mut().poll(cx).is_ready();
+                if expired {
+                    Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the request header did not arrive within client_header_timeout_ms",
+                    )))
+                } else {
+                    Poll::Pending
+                }
+            }
+            other => other,
+        }
+    }
+}
+
+impl AsyncWrite for Deadlined {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[async_trait]
+impl Shutdown for Deadlined {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for Deadlined {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for Deadlined {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for Deadlined {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for Deadlined {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+
+    fn set_proxy_digest(&mut self, digest: ProxyDigest) {
+        self.inner.set_proxy_digest(digest)
+    }
+}
+
+impl GetSocketDigest for Deadlined {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+
+    fn set_socket_digest(&mut self, digest: SocketDigest) {
+        self.inner.set_socket_digest(digest)
+    }
+}
+
+#[async_trait]
+impl Peek for Deadlined {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.inner.try_peek(buf).await
+    }
+}
