@@ -29,6 +29,8 @@ pub enum GatewayError {
     /// Console: the thing to create exists already (a key id).
     Conflict(String),
     RequestTooLarge(usize),
+    /// A known path with a method it does not take; `Allow` lists the one it does.
+    MethodNotAllowed(&'static str),
     /// The client did not send its whole body within `client_body_timeout_ms`.
     RequestTimeout(u64),
     /// `retry_after`: whole seconds until a request would be admitted (the Retry-After header).
@@ -135,6 +137,13 @@ impl GatewayError {
                 "This change must come from the console page itself (same-origin Origin or its CSRF token).".into(),
             ),
             E::Conflict(m) => (409, "invalid_request_error", "conflict", None, m.clone()),
+            E::MethodNotAllowed(allow) => (
+                405,
+                "invalid_request_error",
+                "method_not_allowed",
+                None,
+                format!("This path takes {allow} only."),
+            ),
             E::RequestTimeout(ms) => (
                 408,
                 "invalid_request_error",

@@ -44,6 +44,10 @@ pub async fn error(
         GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
         _ => None,
     };
+    let allow = match e {
+        GatewayError::MethodNotAllowed(allow) => Some(*allow),
+        _ => None,
+    };
     let body = Bytes::from(e.body());
     send(
         session,
@@ -54,6 +58,9 @@ pub async fn error(
         |h| {
             if let Some(secs) = retry_after {
                 h.insert_header("retry-after", secs.to_string())?;
+            }
+            if let Some(allow) = allow {
+                h.insert_header("allow", allow)?;
             }
             decorate(h)
         },

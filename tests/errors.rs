@@ -126,7 +126,6 @@ async fn unknown_path_is_404_not_found() {
         for (method, path) in [
             ("POST", "/v1/nope"),
             ("GET", "/v2/models"),
-            ("DELETE", "/v1/models"),
             ("GET", "/nope"),
             ("GET", "/api/usage/nope"),
             ("POST", "/api/usage"),
@@ -348,4 +347,37 @@ async fn an_upstream_answering_garbage_is_502_or_a_cut_reply() {
         complete.is_err(),
         "a truncated upstream body must not look complete"
     );
+}
+
+#[tokio::test]
+async fn a_known_path_with_the_wrong_method_is_405_with_allow() {
+    let g = start();
+    for base in g.bases() {
+        for (method, path, allow) in [
+            (reqwest::Method::GET, "/v1/chat/completions", "POST"),
+            (reqwest::Method::PUT, "/v1/embeddings", "POST"),
+            (reqwest::Method::POST, "/v1/models", "GET"),
+            (reqwest::Method::DELETE, "/v1/models/echo-1", "GET"),
+        ] {
+            let resp = client()
+                .request(method.clone(), format!("{base}{path}"))
+                .bearer_auth(KEY)
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(
+                resp.headers().get("allow").map(|v| v.as_bytes()),
+                Some(allow.as_bytes())
+            );
+            let (status, e) = error_of(resp).await;
+            assert_eq!(
+                (status, e["code"].as_str()),
+                (405, Some("method_not_allowed")),
+                "{method} {path}"
+            );
+        }
+        // An unknown path stays 404.
+        let (status, _) = error_of(get(&base, "/v1/nope", Some(KEY)).await).await;
+        assert_eq!(status, 404);
+    }
 }

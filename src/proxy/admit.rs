@@ -99,8 +99,10 @@ fn authenticate(keys: &KeyTable, session: &Session, ctx: &mut Ctx) -> Result<Arc
 fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
     let req = session.req_header();
     let target = classify(&req.method, req.uri.path());
-    if target == Target::Other {
-        return Err(GatewayError::NotFound(req.uri.path().to_string()).into());
+    match target {
+        Target::Other => return Err(GatewayError::NotFound(req.uri.path().to_string()).into()),
+        Target::WrongMethod(allow) => return Err(GatewayError::MethodNotAllowed(allow).into()),
+        _ => {}
     }
     // Known from the path alone, so a refusal by the limits still records its group.
     ctx.group = match &target {

@@ -65,6 +65,8 @@ pub enum Target {
     Proxy(Endpoint),
     ListModels,
     GetModel(String),
+    /// A known path with a method it does not take → 405 with `Allow`.
+    WrongMethod(&'static str),
     /// Unknown here → 404.
     Other,
 }
@@ -77,6 +79,7 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
         .strip_suffix('/')
         .filter(|p| !p.is_empty())
         .unwrap_or(path);
+    let models = path == "/v1/models" || path.starts_with("/v1/models/");
     if method == http::Method::GET {
         if path == "/v1/models" {
             return Target::ListModels;
@@ -84,13 +87,11 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
         if let Some(id) = path.strip_prefix("/v1/models/") {
             return Target::GetModel(id.to_string());
         }
-        return Target::Other;
-    }
-    if method != http::Method::POST {
-        return Target::Other;
+    } else if models {
+        return Target::WrongMethod("GET");
     }
     let ep = |group, body| Target::Proxy(Endpoint { group, body });
-    match path {
+    let target = match path {
         "/v1/chat/completions" | "/v1/completions" => ep(Chat, Json),
         "/v1/embeddings" => ep(Embeddings, Json),
         "/v1/moderations" => ep(Moderations, Json),
@@ -99,6 +100,10 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
         "/v1/audio/transcriptions" | "/v1/audio/translations" => ep(Audio, MultipartOrJson),
         "/v1/audio/speech" => ep(Audio, Json),
         _ => Target::Other,
+    };
+    match target {
+        Target::Proxy(_) if method != http::Method::POST => Target::WrongMethod("POST"),
+        t => t,
     }
 }
 
@@ -134,8 +139,13 @@ mod tests {
         );
         assert_eq!(
             classify(&Method::GET, "/v1/chat/completions"),
-            Target::Other
+            Target::WrongMethod("POST")
         );
+        assert_eq!(
+            classify(&Method::DELETE, "/v1/models/x"),
+            Target::WrongMethod("GET")
+        );
+        assert_eq!(classify(&Method::GET, "/v1/nope"), Target::Other);
         assert_eq!(classify(&Method::POST, "/v1/nope"), Target::Other);
     }
 
