@@ -1,5 +1,5 @@
-//! The admin listener: `/healthz` for probes, `/metrics` (Prometheus text) and `/upstreams`
-//! (each pool's upstreams and their health). Answers from the live
+//! The admin listener: `/healthz` (liveness), `/readyz` (readiness), `/metrics` (Prometheus
+//! text) and `/upstreams` (each pool's upstreams and their health). Answers from the live
 //! state only; never proxies.
 
 use std::sync::Arc;
@@ -31,6 +31,7 @@ impl ServeHttp for Admin {
                 ),
             ),
             "/upstreams" => (200, "application/json", self.upstreams()),
+            "/readyz" => self.readiness(),
             "/metrics" => (
                 200,
                 "text/plain; version=0.0.4",
@@ -55,6 +56,32 @@ impl ServeHttp for Admin {
 }
 
 impl Admin {
+    /// Ready only when keys are loaded, the store is writing and every pool has a healthy
+    /// upstream; otherwise 503 with every reason.
+    fn readiness(&self) -> (u16, &'static str, String) {
+        let snapshot = self.shared.live.snapshot();
+        let mut reasons = Vec::new();
+        if snapshot.keys.is_empty() {
+            reasons.push("no keys are loaded".to_string());
+        }
+        if !self.shared.store.writable() {
+            reasons.push("the usage store is failing to write".to_string());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for route in &snapshot.router.ordered {
+            let pool = &route.pool;
+            if seen.insert(pool.name.clone()) && !pool.has_healthy(&[]) {
+                reasons.push(format!("pool '{}' has no healthy upstream", pool.name));
+            }
+        }
+        if reasons.is_empty() {
+            (200, "application/json", "{\"status\":\"ready\"}".into())
+        } else {
+            let body = serde_json::json!({ "status": "not ready", "reasons": reasons });
+            (503, "application/json", body.to_string())
+        }
+    }
+
     /// Every pool's upstreams and how the gateway sees them right now.
     fn upstreams(&self) -> String {
         let snapshot = self.shared.live.snapshot();

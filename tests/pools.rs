@@ -509,3 +509,48 @@ upstream_model = "echo-1"
     assert_eq!(pool(&view, "half-hung")[0]["healthy"], false, "{view}");
     assert_eq!(pool(&view, "half-hung")[0]["requests"], 1, "{view}");
 }
+
+#[tokio::test]
+async fn readyz_says_ready_until_a_pool_has_no_healthy_upstream_and_names_it() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[pools]]
+name = "all-dead"
+upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:1"]
+health_interval_ms = 0
+retry_base_ms = 10
+
+[[models]]
+name = "all-dead-model"
+pool = "all-dead"
+"#
+        .into(),
+        ..Setup::default()
+    });
+    let ready = |g: &Gateway| {
+        let url = format!("{}/readyz", g.admin);
+        async move {
+            let resp = reqwest::get(url).await.expect("readyz");
+            let status = resp.status().as_u16();
+            (
+                status,
+                resp.json::<serde_json::Value>().await.expect("json"),
+            )
+        }
+    };
+    let (status, body) = ready(&g).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(chat_status(&g.main, "all-dead-model").await, 502);
+    let (status, body) = ready(&g).await;
+    assert_eq!(status, 503, "{body}");
+    let reasons = body["reasons"].to_string();
+    assert!(
+        reasons.contains("pool 'all-dead' has no healthy upstream"),
+        "{body}"
+    );
+    // Liveness is not readiness.
+    let live = reqwest::get(format!("{}/healthz", g.admin))
+        .await
+        .expect("healthz");
+    assert_eq!(live.status(), 200);
+}

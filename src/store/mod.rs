@@ -260,6 +260,12 @@ impl Store {
         }
     }
 
+    /// Whether records are being written: the last batch committed (or none was tried yet)
+    /// and the store is not closed.
+    pub fn writable(&self) -> bool {
+        !self.shared.failing.load(Ordering::Relaxed)
+    }
+
     pub fn stats(&self) -> StoreStats {
         let s = &self.shared;
         let written = s.written.load(Ordering::SeqCst);

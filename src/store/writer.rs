@@ -34,6 +34,8 @@ pub(super) struct Shared {
     pub dropped: AtomicU64,
     pub written: AtomicU64,
     pub write_errors: AtomicU64,
+    /// The last batch failed to commit (cleared by the next that commits): `/readyz`.
+    pub failing: std::sync::atomic::AtomicBool,
     pub spill_log: LogGate,
     pub drop_log: LogGate,
     pub write_error_log: LogGate,
@@ -271,8 +273,10 @@ impl Writer {
         match result {
             Ok(()) => {
                 self.shared.written.fetch_add(n, Ordering::SeqCst);
+                self.shared.failing.store(false, Ordering::Relaxed);
             }
             Err(e) => {
+                self.shared.failing.store(true, Ordering::Relaxed);
                 let total = self.shared.write_errors.fetch_add(n, Ordering::SeqCst) + n;
                 if self.shared.write_error_log.allow() {
                     tracing::error!(
