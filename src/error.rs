@@ -29,6 +29,8 @@ pub enum GatewayError {
     /// Console: the thing to create exists already (a key id).
     Conflict(String),
     RequestTooLarge(usize),
+    /// The upstream's own error reply, whose body was empty or not JSON: its status, kept.
+    UpstreamReply(u16, String),
     /// A known path with a method it does not take; `Allow` lists the one it does.
     MethodNotAllowed(&'static str),
     /// The client did not send its whole body within `client_body_timeout_ms`.
@@ -137,6 +139,17 @@ impl GatewayError {
                 "This change must come from the console page itself (same-origin Origin or its CSRF token).".into(),
             ),
             E::Conflict(m) => (409, "invalid_request_error", "conflict", None, m.clone()),
+            E::UpstreamReply(status, m) => (
+                *status,
+                if *status < 500 {
+                    "invalid_request_error"
+                } else {
+                    "api_error"
+                },
+                "upstream_error",
+                None,
+                m.clone(),
+            ),
             E::MethodNotAllowed(allow) => (
                 405,
                 "invalid_request_error",

@@ -381,3 +381,38 @@ async fn a_known_path_with_the_wrong_method_is_405_with_allow() {
         assert_eq!(status, 404);
     }
 }
+
+/// An upstream error with no body or a non-JSON one (a proxy's HTML page) reaches the client
+/// in the contract's error shape, its status kept; it is not retried when it is a 4xx.
+#[tokio::test]
+async fn upstream_errors_without_a_json_body_are_wrapped_with_their_status() {
+    let g = start();
+    for (code, how) in [
+        ("404", "x-mock-empty-body"),
+        ("422", "x-mock-text-body"),
+        ("500", "x-mock-empty-body"),
+        ("503", "x-mock-text-body"),
+    ] {
+        let resp = send(
+            &g.direct,
+            "/v1/chat/completions",
+            Some(KEY),
+            &chat_body("echo-1", false),
+            &[("x-mock-status", code), (how, "1")],
+        )
+        .await;
+        assert_eq!(
+            resp.headers()["content-type"].to_str().ok(),
+            Some("application/json"),
+            "{code} {how}"
+        );
+        let (status, e) = error_of(resp).await;
+        assert_eq!(status.to_string(), code, "{how}");
+        assert_eq!(e["code"], "upstream_error", "{code} {how}: {e}");
+        let message = e["message"].as_str().unwrap_or("");
+        assert!(message.contains(code), "{message}");
+        if how == "x-mock-text-body" {
+            assert!(message.contains("502 Bad Gateway (nginx)"), "{message}");
+        }
+    }
+}

@@ -195,6 +195,11 @@ impl HttpServerApp for MockUpstream {
             let mut r = forced_error(status);
             if overrides.empty_body {
                 r.body = ReplyBody::Full(bytes::Bytes::new());
+            } else if overrides.text_body {
+                r.content_type = "text/html";
+                r.body = ReplyBody::Full(bytes::Bytes::from_static(
+                    b"<html><body>502 Bad Gateway (nginx)</body></html>",
+                ));
             }
             r
         } else if body.too_large {

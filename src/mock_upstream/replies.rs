@@ -435,6 +435,7 @@ mod tests {
             garbage: false,
             cut_after: None,
             empty_body: false,
+            text_body: false,
         }
     }
 

@@ -33,6 +33,9 @@ pub(super) struct Overrides {
     pub(super) cut_after: Option<usize>,
     /// `x-mock-empty-body: 1`: a forced error (`x-mock-status`) comes with no body at all.
     pub(super) empty_body: bool,
+    /// `x-mock-text-body: 1`: a forced error comes with an HTML page, as a proxy in front of a
+    /// model server sends.
+    pub(super) text_body: bool,
 }
 
 impl Overrides {
@@ -51,6 +54,7 @@ impl Overrides {
             garbage: header_flag(headers, "x-mock-garbage"),
             cut_after: header_parse::<usize>(headers, "x-mock-cut-after"),
             empty_body: header_flag(headers, "x-mock-empty-body"),
+            text_body: header_flag(headers, "x-mock-text-body"),
         }
     }
 }

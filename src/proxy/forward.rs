@@ -302,6 +302,9 @@ async fn stream_reply(
         }
         return Ok(());
     }
+    if !ctx.outcome.succeeded() {
+        return pass_error(connector, session, ctx, pool, up, client, resp).await;
+    }
     if let Err(e) = session.write_response_header(Box::new(resp), false).await {
         ctx.outcome = Outcome::ClientGone;
         return Err(e);
@@ -359,5 +362,68 @@ async fn stream_reply(
     connector
         .release_http_session(*client, &*peer, peer.options.idle_timeout)
         .await;
+    Ok(())
+}
+
+/// The most of an upstream's error body the gateway reads to check its shape.
+const ERROR_BODY_MAX: usize = 1024 * 1024;
+
+/// An upstream's error reply (status kept): a JSON body passes unchanged; an empty or non-JSON
+/// one is wrapped in the contract's error shape, so clients always get `{"error": …}`.
+async fn pass_error(
+    connector: &Connector,
+    session: &mut Session,
+    ctx: &mut Ctx,
+    pool: &Pool,
+    up: &Upstream,
+    mut client: Box<HttpSession>,
+    mut resp: ResponseHeader,
+) -> pingora_error::Result<()> {
+    let status = resp.status.as_u16();
+    let mut body = Vec::new();
+    let read = async {
+        while let Some(chunk) = client.read_response_body().await? {
+            body.extend_from_slice(&chunk);
+            if body.len() > ERROR_BODY_MAX || client.response_done() {
+                break;
+            }
+        }
+        Ok::<(), Box<Error>>(())
+    };
+    let whole = match tokio::time::timeout(pool.cfg.idle_timeout, read).await {
+        Ok(Ok(())) => body.len() <= ERROR_BODY_MAX,
+        _ => false,
+    };
+    let json = !body.is_empty() && serde_json::from_slice::<serde_json::Value>(&body).is_ok();
+    let body = if whole && json {
+        bytes::Bytes::from(body)
+    } else {
+        let text = String::from_utf8_lossy(&body[..body.len().min(200)])
+            .trim()
+            .to_string();
+        let message = if text.is_empty() {
+            format!("The upstream answered {status} with no body.")
+        } else {
+            format!("The upstream answered {status}: {text}")
+        };
+        resp.insert_header(http::header::CONTENT_TYPE, "application/json")?;
+        bytes::Bytes::from(GatewayError::UpstreamReply(status, message).body())
+    };
+    resp.remove_header(&http::header::TRANSFER_ENCODING);
+    resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
+    if let Err(e) = session.write_response_header(Box::new(resp), false).await {
+        ctx.outcome = Outcome::ClientGone;
+        return Err(e);
+    }
+    if let Err(e) = session.write_response_body(Some(body), true).await {
+        ctx.outcome = Outcome::ClientGone;
+        return Err(e);
+    }
+    if whole && client.response_done() {
+        let peer = upstream::peer(pool, up);
+        connector
+            .release_http_session(*client, &*peer, peer.options.idle_timeout)
+            .await;
+    }
     Ok(())
 }
