@@ -121,9 +121,11 @@ pub fn run() -> ExitCode {
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
@@ -189,6 +191,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         limiter: Default::default(),
         web: Default::default(),
         lifecycle: Default::default(),
+        access_log: crate::access_log::AccessLog::start(c.access_log_rate, c.access_log_format),
     });
     crate::server::build(shared, upgrade).run(pingora_core::server::RunArgs::default());
     // Every runtime has exited, so every request has handed over its record: write them all.

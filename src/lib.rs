@@ -1,6 +1,7 @@
 //! modelgate: an OpenAI-compatible gateway on Pingora. Modules follow one request:
 //! config → server → proxy (auth → route → upstream → reply) → admin.
 
+pub mod access_log;
 pub mod admin;
 pub mod auth;
 pub mod cli;

@@ -17,6 +17,8 @@ pub struct Shared {
     pub web: crate::web::WebState,
     /// Requests in flight, and the signal that ends them at shutdown.
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
+    /// One line per request on stderr; None when `[log] access = "off"`.
+    pub access_log: Option<crate::access_log::AccessLog>,
 }
 
 /// Which API listener a request came in on.

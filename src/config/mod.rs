@@ -60,6 +60,9 @@ pub struct Config {
     pub client_body_timeout: Duration,
     /// An idle keep-alive connection is closed after this.
     pub keepalive_timeout: Duration,
+    /// Share of requests in the access log (0: off).
+    pub access_log_rate: f64,
+    pub access_log_format: crate::access_log::Format,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -175,6 +178,16 @@ struct RawConfig {
     console: Option<RawConsole>,
     limits: Option<RawLimits>,
     server: Option<RawServer>,
+    log: Option<RawLog>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    /// "on", "off", or a sample rate in 0..=1.
+    access: Option<Spanned<toml::Value>>,
+    /// "json" (default) or "logfmt".
+    format: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -559,6 +572,8 @@ impl Config {
         });
 
         let server = raw.server;
+        let (access_log_rate, access_log_format) =
+            log_settings(raw.log.as_ref(), &file, &mut p, &at);
         let config = Config {
             path: path.to_path_buf(),
             listeners,
@@ -606,6 +621,8 @@ impl Config {
                     .and_then(|s| s.keepalive_timeout_ms)
                     .unwrap_or(60_000),
             ),
+            access_log_rate,
+            access_log_format,
             upgrade_sock: dir.join(
                 server
                     .and_then(|s| s.upgrade_sock)
@@ -614,6 +631,51 @@ impl Config {
         };
         Ok((config, p))
     }
+}
+
+/// `[log]`: the access log's sample rate and format.
+fn log_settings(
+    log: Option<&RawLog>,
+    file: &str,
+    p: &mut Problems,
+    at: &dyn Fn(std::ops::Range<usize>) -> Option<usize>,
+) -> (f64, crate::access_log::Format) {
+    use crate::access_log::Format;
+    let rate = match log.and_then(|l| l.access.as_ref()) {
+        None => 1.0,
+        Some(v) => match v.get_ref() {
+            toml::Value::String(s) if s == "on" => 1.0,
+            toml::Value::String(s) if s == "off" => 0.0,
+            toml::Value::Float(f) if (0.0..=1.0).contains(f) => *f,
+            toml::Value::Integer(i @ (0 | 1)) => *i as f64,
+            _ => {
+                p.push(Problem::new(
+                    file,
+                    at(v.span()),
+                    "log.access",
+                    "must be \"on\", \"off\" or a sample rate from 0 to 1",
+                ));
+                1.0
+            }
+        },
+    };
+    let format = match log.and_then(|l| l.format.as_ref()) {
+        None => Format::Json,
+        Some(f) => match f.get_ref().as_str() {
+            "json" => Format::Json,
+            "logfmt" => Format::Logfmt,
+            other => {
+                p.push(Problem::new(
+                    file,
+                    at(f.span()),
+                    "log.format",
+                    format!("'{other}' is not json or logfmt"),
+                ));
+                Format::Json
+            }
+        },
+    };
+    (rate, format)
 }
 
 /// `literal` or `env:NAME`.

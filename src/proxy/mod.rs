@@ -167,19 +167,25 @@ impl ProxyHttp for Gateway {
     }
 
     /// Every request that passed auth leaves exactly one usage record, whatever its outcome.
-    async fn logging(&self, _session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        let Some(key) = ctx.key.clone() else { return };
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
         if let Some(e) = e {
             // A failure after the reply began (fail_to_proxy may not have run).
             ctx.outcome = ctx.outcome.cut(e.esource() == &ErrorSource::Downstream);
         }
+        let key = ctx.key.clone();
+        let r = record::build(ctx, key.as_ref().map_or("", |k| k.id.as_str()));
+        // Every request gets its access-log line, refused ones (no key) included.
+        if let Some(log) = &self.shared.access_log {
+            let req = session.req_header();
+            log.log(&r, req.method.as_str(), req.uri.path());
+        }
+        let Some(key) = key else { return };
         if let Some(m) = crate::metrics::get() {
             let status = ctx.outcome.status().to_string();
             m.requests
                 .with_label_values(&[ctx.listener.name(), ctx.group, &status])
                 .inc();
         }
-        let r = record::build(ctx, &key.id);
         ctx.slot = None;
         self.shared
             .limiter

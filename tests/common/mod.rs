@@ -24,6 +24,8 @@ pub const CONC_KEY: &str = "sk-test-conc-0011";
 
 pub struct Gateway {
     child: Child,
+    /// Everything the gateway wrote to stderr, read as it comes (a full pipe would block it).
+    stderr: Option<std::thread::JoinHandle<String>>,
     ports: Ports,
     env: Vec<(String, String)>,
     pub main: String,
@@ -278,8 +280,17 @@ fn spawn(dir: tempfile::TempDir, setup: &Setup, ports: Ports) -> Result<Gateway,
                 std::thread::sleep(Duration::from_millis(20));
             }
         },
+        stderr: None,
         dir,
     };
+    let mut g = g;
+    if let Some(mut pipe) = g.child.stderr.take() {
+        g.stderr = Some(std::thread::spawn(move || {
+            let mut all = Vec::new();
+            let _ = pipe.read_to_end(&mut all);
+            String::from_utf8_lossy(&all).into_owned()
+        }));
+    }
     Ok(g)
 }
 
@@ -326,11 +337,21 @@ impl Gateway {
     pub fn stop_and_stderr(mut self) -> String {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let mut err = String::new();
-        if let Some(mut s) = self.child.stderr.take() {
-            let _ = s.read_to_string(&mut err);
-        }
-        err
+        self.stderr
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+
+    /// SIGTERM, then everything the gateway wrote to stderr.
+    pub fn terminate_and_stderr(mut self) -> (std::process::ExitStatus, String) {
+        let status = self.terminate();
+        let err = self
+            .stderr
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default();
+        (status, err)
     }
 }
 
