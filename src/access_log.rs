@@ -64,8 +64,9 @@ impl AccessLog {
 }
 
 fn write_lines(rx: Receiver<String>) {
-    let stderr = std::io::stderr();
-    let mut out = std::io::BufWriter::with_capacity(64 * 1024, stderr.lock());
+    // Not `stderr().lock()`: a lock held while waiting for lines would block every other
+    // writer of stderr (the tracing log) for good. The buffer locks it once per flush.
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stderr());
     while let Ok(line) = rx.recv() {
         let _ = out.write_all(line.as_bytes());
         // Write what else is queued, then flush once the queue is empty.
