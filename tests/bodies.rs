@@ -154,25 +154,3 @@ async fn every_framing_sees_the_same_cut_stream_and_the_same_dead_upstream() {
         );
     }
 }
-
-async fn await_record(g: &Gateway, request_id: &str) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let page: serde_json::Value = get(&g.direct, "/api/usage?limit=1000", Some(KEY))
-            .await
-            .json()
-            .await
-            .expect("json");
-        if let Some(r) = page["data"]
-            .as_array()
-            .and_then(|d| d.iter().find(|r| r["request_id"] == request_id))
-        {
-            return r.clone();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no record {request_id}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}

@@ -214,18 +214,7 @@ async fn refused_model_and_endpoint_are_403_permission_denied() {
 #[tokio::test]
 async fn unreachable_upstreams_are_502_then_503_while_every_one_is_out_of_rotation() {
     let g = start_with(Setup {
-        extra_config: r#"
-[[pools]]
-name = "all-dead"
-upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:1"]
-health_interval_ms = 0
-retry_base_ms = 10
-
-[[models]]
-name = "all-dead-model"
-pool = "all-dead"
-"#
-        .into(),
+        extra_config: ALL_DEAD_POOL.into(),
         ..Setup::default()
     });
     let ask = |base: String, model: &'static str| async move {

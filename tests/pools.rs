@@ -264,26 +264,6 @@ upstream_model = "echo-1"
     assert_eq!(await_record(&g, &id).await["attempts"], 1);
 }
 
-/// Records are written in batches: wait for this one.
-async fn await_record(g: &Gateway, request_id: &str) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let resp = get(&g.direct, "/api/usage?limit=1000", Some(KEY)).await;
-        let page: serde_json::Value = resp.json().await.expect("json");
-        if let Some(r) = page["data"]
-            .as_array()
-            .and_then(|d| d.iter().find(|r| r["request_id"] == request_id))
-        {
-            return r.clone();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no record {request_id}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_model_whose_pool_is_down_falls_back_and_the_record_says_which_answered() {
     let g = start_with(Setup {
@@ -513,18 +493,7 @@ upstream_model = "echo-1"
 #[tokio::test]
 async fn readyz_says_ready_until_a_pool_has_no_healthy_upstream_and_names_it() {
     let g = start_with(Setup {
-        extra_config: r#"
-[[pools]]
-name = "all-dead"
-upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:1"]
-health_interval_ms = 0
-retry_base_ms = 10
-
-[[models]]
-name = "all-dead-model"
-pool = "all-dead"
-"#
-        .into(),
+        extra_config: ALL_DEAD_POOL.into(),
         ..Setup::default()
     });
     let ready = |g: &Gateway| {
@@ -553,4 +522,52 @@ pool = "all-dead"
         .await
         .expect("healthz");
     assert_eq!(live.status(), 200);
+}
+
+#[tokio::test]
+async fn retry_after_is_waited_out_within_the_cap_and_passed_on_beyond_it() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[pools]]
+name = "limited"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+retry_base_ms = 10
+retry_cap_ms = 2000
+
+[[models]]
+name = "limited-model"
+pool = "limited"
+upstream_model = "echo-1"
+"#
+        .into(),
+        ..Setup::default()
+    });
+    let ask = |retry_after: &'static str| {
+        let base = g.main.clone();
+        async move {
+            let started = std::time::Instant::now();
+            let resp = send(
+                &base,
+                "/v1/chat/completions",
+                Some(KEY),
+                &chat_body("limited-model", false),
+                &[
+                    ("x-mock-status", "429"),
+                    ("x-mock-fail-first", "1"),
+                    ("x-mock-retry-after", retry_after),
+                ],
+            )
+            .await;
+            (resp.status().as_u16(), started.elapsed())
+        }
+    };
+    // The only upstream asked for 1 s, within the 2 s cap: the retry waits for it.
+    let (status, took) = ask("1").await;
+    assert_eq!(status, 200);
+    assert!(took >= std::time::Duration::from_millis(1000), "{took:?}");
+    // It asked for 60 s, beyond the cap, and no other upstream can take it: the 429 goes to
+    // the client at once, for the client to wait.
+    let (status, took) = ask("60").await;
+    assert_eq!(status, 429);
+    assert!(took < std::time::Duration::from_millis(900), "{took:?}");
 }

@@ -243,6 +243,9 @@ async fn write_reply(
 ) -> pingora_error::Result<()> {
     let mut header = ResponseHeader::build(reply.status, Some(12))?;
     header.insert_header("content-type", reply.content_type)?;
+    if let (Some(secs), true) = (ov.retry_after, reply.status >= 400) {
+        header.insert_header("retry-after", secs.to_string())?;
+    }
     add_echo_headers(&mut header, echo)?;
     match reply.body {
         ReplyBody::Full(body) => {

@@ -436,6 +436,7 @@ mod tests {
             cut_after: None,
             empty_body: false,
             text_body: false,
+            retry_after: None,
         }
     }
 

@@ -36,6 +36,8 @@ pub(super) struct Overrides {
     /// `x-mock-text-body: 1`: a forced error comes with an HTML page, as a proxy in front of a
     /// model server sends.
     pub(super) text_body: bool,
+    /// `x-mock-retry-after: S`: a forced error carries `Retry-After: S`.
+    pub(super) retry_after: Option<u64>,
 }
 
 impl Overrides {
@@ -55,6 +57,7 @@ impl Overrides {
             cut_after: header_parse::<usize>(headers, "x-mock-cut-after"),
             empty_body: header_flag(headers, "x-mock-empty-body"),
             text_body: header_flag(headers, "x-mock-text-body"),
+            retry_after: header_parse::<u64>(headers, "x-mock-retry-after"),
         }
     }
 }

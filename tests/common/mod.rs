@@ -464,3 +464,37 @@ pub fn start_mock_at(port: u16, extra_args: &[&str]) -> MockProcess {
     }
     MockProcess { child, port }
 }
+
+/// The record of a request, found by its `x-request-id` on the usage API (records are written
+/// in batches: this waits for it, up to 5 s).
+pub async fn await_record(g: &Gateway, request_id: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let page: serde_json::Value = get(&g.direct, "/api/usage?limit=1000", Some(KEY))
+            .await
+            .json()
+            .await
+            .expect("json");
+        if let Some(r) = page["data"]
+            .as_array()
+            .and_then(|d| d.iter().find(|r| r["request_id"] == request_id))
+        {
+            return r.clone();
+        }
+        assert!(Instant::now() < deadline, "no record {request_id}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A pool of two upstreams that refuse connections (health checks off), for `all-dead-model`.
+pub const ALL_DEAD_POOL: &str = r#"
+[[pools]]
+name = "all-dead"
+upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:1"]
+health_interval_ms = 0
+retry_base_ms = 10
+
+[[models]]
+name = "all-dead-model"
+pool = "all-dead"
+"#;
