@@ -31,6 +31,8 @@ pub enum GatewayError {
     RequestTooLarge(usize),
     /// The upstream's own error reply, whose body was empty or not JSON: its status, kept.
     UpstreamReply(u16, String),
+    /// A CORS preflight from an origin `[cors] allow_origins` does not list.
+    OriginNotAllowed,
     /// A known path with a method it does not take; `Allow` lists the one it does.
     MethodNotAllowed(&'static str),
     /// The client did not send its whole body within `client_body_timeout_ms`.
@@ -149,6 +151,13 @@ impl GatewayError {
                 "upstream_error",
                 None,
                 m.clone(),
+            ),
+            E::OriginNotAllowed => (
+                403,
+                "invalid_request_error",
+                "origin_not_allowed",
+                Some("origin"),
+                "This origin may not call the API from a browser ([cors] allow_origins).".into(),
             ),
             E::MethodNotAllowed(allow) => (
                 405,

@@ -6,6 +6,7 @@ pub mod admin;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod cors;
 pub mod error;
 pub mod lifecycle;
 pub mod limit;

@@ -63,6 +63,8 @@ pub struct Config {
     /// Share of requests in the access log (0: off).
     pub access_log_rate: f64,
     pub access_log_format: crate::access_log::Format,
+    /// `[cors]`; None: no CORS.
+    pub cors: Option<crate::cors::Cors>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -179,6 +181,16 @@ struct RawConfig {
     limits: Option<RawLimits>,
     server: Option<RawServer>,
     log: Option<RawLog>,
+    cors: Option<Spanned<RawCors>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCors {
+    allow_origins: Vec<String>,
+    allow_methods: Option<Vec<String>>,
+    allow_headers: Option<Vec<String>>,
+    max_age_seconds: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -572,6 +584,17 @@ impl Config {
         });
 
         let server = raw.server;
+        let cors = raw.cors.as_ref().and_then(|c| {
+            let r = c.get_ref();
+            crate::cors::Cors::new(
+                &r.allow_origins,
+                r.allow_methods.as_deref(),
+                r.allow_headers.as_deref(),
+                r.max_age_seconds.unwrap_or(600),
+            )
+            .map_err(|m| p.push(Problem::new(&file, at(c.span()), "cors", m)))
+            .ok()
+        });
         let (access_log_rate, access_log_format) =
             log_settings(raw.log.as_ref(), &file, &mut p, &at);
         let config = Config {
@@ -623,6 +646,7 @@ impl Config {
             ),
             access_log_rate,
             access_log_format,
+            cors,
             upgrade_sock: dir.join(
                 server
                     .and_then(|s| s.upgrade_sock)

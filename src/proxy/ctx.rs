@@ -48,6 +48,8 @@ pub struct Ctx {
     /// Counts the request as in flight until it ends (its record written); carries the
     /// shutdown's signal to end it.
     pub life: Option<crate::lifecycle::InFlight>,
+    /// `Access-Control-Allow-Origin` for this request's allowed `Origin` (CORS on).
+    pub cors: Option<http::HeaderValue>,
 }
 
 impl Ctx {
@@ -75,6 +77,7 @@ impl Ctx {
             headroom: Headroom::default(),
             slot: None,
             life: None,
+            cors: None,
         }
     }
 }

@@ -60,6 +60,18 @@ impl Gateway {
         if web::owns(session.req_header().uri.path()) {
             return self.web(session, ctx).await;
         }
+        if let Some(cors) = &self.shared.live.config.cors {
+            let req = session.req_header();
+            ctx.cors = cors.allow(req.headers.get(http::header::ORIGIN));
+            let preflight = req.method == http::Method::OPTIONS
+                && req
+                    .headers
+                    .contains_key(http::header::ACCESS_CONTROL_REQUEST_METHOD);
+            if preflight {
+                self.preflight(session, ctx, cors).await?;
+                return Ok(true);
+            }
+        }
         match self.decide(session, ctx).await {
             Ok(()) => {
                 forward::run(&self.connector, session, ctx).await?;
@@ -76,6 +88,30 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// Answers a CORS preflight: 204 with the allowed methods and headers for an allowed
+    /// origin, else 403 `origin_not_allowed`. No key is needed (browsers send none).
+    async fn preflight(
+        &self,
+        session: &mut Session,
+        ctx: &mut Ctx,
+        cors: &crate::cors::Cors,
+    ) -> pingora_error::Result<()> {
+        let Some(allow) = ctx.cors.clone() else {
+            let e = crate::error::GatewayError::OriginNotAllowed;
+            return respond::error(session, ctx, &e).await;
+        };
+        let requested = session
+            .req_header()
+            .headers
+            .get(http::header::ACCESS_CONTROL_REQUEST_HEADERS)
+            .cloned();
+        let mut resp = pingora_http::ResponseHeader::build(204, Some(8))?;
+        resp.insert_header("x-request-id", ctx.request_id.as_str())?;
+        cors.preflight(&mut resp, &allow, requested.as_ref())?;
+        ctx.outcome = Outcome::Answered(204);
+        session.write_response_header(Box::new(resp), true).await
+    }
+
     /// Hands a non-proxied path to the web stage; a key that passed auth there makes the
     /// request leave its usage record (group `usage`) like any other.
     async fn web(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {

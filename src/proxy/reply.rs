@@ -33,6 +33,7 @@ pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_e
     }
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     crate::limit::rate::write_headers(&ctx.headroom, resp)?;
+    crate::cors::decorate(resp, ctx.cors.as_ref())?;
     ctx.outcome = Outcome::Upstream(resp.status.as_u16());
     if !ctx.outcome.succeeded() {
         // An error reply carries no usage; it passes through unmetered.

@@ -14,14 +14,17 @@ pub async fn json(
     body: Vec<u8>,
 ) -> pingora_error::Result<()> {
     ctx.outcome = Outcome::Answered(status);
-    let headroom = &ctx.headroom;
+    let (headroom, cors) = (&ctx.headroom, ctx.cors.as_ref());
     crate::respond::send(
         session,
         &ctx.request_id,
         status,
         "application/json",
         Bytes::from(body),
-        |h| crate::limit::rate::write_headers(headroom, h),
+        |h| {
+            crate::limit::rate::write_headers(headroom, h)?;
+            crate::cors::decorate(h, cors)
+        },
     )
     .await
 }
@@ -32,9 +35,10 @@ pub async fn error(
     e: &GatewayError,
 ) -> pingora_error::Result<()> {
     ctx.outcome = Outcome::Answered(e.status());
-    let headroom = &ctx.headroom;
+    let (headroom, cors) = (&ctx.headroom, ctx.cors.as_ref());
     crate::respond::error(session, &ctx.request_id, e, |h| {
-        crate::limit::rate::write_headers(headroom, h)
+        crate::limit::rate::write_headers(headroom, h)?;
+        crate::cors::decorate(h, cors)
     })
     .await
 }
