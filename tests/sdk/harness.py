@@ -136,6 +136,9 @@ password = "env:MG_SDK_CONSOLE_PASSWORD"
 [demo]
 mock_upstream = "127.0.0.1:{ports['mock']}"
 
+[cors]
+allow_origins = ["http://127.0.0.1:{ports['app']}"]
+
 [[pools]]
 name = "local"
 upstreams = ["http://127.0.0.1:{ports['mock']}"]
@@ -183,7 +186,8 @@ def start_gateway(binary: Path, workdir: Path):
     """Starts the gateway on fresh free ports and waits until it is ready.
     Returns (gateway, None), or (gateway, why) with the process stopped if startup failed,
     for example because another process took one of the ports in the meantime."""
-    ports = dict(zip(["main", "direct", "admin", "mock"], free_ports(4)))
+    # `app` and `other_app`: two more origins for the CORS test (only `app` is allowed).
+    ports = dict(zip(["main", "direct", "admin", "mock", "app", "other_app"], free_ports(6)))
     config = workdir / "modelgate.toml"
     config.write_text(gateway_config(ports))
     (workdir / "keys.toml").write_text(KEYS_TOML)
