@@ -228,3 +228,68 @@ async fn every_response_carries_a_distinct_request_id() {
     assert_ne!(a, b);
     assert!(a.to_str().expect("ascii").starts_with("req_"));
 }
+
+/// Any other model-server `POST /v1/...` whose body names a model is routed by it (group
+/// `other`) and metered from the reply's `usage`; one that names none is 404.
+#[tokio::test]
+async fn other_model_server_paths_are_routed_by_model_and_metered_from_their_usage() {
+    let g = start();
+    let body = serde_json::json!({
+        "model": "echo-1", "query": "a b", "documents": ["c d e", "f"]
+    });
+    let resp = send(&g.main, "/v1/rerank", Some(KEY), &body, &[]).await;
+    assert_eq!(resp.status(), 200);
+    let id = resp.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let reply: serde_json::Value = resp.json().await.expect("json");
+    assert_eq!(
+        reply["results"].as_array().map(Vec::len),
+        Some(2),
+        "{reply}"
+    );
+    let r = await_record(&g, &id).await;
+    // Query words × documents + document words: 2 × 2 + 3 + 1.
+    assert_eq!(
+        (
+            r["endpoint"].as_str(),
+            r["prompt_tokens"].as_u64(),
+            r["total_tokens"].as_u64()
+        ),
+        (Some("other"), Some(8), Some(8)),
+        "{r}"
+    );
+    assert_eq!(r["estimated"], false);
+    for (path, body) in [
+        ("/v1/nothing-here", serde_json::json!({"input": "no model"})),
+        ("/v1/nothing-here", serde_json::json!("not an object")),
+    ] {
+        let (status, e) = error_of(send(&g.direct, path, Some(KEY), &body, &[]).await).await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (404, Some("not_found")),
+            "{body}"
+        );
+    }
+    // An unknown model on such a path is the usual 404, and permissions hold.
+    let (status, e) = error_of(
+        send(
+            &g.main,
+            "/v1/score",
+            Some(KEY),
+            &serde_json::json!({"model": "nope"}),
+            &[],
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")));
+    let (status, e) =
+        error_of(send(&g.main, "/v1/rerank", Some(MODELS_ONLY_KEY), &body, &[]).await).await;
+    assert_eq!(
+        (status, e["param"].as_str()),
+        (403, Some("endpoint")),
+        "{e}"
+    );
+}

@@ -50,6 +50,9 @@ pub enum Meter {
     Json {
         buf: Vec<u8>,
         too_big: bool,
+        /// Estimate with the tokenizer when the reply has no usage (false: only what the
+        /// upstream reports counts, for endpoints whose body is not a prompt).
+        estimate: bool,
     },
     Sse(sse::SseMeter),
 }
@@ -59,6 +62,16 @@ impl Meter {
         Meter::Json {
             buf: Vec::new(),
             too_big: false,
+            estimate: true,
+        }
+    }
+
+    /// A plain reply whose `usage` counts when present, never estimated.
+    pub fn json_reported() -> Meter {
+        Meter::Json {
+            buf: Vec::new(),
+            too_big: false,
+            estimate: false,
         }
     }
 
@@ -67,7 +80,7 @@ impl Meter {
     pub fn feed(&mut self, body: &mut Option<Bytes>, end: bool) -> bool {
         match self {
             Meter::None => body.as_ref().is_some_and(|b| !b.is_empty()),
-            Meter::Json { buf, too_big } => {
+            Meter::Json { buf, too_big, .. } => {
                 let Some(b) = body.as_ref() else { return false };
                 if !*too_big {
                     if buf.len() + b.len() > MAX_JSON {
@@ -113,6 +126,15 @@ impl Meter {
 
     pub fn is_metered(&self) -> bool {
         !matches!(self, Meter::None)
+    }
+
+    /// Whether missing usage is estimated with the tokenizer.
+    pub fn estimates(&self) -> bool {
+        match self {
+            Meter::None => false,
+            Meter::Json { estimate, .. } => *estimate,
+            Meter::Sse(_) => true,
+        }
     }
 }
 

@@ -208,9 +208,38 @@ pub(super) fn route(
         },
         "/v1/audio/transcriptions" | "/v1/audio/translations" if post => transcription(parsed),
         "/v1/audio/speech" if post => speech(parsed),
+        "/v1/rerank" | "/v1/score" if post => rerank(parsed, model),
         _ => Ok(not_found()),
     };
     result.unwrap_or_else(|err| err)
+}
+
+/// vLLM's rerank/score shape: a relevance per document, and `usage` with the prompt tokens
+/// (query and documents, a token a word).
+fn rerank(parsed: &Parsed, model: &str) -> Result<Reply, Reply> {
+    let body = json_object(parsed)?;
+    let query = body.get("query").and_then(Value::as_str).unwrap_or("");
+    let docs: Vec<&str> = body
+        .get("documents")
+        .and_then(Value::as_array)
+        .map(|d| d.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let words = |s: &str| s.split_whitespace().count();
+    let tokens = words(query) * docs.len().max(1) + docs.iter().map(|d| words(d)).sum::<usize>();
+    let results: Vec<Value> = docs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| json!({"index": i, "relevance_score": 1.0 / (1.0 + words(d) as f64)}))
+        .collect();
+    Ok(Reply::json(
+        200,
+        &json!({
+            "id": "rerank-mock",
+            "model": model_or_default(model),
+            "results": results,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }),
+    ))
 }
 
 fn models_reply() -> Reply {

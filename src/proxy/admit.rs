@@ -60,7 +60,15 @@ impl Gateway {
             return Err(GatewayError::InsufficientBalance.into());
         }
         let read = read_body(session, &self.shared.live.config).await?;
-        let probe = probe(session, endpoint, &read).await?;
+        let probe = match probe(session, endpoint, &read).await {
+            Ok(p) => p,
+            // A path the contract does not name is only routed when its body names a model.
+            Err(_) if endpoint.group == Group::Other => {
+                let path = session.req_header().uri.path().to_string();
+                return Err(GatewayError::NotFound(path).into());
+            }
+            Err(e) => return Err(e.into()),
+        };
         ctx.model = probe.model.clone();
         ctx.stream = probe.stream;
         let route = route_model(&snapshot.router, &key, &probe.model)?;
@@ -232,6 +240,7 @@ fn prepare_upstream(
         _ if !metering => Meter::None,
         Group::Chat if probe.stream => Meter::Sse(SseMeter::new(ask_usage)),
         Group::Chat | Group::Embeddings | Group::Moderations => Meter::json(),
+        Group::Other => Meter::json_reported(),
         _ => Meter::None,
     };
     ctx.body = route_body::for_upstream(&body, &probe, route.upstream_rename(), ask_usage);

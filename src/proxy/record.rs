@@ -15,7 +15,7 @@ pub fn build(ctx: &Ctx, key_id: &str) -> UsageRecord {
         Some(u) => (complete(u), false),
         // Estimate when the client got (some of) a reply the upstream did not account for:
         // a success without usage, or a stream cut or abandoned after content.
-        None if ctx.meter.is_metered() && (ok || ctx.ttft_ms.is_some()) => {
+        None if ctx.meter.estimates() && (ok || ctx.ttft_ms.is_some()) => {
             (estimated_usage(ctx), true)
         }
         None => (Usage::default(), false),

@@ -10,10 +10,13 @@ pub enum Group {
     Audio,
     Models,
     Usage,
+    /// Any other model-server `POST /v1/...` whose body names a model (vLLM's `/v1/rerank`,
+    /// `/v1/score`, `/v1/tokenize`, …).
+    Other,
 }
 
 impl Group {
-    pub const ALL: [Group; 7] = [
+    pub const ALL: [Group; 8] = [
         Group::Chat,
         Group::Embeddings,
         Group::Moderations,
@@ -21,6 +24,7 @@ impl Group {
         Group::Audio,
         Group::Models,
         Group::Usage,
+        Group::Other,
     ];
 
     pub fn name(self) -> &'static str {
@@ -32,6 +36,7 @@ impl Group {
             Group::Audio => "audio",
             Group::Models => "models",
             Group::Usage => "usage",
+            Group::Other => "other",
         }
     }
 
@@ -99,6 +104,8 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
         "/v1/images/edits" | "/v1/images/variations" => ep(Images, MultipartOrJson),
         "/v1/audio/transcriptions" | "/v1/audio/translations" => ep(Audio, MultipartOrJson),
         "/v1/audio/speech" => ep(Audio, Json),
+        // Routed by the model its body names; a body that names none makes it a 404.
+        p if p.starts_with("/v1/") && method == http::Method::POST => ep(Other, Json),
         _ => Target::Other,
     };
     match target {
@@ -146,7 +153,15 @@ mod tests {
             Target::WrongMethod("GET")
         );
         assert_eq!(classify(&Method::GET, "/v1/nope"), Target::Other);
-        assert_eq!(classify(&Method::POST, "/v1/nope"), Target::Other);
+        assert_eq!(
+            classify(&Method::POST, "/v1/rerank"),
+            Target::Proxy(Endpoint {
+                group: Group::Other,
+                body: BodyKind::Json
+            })
+        );
+        assert_eq!(classify(&Method::GET, "/v1/rerank"), Target::Other);
+        assert_eq!(classify(&Method::POST, "/v2/rerank"), Target::Other);
     }
 
     #[test]
