@@ -124,7 +124,7 @@ fn init_logging() {
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(crate::redact::RedactingStderr)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }

@@ -15,6 +15,7 @@ pub mod meter;
 pub mod metrics;
 pub mod mock_upstream;
 pub mod proxy;
+pub mod redact;
 pub mod respond;
 pub mod route;
 pub mod server;

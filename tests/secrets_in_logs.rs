@@ -1,0 +1,68 @@
+//! No client key and no upstream credential in any log line at any level, Pingora's own
+//! output included: a session at RUST_LOG=trace, grepped.
+
+mod common;
+
+use std::io::{Read, Write};
+
+use common::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_level_session_logs_no_key_and_no_upstream_credential() {
+    let g = start_with(Setup {
+        env: vec![("RUST_LOG".into(), "trace".into())],
+        ..Setup::default()
+    });
+    for base in g.bases() {
+        assert_eq!(
+            post_json(&base, "/v1/chat/completions", &chat_body("echo-1", false))
+                .await
+                .status(),
+            200
+        );
+        let stream = post_json(&base, "/v1/chat/completions", &chat_body("echo-1", true)).await;
+        let _ = stream.bytes().await;
+        let _ = send(
+            &base,
+            "/v1/chat/completions",
+            Some("sk-wrong-but-secret-123456"),
+            &chat_body("echo-1", false),
+            &[],
+        )
+        .await;
+        let _ = post_json(
+            &base,
+            "/v1/chat/completions",
+            &chat_body("gone-model", false),
+        )
+        .await;
+        let _ = get(&base, "/api/usage", Some(KEY)).await;
+    }
+    // A request Pingora cannot parse, carrying a key.
+    let addr = g.main.trim_start_matches("http://").to_string();
+    tokio::task::block_in_place(|| {
+        let mut s = std::net::TcpStream::connect(&addr).expect("connect");
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .expect("timeout");
+        let raw = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: abc\r\nBad Header\r\n\r\n"
+        );
+        let _ = s.write_all(raw.as_bytes());
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+    });
+    let (_, stderr) = tokio::task::block_in_place(|| g.terminate_and_stderr());
+    assert!(
+        stderr.len() > 1_000,
+        "trace output expected: {} bytes",
+        stderr.len()
+    );
+    for secret in [KEY, "sk-wrong-but-secret-123456", POOL_KEY] {
+        let hits: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains(secret))
+            .take(3)
+            .collect();
+        assert!(hits.is_empty(), "{secret} in the log:\n{}", hits.join("\n"));
+    }
+}
