@@ -67,10 +67,8 @@ impl Admin {
         if !self.shared.store.writable() {
             reasons.push("the usage store is failing to write".to_string());
         }
-        let mut seen = std::collections::HashSet::new();
-        for route in &snapshot.router.ordered {
-            let pool = &route.pool;
-            if seen.insert(pool.name.clone()) && !pool.has_healthy(&[]) {
+        for pool in &snapshot.router.pools {
+            if !pool.has_healthy(&[]) {
                 reasons.push(format!("pool '{}' has no healthy upstream", pool.name));
             }
         }
@@ -86,15 +84,12 @@ impl Admin {
     fn upstreams(&self) -> String {
         let snapshot = self.shared.live.snapshot();
         let now = crate::route::balance::now_ms();
-        let mut seen = std::collections::HashSet::new();
         let pools: Vec<serde_json::Value> = snapshot
             .router
-            .ordered
+            .pools
             .iter()
-            .filter(|r| seen.insert(r.pool.name.clone()))
-            .map(|r| {
-                let ups: Vec<serde_json::Value> = r
-                    .pool
+            .map(|pool| {
+                let ups: Vec<serde_json::Value> = pool
                     .upstreams
                     .iter()
                     .map(|u| {
@@ -113,8 +108,8 @@ impl Admin {
                     })
                     .collect();
                 serde_json::json!({
-                    "name": r.pool.name,
-                    "strategy": r.pool.cfg.strategy.name(),
+                    "name": pool.name,
+                    "strategy": pool.cfg.strategy.name(),
                     "upstreams": ups,
                 })
             })

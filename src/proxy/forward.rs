@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
@@ -28,13 +29,29 @@ use crate::upstream;
 /// How one try ended before any of its reply reached the client.
 enum Try {
     /// A reply header: pass it on (or retry it, for 429 and 5xx).
-    Reply(Box<HttpSession>, Box<ResponseHeader>),
+    Reply(Upstreamed, Box<ResponseHeader>),
     /// No reply: the error the client gets if no try succeeds.
     Failed(GatewayError),
     /// The client went away.
     ClientGone,
     /// The gateway is shutting down and ends the request.
     ShuttingDown,
+}
+
+/// The upstream connection a reply is read from, and the peer it goes back to the pool for.
+struct Upstreamed {
+    client: Box<HttpSession>,
+    peer: Box<HttpPeer>,
+}
+
+impl Upstreamed {
+    /// Returns the connection for reuse once its reply was read whole.
+    async fn release(self, connector: &Connector) {
+        let idle = self.peer.options.idle_timeout;
+        connector
+            .release_http_session(*self.client, &*self.peer, idle)
+            .await;
+    }
 }
 
 /// How a wait between tries ended.
@@ -137,7 +154,7 @@ async fn try_pool(
                     }
                 }
             }
-            Try::Reply(client, resp) => {
+            Try::Reply(upstream, resp) => {
                 let status = resp.status.as_u16();
                 let retryable = status == 429 || (status >= 500 && status != 501);
                 if status >= 500 {
@@ -156,13 +173,13 @@ async fn try_pool(
                     let too_long = retry_after.is_some_and(|ra| ra > pool.cfg.retry_cap);
                     if last || (!others && too_long) {
                         if more {
-                            drop(client);
+                            drop(upstream);
                             return PoolEnd::CannotAnswer(GatewayError::UpstreamError(format!(
                                 "the upstream answered {status}"
                             )));
                         }
                     } else {
-                        drop(client);
+                        drop(upstream);
                         let ra = if others { None } else { retry_after };
                         match wait(session, pool, attempt + 1, ra, life).await {
                             Waited::Done => continue,
@@ -172,7 +189,7 @@ async fn try_pool(
                     }
                 }
                 return PoolEnd::Done(
-                    stream_reply(connector, session, ctx, pool, up, client, *resp).await,
+                    stream_reply(connector, session, ctx, pool, up, upstream, *resp).await,
                 );
             }
         }
@@ -276,7 +293,13 @@ async fn try_once(
             None => Try::ClientGone,
         },
         Ok(Ok(client)) => match client.response_header().cloned() {
-            Some(resp) => Try::Reply(Box::new(client), Box::new(resp)),
+            Some(resp) => Try::Reply(
+                Upstreamed {
+                    client: Box::new(client),
+                    peer,
+                },
+                Box::new(resp),
+            ),
             None => Try::Failed(GatewayError::UpstreamError(
                 "the upstream sent no reply header".into(),
             )),
@@ -292,7 +315,7 @@ async fn stream_reply(
     ctx: &mut Ctx,
     pool: &Pool,
     up: &Upstream,
-    mut client: Box<HttpSession>,
+    mut upstream: Upstreamed,
     mut resp: ResponseHeader,
 ) -> pingora_error::Result<()> {
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
@@ -303,7 +326,7 @@ async fn stream_reply(
         return Ok(());
     }
     if !ctx.outcome.succeeded() {
-        return pass_error(connector, session, ctx, pool, up, client, resp).await;
+        return pass_error(connector, session, ctx, pool, upstream, resp).await;
     }
     if let Err(e) = session.write_response_header(Box::new(resp), false).await {
         ctx.outcome = Outcome::ClientGone;
@@ -320,7 +343,7 @@ async fn stream_reply(
                 .min(pool.cfg.idle_timeout),
             None => pool.cfg.idle_timeout,
         };
-        let read = tokio::time::timeout(limit, client.read_response_body());
+        let read = tokio::time::timeout(limit, upstream.client.read_response_body());
         let chunk = tokio::select! {
             r = read => r,
             () = client_gone(session) => {
@@ -348,7 +371,7 @@ async fn stream_reply(
                 .into_up());
             }
         };
-        let done = chunk.is_none() || client.response_done();
+        let done = chunk.is_none() || upstream.client.response_done();
         reply::on_body(ctx, &mut chunk, done);
         if let Err(e) = session.write_response_body(chunk, done).await {
             ctx.outcome = Outcome::ClientGone;
@@ -358,10 +381,7 @@ async fn stream_reply(
             break;
         }
     }
-    let peer = upstream::peer(pool, up);
-    connector
-        .release_http_session(*client, &*peer, peer.options.idle_timeout)
-        .await;
+    upstream.release(connector).await;
     Ok(())
 }
 
@@ -375,16 +395,15 @@ async fn pass_error(
     session: &mut Session,
     ctx: &mut Ctx,
     pool: &Pool,
-    up: &Upstream,
-    mut client: Box<HttpSession>,
+    mut upstream: Upstreamed,
     mut resp: ResponseHeader,
 ) -> pingora_error::Result<()> {
     let status = resp.status.as_u16();
     let mut body = Vec::new();
     let read = async {
-        while let Some(chunk) = client.read_response_body().await? {
+        while let Some(chunk) = upstream.client.read_response_body().await? {
             body.extend_from_slice(&chunk);
-            if body.len() > ERROR_BODY_MAX || client.response_done() {
+            if body.len() > ERROR_BODY_MAX || upstream.client.response_done() {
                 break;
             }
         }
@@ -419,11 +438,8 @@ async fn pass_error(
         ctx.outcome = Outcome::ClientGone;
         return Err(e);
     }
-    if whole && client.response_done() {
-        let peer = upstream::peer(pool, up);
-        connector
-            .release_http_session(*client, &*peer, peer.options.idle_timeout)
-            .await;
+    if whole && upstream.client.response_done() {
+        upstream.release(connector).await;
     }
     Ok(())
 }

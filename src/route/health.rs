@@ -43,8 +43,7 @@ impl BackgroundService for HealthChecker {
             }
             let now = Instant::now();
             let snapshot = self.live.snapshot();
-            for route in &snapshot.router.ordered {
-                let pool = &route.pool;
+            for pool in &snapshot.router.pools {
                 let Some(every) = pool.cfg.health_interval else {
                     continue;
                 };

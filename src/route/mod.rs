@@ -99,6 +99,8 @@ pub struct Router {
     by_model: HashMap<String, Arc<Route>>,
     /// Config order, for GET /v1/models.
     pub ordered: Vec<Arc<Route>>,
+    /// Every pool, in config order (models may share one; unused pools are here too).
+    pub pools: Vec<Arc<Pool>>,
     /// Unix seconds, shown as `created` in the model list.
     pub created: i64,
 }
@@ -191,18 +193,23 @@ impl Router {
             }
         }
         let created = time::OffsetDateTime::now_utc().unix_timestamp();
+        let pools = config
+            .pools
+            .iter()
+            .filter_map(|p| pools.get(&p.name).cloned())
+            .collect();
         problems.into_result(Router {
             by_model,
             ordered,
+            pools,
             created,
         })
     }
 
     /// The health of `url` in pool `pool`, shared with the upstream that has it now.
     fn health_of(&self, pool: &str, url: &str) -> Option<Arc<Health>> {
-        self.ordered
+        self.pools
             .iter()
-            .map(|r| &r.pool)
             .find(|p| p.name == pool)?
             .upstreams
             .iter()
