@@ -24,6 +24,9 @@ pub struct KeysReloader {
     path: PathBuf,
     /// The config file, whose router part is reloaded too.
     config: PathBuf,
+    /// Both files as they were when the gateway loaded them (taken before any listener is up,
+    /// so a change made once the gateway answers is never mistaken for the loaded version).
+    loaded: (Fingerprint, Fingerprint),
 }
 
 /// What identifies a version of the file, following symlinks.
@@ -45,7 +48,13 @@ impl KeysReloader {
     pub fn new(live: Arc<Live>) -> KeysReloader {
         let path = live.config.keys_file.clone();
         let config = live.config.path.clone();
-        KeysReloader { live, path, config }
+        let loaded = (fingerprint(&path), fingerprint(&config));
+        KeysReloader {
+            live,
+            path,
+            config,
+            loaded,
+        }
     }
 
     /// Reads the config file, builds its router (upstream health carried over) and swaps it
@@ -166,8 +175,7 @@ impl BackgroundService for KeysReloader {
             .map_err(|e| tracing::warn!("cannot listen for SIGHUP: {e}"))
             .ok();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
-        let mut seen = fingerprint(&self.path);
-        let mut seen_config = fingerprint(&self.config);
+        let (mut seen, mut seen_config) = self.loaded.clone();
         if let Some(m) = crate::metrics::get() {
             m.keys.set(self.live.snapshot().keys.len() as i64);
         }
