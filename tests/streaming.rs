@@ -132,3 +132,90 @@ async fn include_usage_is_passed_through_when_the_client_asks() {
     let usage: serde_json::Value = serde_json::from_str(&ev[ev.len() - 2]).expect("json");
     assert_eq!(usage["usage"]["completion_tokens"], 8, "{usage}");
 }
+
+/// Real OpenAI-compatible servers put the usage the gateway asks for in different places
+/// (`x-mock-usage-shape`). Whatever the shape and wherever the events split, the record has
+/// the upstream's exact counts and a client that did not ask for usage never sees any.
+#[tokio::test]
+async fn usage_in_every_server_shape_is_metered_and_hidden_from_a_client_that_did_not_ask() {
+    let g = start();
+    let completion_body =
+        serde_json::json!({"model": "echo-1", "stream": true, "prompt": "say hello to me"});
+    for shape in [
+        "empty-delta",
+        "on-last",
+        "on-last,no-done",
+        "null-always",
+        "empty-delta,no-done",
+    ] {
+        for (path, body) in [
+            ("/v1/chat/completions", chat_body("echo-1", true)),
+            ("/v1/completions", completion_body.clone()),
+        ] {
+            // What the upstream itself reports when asked.
+            let mut asked = body.clone();
+            asked["stream_options"] = serde_json::json!({"include_usage": true});
+            let raw = send(
+                &g.mock,
+                path,
+                None,
+                &asked,
+                &[("x-mock-usage-shape", shape)],
+            )
+            .await
+            .bytes()
+            .await
+            .expect("body");
+            let prompt = events(&raw)
+                .iter()
+                .filter_map(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+                .find_map(|v| v["usage"]["prompt_tokens"].as_u64())
+                .expect("the mock reports usage when asked");
+            for split in ["5", "64"] {
+                let resp = send(
+                    &g.main,
+                    path,
+                    Some(KEY),
+                    &body,
+                    &[("x-mock-usage-shape", shape), ("x-mock-split", split)],
+                )
+                .await;
+                assert_eq!(resp.status(), 200);
+                let id = resp.headers()["x-request-id"]
+                    .to_str()
+                    .expect("id")
+                    .to_string();
+                let bytes = resp.bytes().await.expect("body");
+                let text = String::from_utf8_lossy(&bytes);
+                let at = format!("{path} shape {shape} split {split}");
+                assert!(!text.contains("usage"), "{at}: {text}");
+                assert_eq!(text.contains("[DONE]"), !shape.contains("no-done"), "{at}");
+                let ev = events(&bytes);
+                let finish = ev
+                    .iter()
+                    .filter_map(|e| serde_json::from_str::<serde_json::Value>(e).ok())
+                    .filter(|v| v["choices"][0]["finish_reason"] == "stop")
+                    .count();
+                assert_eq!(finish, 1, "{at}: the final event stays");
+                let record = await_record(&g, &id).await;
+                assert_eq!(record["prompt_tokens"], prompt, "{at}: {record}");
+                assert_eq!(record["completion_tokens"], 8, "{at}: {record}");
+                assert_eq!(record["estimated"], false, "{at}");
+            }
+            // A client that asks gets the usage as the upstream sent it.
+            let resp = send(
+                &g.main,
+                path,
+                Some(KEY),
+                &asked,
+                &[("x-mock-usage-shape", shape)],
+            )
+            .await;
+            let text = resp.text().await.expect("body");
+            assert!(
+                text.contains("\"completion_tokens\":8"),
+                "{path} {shape}: {text}"
+            );
+        }
+    }
+}

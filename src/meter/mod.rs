@@ -9,14 +9,89 @@ pub mod sse;
 use bytes::Bytes;
 use serde::Deserialize;
 
+/// Token counts in the record's terms, from any of the usage shapes upstreams send.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(from = "RawUsage")]
 pub struct Usage {
-    #[serde(default)]
     pub prompt_tokens: u64,
-    #[serde(default)]
     pub completion_tokens: u64,
-    #[serde(default)]
     pub total_tokens: u64,
+}
+
+/// A `usage` object as sent: OpenAI's chat names (`prompt_tokens`, `completion_tokens`), the
+/// Responses and Anthropic names (`input_tokens`, `output_tokens`), and Anthropic's cache
+/// counts, which its `input_tokens` leaves out. A field may be absent or null.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct RawUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    total_tokens: Option<u64>,
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl RawUsage {
+    /// Anthropic streams report usage in parts (`message_start`, then cumulative counts in
+    /// `message_delta`): a later part's fields replace the earlier ones it carries.
+    pub fn merge(&mut self, later: RawUsage) {
+        let fields = [
+            (&mut self.prompt_tokens, later.prompt_tokens),
+            (&mut self.completion_tokens, later.completion_tokens),
+            (&mut self.total_tokens, later.total_tokens),
+            (&mut self.input_tokens, later.input_tokens),
+            (&mut self.output_tokens, later.output_tokens),
+            (
+                &mut self.cache_creation_input_tokens,
+                later.cache_creation_input_tokens,
+            ),
+            (
+                &mut self.cache_read_input_tokens,
+                later.cache_read_input_tokens,
+            ),
+        ];
+        for (mine, theirs) in fields {
+            if theirs.is_some() {
+                *mine = theirs;
+            }
+        }
+    }
+
+    /// Whether the prompt side was counted.
+    pub fn has_prompt(&self) -> bool {
+        self.prompt_tokens.is_some() || self.input_tokens.is_some()
+    }
+}
+
+impl From<RawUsage> for Usage {
+    fn from(r: RawUsage) -> Usage {
+        let prompt = r.prompt_tokens.unwrap_or_else(|| {
+            [
+                r.input_tokens,
+                r.cache_creation_input_tokens,
+                r.cache_read_input_tokens,
+            ]
+            .into_iter()
+            .flatten()
+            .fold(0u64, u64::saturating_add)
+        });
+        let completion = r.completion_tokens.or(r.output_tokens).unwrap_or(0);
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: r
+                .total_tokens
+                .unwrap_or_else(|| prompt.saturating_add(completion)),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -54,7 +129,7 @@ pub enum Meter {
         /// upstream reports counts, for endpoints whose body is not a prompt).
         estimate: bool,
     },
-    Sse(sse::SseMeter),
+    Sse(Box<sse::SseMeter>),
 }
 
 impl Meter {

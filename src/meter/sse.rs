@@ -1,17 +1,32 @@
 //! Streamed replies, metered as they pass. The meter is fed each piece of the body (events
-//! split at any byte, several per piece) and keeps only what is unfinished.
+//! split at any byte, several per piece) and keeps only what is unfinished. Three dialects:
+//! OpenAI chat and completions (`usage` on an event of its own or on the last one), the
+//! Responses API (`usage` in `response.completed`, `.incomplete` or `.failed`) and Anthropic's
+//! Messages (`message_start` then cumulative counts in `message_delta`).
 //! - Observe mode: the bytes go on unchanged; only the unfinished line is kept.
-//! - Strip mode (the gateway asked the upstream for `include_usage` on the client's behalf):
-//!   whole events are held until complete, the usage-only event is dropped and the
-//!   `"usage":null` member the upstream adds to every other event is removed, so the client
-//!   sees what it would have seen without the gateway.
+//! - Strip mode (chat only: the gateway asked the upstream for `include_usage` on the
+//!   client's behalf): whole events are held until complete and what the request for usage
+//!   added is taken out again, in every shape real servers use: a `usage` member is removed
+//!   (`null` on every event, or the counts on the last content event), and an event is
+//!   dropped only when nothing else is left in it (`choices` empty, or one choice with an
+//!   empty delta and no finish reason). The client sees what it would have seen without the
+//!   gateway, `[DONE]` or not.
 
 use std::borrow::Cow;
 
 use bytes::Bytes;
 use serde::Deserialize;
 
-use super::Usage;
+use super::{RawUsage, Usage};
+
+/// Which API's events the stream carries.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Dialect {
+    #[default]
+    Chat,
+    Responses,
+    Messages,
+}
 
 /// The bytes after `key` and its colon, at the first place `key` appears as a key.
 fn value_after<'a>(data: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
@@ -51,11 +66,16 @@ const MAX_TEXT: usize = 4 * 1024 * 1024;
 
 #[derive(Debug, Default)]
 pub struct SseMeter {
+    dialect: Dialect,
     strip_usage: bool,
     /// Observe mode: the unfinished line. Strip mode: the unfinished event.
     held: Vec<u8>,
     skipping: bool,
     pub usage: Option<Usage>,
+    /// Messages: the usage parts so far (`message_start`'s, then each `message_delta`'s).
+    parts: Option<RawUsage>,
+    /// Responses: the id the upstream gave the response (`response.created`).
+    pub response_id: Option<String>,
     pub events: u64,
     pub done: bool,
     pub saw_content: bool,
@@ -63,12 +83,71 @@ pub struct SseMeter {
     raw_content: Vec<u8>,
 }
 
+/// A chat or completions event that carries usage.
 #[derive(Deserialize)]
-struct Event<'a> {
-    #[serde(default, borrow)]
-    choices: Option<Vec<Choice<'a>>>,
+struct UsageEvent {
+    #[serde(default)]
+    choices: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
     #[serde(default)]
     usage: Option<Usage>,
+}
+
+/// Whether a choice says nothing beyond its index: what a server adds to carry usage.
+fn empty_choice(choice: &serde_json::Map<String, serde_json::Value>) -> bool {
+    use serde_json::Value;
+    let blank = |v: &Value| match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        _ => false,
+    };
+    choice.iter().all(|(k, v)| match k.as_str() {
+        "index" => true,
+        "delta" => match v {
+            Value::Object(d) => d.iter().all(|(k, v)| k == "role" || blank(v)),
+            other => blank(other),
+        },
+        _ => blank(v),
+    })
+}
+
+/// A Responses event whose `response` carries usage (or, when created, its id).
+#[derive(Deserialize)]
+struct ResponsesEvent {
+    #[serde(default)]
+    response: Option<ResponseObject>,
+}
+
+#[derive(Deserialize)]
+struct ResponseObject {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+/// A Messages event with usage: `message_start` (in `message`) or `message_delta`.
+#[derive(Deserialize)]
+struct MessagesEvent {
+    #[serde(default)]
+    message: Option<MessageObject>,
+    #[serde(default)]
+    usage: Option<RawUsage>,
+}
+
+#[derive(Deserialize)]
+struct MessageObject {
+    #[serde(default)]
+    usage: Option<RawUsage>,
+}
+
+/// What a content event says, in any dialect: chat choices, a Responses `delta` string, or
+/// an Anthropic `delta` object.
+#[derive(Deserialize)]
+struct TextEvent<'a> {
+    #[serde(default, borrow)]
+    choices: Option<Vec<Choice<'a>>>,
+    #[serde(default, borrow)]
+    delta: Option<AnyDelta<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -85,12 +164,43 @@ struct Delta<'a> {
     content: Option<Cow<'a, str>>,
 }
 
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum AnyDelta<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Block {
+        #[serde(default, borrow)]
+        text: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        partial_json: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        thinking: Option<Cow<'a, str>>,
+    },
+}
+
 impl SseMeter {
+    /// A chat or completions stream; `strip_usage`: the gateway asked for the usage.
     pub fn new(strip_usage: bool) -> SseMeter {
         SseMeter {
             strip_usage,
             ..SseMeter::default()
         }
+    }
+
+    /// A Responses or Messages stream (their usage is always sent: nothing to strip).
+    pub fn of(dialect: Dialect) -> SseMeter {
+        SseMeter {
+            dialect,
+            ..SseMeter::default()
+        }
+    }
+
+    /// Messages: the prompt tokens `message_start` reported, for a stream cut before its
+    /// final counts.
+    pub fn prompt_reported(&self) -> Option<u64> {
+        self.parts
+            .filter(RawUsage::has_prompt)
+            .map(|p| Usage::from(p).prompt_tokens)
     }
 
     pub fn strips_usage(&self) -> bool {
@@ -158,7 +268,6 @@ impl SseMeter {
         }
     }
 
-    /// Meters one line; returns what kind of event its data is.
     /// Meters one line; returns what kind of event its data is. Cheap byte checks on the
     /// common path: only an event with a non-null `usage` is parsed, and content events are
     /// kept raw (bounded) for the tokenizer fallback, parsed only if no usage ever comes.
@@ -175,17 +284,21 @@ impl SseMeter {
         }
         let mut kind = Kind::Data;
         if has_value(data, b"\"usage\"", |v| !v.starts_with(b"null")) {
-            if let Ok(ev) = serde_json::from_slice::<Event>(data) {
-                if let Some(u) = ev.usage {
-                    self.usage = Some(u);
-                    if ev.choices.as_ref().is_none_or(Vec::is_empty) {
-                        kind = Kind::UsageOnly;
-                    }
-                }
-            }
+            kind = self.usage_event(data);
+        } else if self.dialect == Dialect::Responses
+            && self.response_id.is_none()
+            && memchr::memmem::find(data, b"\"response.created\"").is_some()
+        {
+            self.response_id = serde_json::from_slice::<ResponsesEvent>(data)
+                .ok()
+                .and_then(|e| e.response?.id);
         }
         let text = |v: &[u8]| v.len() > 1 && v[0] == b'"' && v[1] != b'"';
-        if has_value(data, b"\"content\"", text) || has_value(data, b"\"text\"", text) {
+        let content = has_value(data, b"\"content\"", text)
+            || has_value(data, b"\"text\"", text)
+            || (self.dialect != Dialect::Chat && has_value(data, b"\"delta\"", text))
+            || (self.dialect == Dialect::Messages && has_value(data, b"\"partial_json\"", text));
+        if content {
             self.saw_content = true;
             if self.raw_content.len() + data.len() < MAX_TEXT {
                 self.raw_content.extend_from_slice(data);
@@ -193,6 +306,57 @@ impl SseMeter {
             }
         }
         kind
+    }
+
+    /// Reads the usage of an event that has a non-null one; for chat, says whether the event
+    /// carries anything else.
+    fn usage_event(&mut self, data: &[u8]) -> Kind {
+        match self.dialect {
+            Dialect::Chat => {
+                let Ok(ev) = serde_json::from_slice::<UsageEvent>(data) else {
+                    return Kind::Data;
+                };
+                let Some(u) = ev.usage else {
+                    return Kind::Data;
+                };
+                self.usage = Some(u);
+                if ev.choices.iter().flatten().all(empty_choice) {
+                    Kind::UsageOnly
+                } else {
+                    Kind::UsageWith
+                }
+            }
+            Dialect::Responses => {
+                if let Ok(ResponsesEvent {
+                    response: Some(r), ..
+                }) = serde_json::from_slice(data)
+                {
+                    if r.usage.is_some() {
+                        self.usage = r.usage;
+                    }
+                    if self.response_id.is_none() {
+                        self.response_id = r.id;
+                    }
+                }
+                Kind::Data
+            }
+            Dialect::Messages => {
+                if let Ok(ev) = serde_json::from_slice::<MessagesEvent>(data) {
+                    if let Some(start) = ev.message.and_then(|m| m.usage) {
+                        self.parts = Some(start);
+                    }
+                    // Only `message_delta` has the final output count: until it comes the
+                    // stream is not fully reported.
+                    if let Some(delta) = ev.usage {
+                        let mut parts = self.parts.unwrap_or_default();
+                        parts.merge(delta);
+                        self.parts = Some(parts);
+                        self.usage = Some(parts.into());
+                    }
+                }
+                Kind::Data
+            }
+        }
     }
 
     /// The output text seen so far (for estimating when the upstream reports no usage).
@@ -203,7 +367,7 @@ impl SseMeter {
             .split(|b| *b == b'\n')
             .filter(|d| !d.is_empty())
         {
-            let Ok(ev) = serde_json::from_slice::<Event>(data) else {
+            let Ok(ev) = serde_json::from_slice::<TextEvent>(data) else {
                 continue;
             };
             for c in ev.choices.iter().flatten() {
@@ -214,6 +378,19 @@ impl SseMeter {
                     .or(c.text.as_deref());
                 text.push_str(piece.unwrap_or(""));
             }
+            match ev.delta {
+                Some(AnyDelta::Text(t)) => text.push_str(&t),
+                Some(AnyDelta::Block {
+                    text: t,
+                    partial_json,
+                    thinking,
+                }) => {
+                    for piece in [t, partial_json, thinking].into_iter().flatten() {
+                        text.push_str(&piece);
+                    }
+                }
+                None => {}
+            }
         }
         text
     }
@@ -223,16 +400,26 @@ impl SseMeter {
         let mut drop_event = false;
         for line in event.split_inclusive(|b| *b == b'\n') {
             let body = line.strip_suffix(b"\n").unwrap_or(line);
-            match self.line(body) {
-                Kind::UsageOnly => drop_event = true,
-                Kind::Data => match strip_usage_member(body) {
+            let kind = self.line(body);
+            let strip = match kind {
+                Kind::UsageOnly => {
+                    drop_event = true;
+                    None
+                }
+                Kind::Data => strip_usage_member(body, true),
+                Kind::UsageWith => strip_usage_member(body, false),
+                Kind::Done | Kind::Other => None,
+            };
+            match (kind, strip) {
+                (Kind::UsageOnly, _) => {}
+                (Kind::Data | Kind::UsageWith, strip) => match strip {
                     Some(edited) => {
                         kept.extend_from_slice(&edited);
                         kept.extend_from_slice(&line[body.len()..]);
                     }
                     None => kept.extend_from_slice(line),
                 },
-                Kind::Done | Kind::Other => kept.extend_from_slice(line),
+                (Kind::Done | Kind::Other, _) => kept.extend_from_slice(line),
             }
         }
         if !drop_event {
@@ -243,7 +430,10 @@ impl SseMeter {
 
 enum Kind {
     Data,
+    /// Usage and nothing else (the event the request for usage added).
     UsageOnly,
+    /// Usage on an event that also carries content or a finish reason.
+    UsageWith,
     Done,
     Other,
 }
@@ -277,10 +467,11 @@ fn split_events(buf: &[u8]) -> Vec<&[u8]> {
     events
 }
 
-/// Where the top-level `"usage": null` member of a JSON object is: (key start, value end).
-/// A string-aware scan, no parse: quotes inside strings are escaped, so a key can only start
-/// at an unescaped quote, and depth tells top-level members from nested ones.
-fn top_level_null_usage(json: &[u8]) -> Option<(usize, usize)> {
+/// Where the top-level `"usage"` member of a JSON object is: (key start, value end); with
+/// `only_null`, only a `null` one. A string-aware scan: quotes inside strings are escaped, so
+/// a key can only start at an unescaped quote, and depth tells top-level members from nested
+/// ones. A non-null value's end is found by the JSON parser.
+fn top_level_usage(json: &[u8], only_null: bool) -> Option<(usize, usize)> {
     let mut depth = 0usize;
     let mut i = 0;
     while i < json.len() {
@@ -309,8 +500,15 @@ fn top_level_null_usage(json: &[u8]) -> Option<(usize, usize)> {
                             + rest[colon + 1..]
                                 .iter()
                                 .position(|b| !b.is_ascii_whitespace())?;
-                        if rest[v..].starts_with(b"null") {
+                        let value = &rest[v..];
+                        if value.starts_with(b"null") {
                             return Some((start, i + 1 + v + 4));
+                        }
+                        if !only_null {
+                            let mut values = serde_json::Deserializer::from_slice(value)
+                                .into_iter::<serde::de::IgnoredAny>();
+                            values.next()?.ok()?;
+                            return Some((start, i + 1 + v + values.byte_offset()));
                         }
                     }
                 }
@@ -349,12 +547,14 @@ fn last_member_null_usage(json: &[u8]) -> Option<(usize, usize)> {
     plain.then_some((key_end - 7, v_end))
 }
 
-/// A `data: {...}` line without its top-level `"usage":null` member, or None if it has none.
-fn strip_usage_member(line: &[u8]) -> Option<Vec<u8>> {
+/// A `data: {...}` line without its top-level `"usage"` member (with `only_null`, only a
+/// `"usage":null` one), or None if it has none.
+fn strip_usage_member(line: &[u8], only_null: bool) -> Option<Vec<u8>> {
     memchr::memmem::find(line, b"\"usage\"")?;
     let json_start = line.iter().position(|b| *b == b'{')?;
     let json = &line[json_start..];
-    let (key_start, v_end) = last_member_null_usage(json).or_else(|| top_level_null_usage(json))?;
+    let (key_start, v_end) =
+        last_member_null_usage(json).or_else(|| top_level_usage(json, only_null))?;
     let prev = json[..key_start]
         .iter()
         .rposition(|b| !b.is_ascii_whitespace())?;
@@ -441,6 +641,148 @@ mod tests {
         }
     }
 
+    /// Usage in the shapes real servers send: (stream with the usage asked for, what the
+    /// client must get).
+    const SHAPES: [(&str, &str); 4] = [
+        // The usage event has one choice with an empty delta: dropped whole.
+        (
+            concat!(
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\"},\"finish_reason\":null,\"logprobs\":null}],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\n",
+                "data: [DONE]\n\n",
+            ),
+            concat!(
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+                "data: [DONE]\n\n",
+            ),
+        ),
+        // Usage on the final content event: the member goes, the event stays.
+        (
+            concat!(
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3,\"total_tokens\":10}}\n\n",
+                "data: [DONE]\n\n",
+            ),
+            concat!(
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+                "data: [DONE]\n\n",
+            ),
+        ),
+        // Usage first in the final content event, and no [DONE].
+        (
+            concat!(
+                "data: {\"usage\": null, \"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                "data: {\"usage\": {\"prompt_tokens\":7,\"completion_tokens\":3}, \"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n",
+            ),
+            concat!(
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n",
+            ),
+        ),
+        // `"usage": null` on every event, the usage event with `choices: []`, no [DONE].
+        (
+            concat!(
+                "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"hi\"}],\"usage\": null}\n\n",
+                "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\n",
+            ),
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"hi\"}]}\n\n",
+        ),
+    ];
+
+    #[test]
+    fn every_usage_shape_is_stripped_at_every_piece_size() {
+        for (n, (input, want)) in SHAPES.iter().enumerate() {
+            for size in 1..=input.len() {
+                let (m, out) = run(input.as_bytes(), true, size);
+                assert_eq!(
+                    String::from_utf8(out).expect("utf-8"),
+                    *want,
+                    "shape {n}, size {size}"
+                );
+                let u = m.usage.expect("usage");
+                assert_eq!((u.prompt_tokens, u.completion_tokens), (7, 3));
+                assert_eq!(m.text(), "hi");
+            }
+            // Observe mode (the client asked for usage itself) changes nothing.
+            let (m, out) = run(input.as_bytes(), false, 5);
+            assert_eq!(out, input.as_bytes());
+            assert_eq!(m.usage.map(|u| u.total_tokens), Some(10));
+        }
+    }
+
+    #[test]
+    fn responses_streams_are_metered_from_their_final_event() {
+        let input = concat!(
+            "event: response.created\n",
+            "data: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\",\"status\":\"in_progress\",\"usage\":null}}\n\n",
+            "event: response.output_text.delta\n",
+            "data: {\"type\":\"response.output_text.delta\",\"delta\":\"Hello \"}\n\n",
+            "event: response.output_text.delta\n",
+            "data: {\"type\":\"response.output_text.delta\",\"delta\":\"there\"}\n\n",
+            "event: response.completed\n",
+            "data: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":5,\"output_tokens\":2,\"total_tokens\":7}}}\n\n",
+        );
+        let cut = input.find("event: response.completed").expect("cut");
+        for size in 1..=input.len() {
+            let mut m = SseMeter::of(Dialect::Responses);
+            for p in input.as_bytes().chunks(size) {
+                assert_eq!(&m.feed(Bytes::copy_from_slice(p), false)[..], p);
+            }
+            let u = m.usage.expect("usage");
+            assert_eq!(
+                (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+                (5, 2, 7)
+            );
+            assert_eq!(m.response_id.as_deref(), Some("resp_1"));
+            assert!(m.saw_content);
+            // Cut before `response.completed`: no usage, the text so far for an estimate.
+            let mut cutm = SseMeter::of(Dialect::Responses);
+            for p in input.as_bytes()[..cut].chunks(size) {
+                cutm.feed(Bytes::copy_from_slice(p), false);
+            }
+            assert_eq!(cutm.usage, None);
+            assert_eq!(cutm.text(), "Hello there");
+        }
+    }
+
+    #[test]
+    fn messages_streams_add_up_their_usage_parts() {
+        let input = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"content\":[],\"usage\":{\"input_tokens\":9,\"cache_read_input_tokens\":1,\"output_tokens\":1}}}\n\n",
+            "event: content_block_start\n",
+            "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":4}}\n\n",
+            "event: message_stop\n",
+            "data: {\"type\":\"message_stop\"}\n\n",
+        );
+        let cut = input.find("event: message_delta").expect("cut");
+        for size in 1..=input.len() {
+            let mut m = SseMeter::of(Dialect::Messages);
+            for p in input.as_bytes().chunks(size) {
+                m.feed(Bytes::copy_from_slice(p), false);
+            }
+            let u = m.usage.expect("usage");
+            assert_eq!(
+                (u.prompt_tokens, u.completion_tokens, u.total_tokens),
+                (10, 4, 14)
+            );
+            let mut cutm = SseMeter::of(Dialect::Messages);
+            for p in input.as_bytes()[..cut].chunks(size) {
+                cutm.feed(Bytes::copy_from_slice(p), false);
+            }
+            assert_eq!(cutm.usage, None, "no final count: not reported");
+            assert_eq!(cutm.prompt_reported(), Some(10));
+            assert_eq!(cutm.text(), "Hello");
+        }
+    }
+
     #[test]
     fn strip_mode_handles_crlf_events_and_usage_as_first_member() {
         let input = "data: {\"usage\":null, \"id\":\"x\",\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\ndata: [DONE]\r\n\r\n";
@@ -460,7 +802,7 @@ mod tests {
             b"data: {",
             b"data: }",
         ] {
-            let out = strip_usage_member(line);
+            let out = strip_usage_member(line, true);
             if line.ends_with(b"null}") {
                 assert_eq!(out, None, "an escaped key is not a member");
             }
@@ -474,17 +816,17 @@ mod tests {
     #[test]
     fn a_nested_or_quoted_usage_is_not_touched() {
         let line = br#"data: {"choices":[{"delta":{"content":"x","usage":null}}]}"#;
-        assert_eq!(strip_usage_member(line), None);
+        assert_eq!(strip_usage_member(line, true), None);
         let quoted = br#"data: {"choices":[{"delta":{"content":"\"usage\":null"}}],"id":"a"}"#;
-        assert_eq!(strip_usage_member(quoted), None);
+        assert_eq!(strip_usage_member(quoted, true), None);
         let spaced = br#"data: {"id": "a", "usage" : null }"#;
         assert_eq!(
-            strip_usage_member(spaced).as_deref(),
+            strip_usage_member(spaced, true).as_deref(),
             Some(&br#"data: {"id": "a" }"#[..])
         );
         let counted = br#"data: {"usage":{"total_tokens":1},"id":"a"}"#;
         assert_eq!(
-            strip_usage_member(counted),
+            strip_usage_member(counted, true),
             None,
             "only a null usage is removed"
         );

@@ -279,6 +279,7 @@ fn chat_completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Repl
             prompt_tokens,
             tokens: &tokens,
             include_usage,
+            shape: ov.usage_shape,
         };
         return Ok(Reply::events(chat_stream_events(&spec)));
     }
@@ -316,6 +317,7 @@ fn completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Reply, Re
             prompt_tokens,
             tokens: &tokens,
             include_usage,
+            shape: ov.usage_shape,
         };
         return Ok(Reply::events(completion_stream_events(&spec)));
     }
@@ -466,6 +468,7 @@ mod tests {
             empty_body: false,
             text_body: false,
             retry_after: None,
+            usage_shape: Default::default(),
         }
     }
 

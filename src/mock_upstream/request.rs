@@ -38,6 +38,8 @@ pub(super) struct Overrides {
     pub(super) text_body: bool,
     /// `x-mock-retry-after: S`: a forced error carries `Retry-After: S`.
     pub(super) retry_after: Option<u64>,
+    /// `x-mock-usage-shape`: where a stream's usage goes (see `stream::UsageShape`).
+    pub(super) usage_shape: super::stream::UsageShape,
 }
 
 impl Overrides {
@@ -58,6 +60,9 @@ impl Overrides {
             empty_body: header_flag(headers, "x-mock-empty-body"),
             text_body: header_flag(headers, "x-mock-text-body"),
             retry_after: header_parse::<u64>(headers, "x-mock-retry-after"),
+            usage_shape: super::stream::UsageShape::parse(
+                std::str::from_utf8(header_bytes(headers, "x-mock-usage-shape")).unwrap_or(""),
+            ),
         }
     }
 }

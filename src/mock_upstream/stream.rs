@@ -52,6 +52,42 @@ fn set_field(target: &mut Value, key: &str, value: Value) {
     }
 }
 
+/// `x-mock-usage-shape` (comma-separated): where the usage of a stream goes, as real
+/// OpenAI-compatible servers differ. Default: OpenAI's (a last event with `choices: []`,
+/// `"usage": null` on the others, then `[DONE]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct UsageShape {
+    /// `empty-delta`: the usage event has one choice with an empty delta.
+    pub(super) empty_delta: bool,
+    /// `on-last`: usage on the final content event, no event of its own, no nulls before.
+    pub(super) on_last: bool,
+    /// `null-always`: `"usage": null` on every event, asked for or not.
+    pub(super) null_always: bool,
+    /// `no-done`: no `data: [DONE]` at the end.
+    pub(super) no_done: bool,
+}
+
+impl UsageShape {
+    pub(super) fn parse(v: &str) -> UsageShape {
+        let mut shape = UsageShape::default();
+        for word in v.split(',').map(str::trim) {
+            match word {
+                "empty-delta" => shape.empty_delta = true,
+                "on-last" => shape.on_last = true,
+                "null-always" => shape.null_always = true,
+                "no-done" => shape.no_done = true,
+                _ => {}
+            }
+        }
+        shape
+    }
+
+    /// Whether an event that carries no counts gets `"usage": null`.
+    fn null_member(self, include_usage: bool) -> bool {
+        self.null_always || (include_usage && !self.on_last)
+    }
+}
+
 /// Everything a streamed reply needs to know.
 pub(super) struct StreamSpec<'a> {
     pub(super) id: &'a str,
@@ -60,6 +96,47 @@ pub(super) struct StreamSpec<'a> {
     pub(super) prompt_tokens: usize,
     pub(super) tokens: &'a [String],
     pub(super) include_usage: bool,
+    pub(super) shape: UsageShape,
+}
+
+impl StreamSpec<'_> {
+    /// The usage event (chat or completions), or None when the usage rides on the last event.
+    fn usage_event(&self, object: &str, empty_choice: Value) -> Option<Bytes> {
+        if !self.include_usage || self.shape.on_last {
+            return None;
+        }
+        let choices = if self.shape.empty_delta {
+            json!([empty_choice])
+        } else {
+            json!([])
+        };
+        Some(sse_event(&json!({
+            "id": self.id,
+            "object": object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage_json(self.prompt_tokens, self.tokens.len()),
+        })))
+    }
+
+    /// The final content event gets the counts in the `on-last` shape.
+    fn finish(&self, mut chunk: Value) -> Value {
+        if self.include_usage && self.shape.on_last {
+            set_field(
+                &mut chunk,
+                "usage",
+                usage_json(self.prompt_tokens, self.tokens.len()),
+            );
+        }
+        chunk
+    }
+
+    fn end(&self, events: &mut Vec<Bytes>) {
+        if !self.shape.no_done {
+            events.push(sse_done());
+        }
+    }
 }
 
 fn chat_chunk(spec: &StreamSpec<'_>, delta: Value, finish_reason: Value) -> Value {
@@ -70,7 +147,7 @@ fn chat_chunk(spec: &StreamSpec<'_>, delta: Value, finish_reason: Value) -> Valu
         "model": spec.model,
         "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
     });
-    if spec.include_usage {
+    if spec.shape.null_member(spec.include_usage) {
         set_field(&mut chunk, "usage", Value::Null);
     }
     chunk
@@ -91,18 +168,14 @@ pub(super) fn chat_stream_events(spec: &StreamSpec<'_>) -> Vec<Bytes> {
             Value::Null,
         )));
     }
-    events.push(sse_event(&chat_chunk(spec, json!({}), json!("stop"))));
-    if spec.include_usage {
-        events.push(sse_event(&json!({
-            "id": spec.id,
-            "object": "chat.completion.chunk",
-            "created": spec.created,
-            "model": spec.model,
-            "choices": [],
-            "usage": usage_json(spec.prompt_tokens, spec.tokens.len()),
-        })));
-    }
-    events.push(sse_done());
+    events.push(sse_event(&spec.finish(chat_chunk(
+        spec,
+        json!({}),
+        json!("stop"),
+    ))));
+    let empty = json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": null});
+    events.extend(spec.usage_event("chat.completion.chunk", empty));
+    spec.end(&mut events);
     events
 }
 
@@ -114,7 +187,7 @@ fn completion_chunk(spec: &StreamSpec<'_>, text: &str, finish_reason: Value) -> 
         "model": spec.model,
         "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}],
     });
-    if spec.include_usage {
+    if spec.shape.null_member(spec.include_usage) {
         set_field(&mut chunk, "usage", Value::Null);
     }
     chunk
@@ -126,18 +199,14 @@ pub(super) fn completion_stream_events(spec: &StreamSpec<'_>) -> Vec<Bytes> {
     for token in spec.tokens {
         events.push(sse_event(&completion_chunk(spec, token, Value::Null)));
     }
-    events.push(sse_event(&completion_chunk(spec, "", json!("stop"))));
-    if spec.include_usage {
-        events.push(sse_event(&json!({
-            "id": spec.id,
-            "object": "text_completion",
-            "created": spec.created,
-            "model": spec.model,
-            "choices": [],
-            "usage": usage_json(spec.prompt_tokens, spec.tokens.len()),
-        })));
-    }
-    events.push(sse_done());
+    events.push(sse_event(&spec.finish(completion_chunk(
+        spec,
+        "",
+        json!("stop"),
+    ))));
+    let empty = json!({"index": 0, "text": "", "logprobs": null, "finish_reason": null});
+    events.extend(spec.usage_event("text_completion", empty));
+    spec.end(&mut events);
     events
 }
 
@@ -219,6 +288,7 @@ mod tests {
             prompt_tokens: 2,
             tokens: &tokens,
             include_usage: false,
+            shape: UsageShape::default(),
         };
         let events = event_json(&chat_stream_events(&spec));
         assert_eq!(events.len(), 6);

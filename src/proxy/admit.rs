@@ -238,7 +238,7 @@ fn prepare_upstream(
         metering && probe.stream && endpoint.group == Group::Chat && !probe.include_usage;
     ctx.meter = match endpoint.group {
         _ if !metering => Meter::None,
-        Group::Chat if probe.stream => Meter::Sse(SseMeter::new(ask_usage)),
+        Group::Chat if probe.stream => Meter::Sse(Box::new(SseMeter::new(ask_usage))),
         Group::Chat | Group::Embeddings | Group::Moderations => Meter::json(),
         Group::Other => Meter::json_reported(),
         _ => Meter::None,
