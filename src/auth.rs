@@ -1,4 +1,5 @@
-//! Auth stage: read the bearer key from `Authorization` (never from a URL), look it up by its
+//! Auth stage: read the bearer key from `Authorization` (or, for Anthropic's clients, the bare
+//! key from `x-api-key`; never from a URL), look it up by its
 //! SHA-256 in the live key table, confirm in constant time, and refuse dead keys. The secret
 //! itself is never stored, logged or forwarded.
 
@@ -37,7 +38,19 @@ pub fn authenticate(
     authorization: Option<&[u8]>,
     now_unix: i64,
 ) -> Result<Arc<Key>, GatewayError> {
-    let token = bearer(authorization).ok_or(GatewayError::InvalidApiKey)?;
+    authenticate_token(table, bearer(authorization), now_unix)
+}
+
+/// The key for a bare token (an `x-api-key` value), or 401 `invalid_api_key`.
+pub fn authenticate_token(
+    table: &KeyTable,
+    token: Option<&[u8]>,
+    now_unix: i64,
+) -> Result<Arc<Key>, GatewayError> {
+    let token = token
+        .map(<[u8]>::trim_ascii)
+        .filter(|t| !t.is_empty())
+        .ok_or(GatewayError::InvalidApiKey)?;
     let digest = sha256(token);
     let key = table
         .get_by_hash(&digest)

@@ -192,6 +192,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         web: Default::default(),
         lifecycle: Default::default(),
         access_log: crate::access_log::AccessLog::start(c.access_log_rate, c.access_log_format),
+        stored: Default::default(),
     });
     crate::server::build(shared, upgrade).run(pingora_core::server::RunArgs::default());
     // Every runtime has exited, so every request has handed over its record: write them all.

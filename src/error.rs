@@ -1,6 +1,7 @@
 //! The one place that decides how a refusal or failure looks to the client: every error the
 //! gateway makes is a `GatewayError`, and `GatewayError::parts` maps it to status, `type`,
-//! `code` and `param` in one exhaustive match. `body` writes the OpenAI-shaped JSON.
+//! `code` and `param` in one exhaustive match. `body` writes the OpenAI-shaped JSON;
+//! `body_in` the shape of the API the request speaks (Anthropic's on `/v1/messages`).
 
 use serde_json::json;
 
@@ -20,6 +21,8 @@ pub enum GatewayError {
     },
     ModelNotFound(String),
     NotFound(String),
+    /// `/v1/responses/{id}`: no response by that id was made through the gateway with this key.
+    ResponseNotFound(String),
     /// Console: wrong user or password.
     BadCredentials,
     /// Console: no live session.
@@ -118,6 +121,16 @@ impl GatewayError {
                 "not_found",
                 None,
                 format!("Unknown path: {path}"),
+            ),
+            E::ResponseNotFound(id) => (
+                404,
+                "invalid_request_error",
+                "response_not_found",
+                Some("response_id"),
+                format!(
+                    "No response '{id}' was made through this gateway with this key (or it has \
+                     been forgotten since)."
+                ),
             ),
             E::BadCredentials => (
                 401,
@@ -224,6 +237,44 @@ impl GatewayError {
         let v = json!({"error": {"message": p.message, "type": p.kind, "param": p.param, "code": p.code}});
         v.to_string().into_bytes()
     }
+
+    /// The body in the error shape of the request's API. Anthropic's names its `type` by
+    /// status (what its SDKs turn into exception classes); the gateway's `code` stays
+    /// readable in the message.
+    pub fn body_in(&self, shape: ErrorShape, request_id: &str) -> Vec<u8> {
+        match shape {
+            ErrorShape::OpenAi => self.body(),
+            ErrorShape::Anthropic => {
+                let p = self.parts();
+                let kind = match p.status {
+                    400 | 405 | 409 | 422 => "invalid_request_error",
+                    401 => "authentication_error",
+                    402 => "billing_error",
+                    403 => "permission_error",
+                    404 => "not_found_error",
+                    408 | 504 => "timeout_error",
+                    413 => "request_too_large",
+                    429 => "rate_limit_error",
+                    503 | 529 => "overloaded_error",
+                    _ => "api_error",
+                };
+                let message = format!("{} ({})", p.message, p.code);
+                json!({"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id})
+                    .to_string()
+                    .into_bytes()
+            }
+        }
+    }
+}
+
+/// Which API's error shape a request gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// `{"error": {"message", "type", "param", "code"}}`.
+    #[default]
+    OpenAi,
+    /// `{"type": "error", "error": {"type", "message"}, "request_id"}`.
+    Anthropic,
 }
 
 #[cfg(test)]

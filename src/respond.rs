@@ -7,7 +7,7 @@ use bytes::Bytes;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
-use crate::error::GatewayError;
+use crate::error::{ErrorShape, GatewayError};
 
 pub async fn send(
     session: &mut Session,
@@ -27,13 +27,14 @@ pub async fn send(
     Ok(())
 }
 
-/// A refusal in the OpenAI error shape. If the request body has not been read, a small one is
+/// A refusal in the error shape of the request's API. If the request body has not been read, a small one is
 /// drained first so the connection stays usable (Pingora closes it otherwise); a large one is
 /// left and the connection closes after the reply. A rate-limit refusal carries `Retry-After`.
 pub async fn error(
     session: &mut Session,
     request_id: &str,
     e: &GatewayError,
+    shape: ErrorShape,
     decorate: impl FnOnce(&mut ResponseHeader) -> pingora_error::Result<()>,
 ) -> pingora_error::Result<()> {
     // A body that stalled past its deadline is not waited for again.
@@ -48,7 +49,7 @@ pub async fn error(
         GatewayError::MethodNotAllowed(allow) => Some(*allow),
         _ => None,
     };
-    let body = Bytes::from(e.body());
+    let body = Bytes::from(e.body_in(shape, request_id));
     send(
         session,
         request_id,

@@ -19,6 +19,8 @@ pub struct Shared {
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
     /// One line per request on stderr; None when `[log] access = "off"`.
     pub access_log: Option<crate::access_log::AccessLog>,
+    /// Which upstream made each stored response (Responses API).
+    pub stored: crate::route::stored::StoredResponses,
 }
 
 /// Which API listener a request came in on.

@@ -44,8 +44,8 @@ pub fn rewrite_request(
     for h in CLIENT_CREDENTIALS {
         req.remove_header(h);
     }
-    if let Some(auth) = &up.authorization {
-        req.insert_header(http::header::AUTHORIZATION, auth.clone())?;
+    if let Some((name, value)) = &up.authorization {
+        req.insert_header(name.clone(), value.clone())?;
     }
     req.insert_header(http::header::HOST, up.host_header.clone())?;
     // The reply is metered as it passes, so ask for it uncompressed.

@@ -29,7 +29,7 @@ pub struct Key {
     pub model_patterns: Vec<String>,
     pub models: ModelFilter,
     /// Bit set of `Group::bit()`.
-    pub endpoints: u8,
+    pub endpoints: u16,
     pub rpm: Option<u32>,
     pub tpm: Option<u64>,
     pub max_concurrent: Option<u32>,

@@ -74,11 +74,21 @@ pub struct Listeners {
     pub admin: Option<String>,
 }
 
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AuthHeader {
+    #[default]
+    Authorization,
+    XApiKey,
+}
+
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     pub name: String,
     pub upstreams: Vec<UpstreamConfig>,
     pub api_key: Option<Secret>,
+    /// The header the credential goes upstream in: `authorization` (`Bearer <key>`) or
+    /// `x-api-key` (the bare key, as Anthropic's API takes it).
+    pub auth_header: AuthHeader,
     pub strategy: Strategy,
     pub connect_timeout: Duration,
     /// The longest wait for any one read or write on the upstream connection.
@@ -229,6 +239,7 @@ struct RawPool {
     name: Spanned<String>,
     upstreams: Spanned<Vec<Spanned<RawUpstream>>>,
     api_key: Option<Spanned<String>>,
+    auth_header: Option<Spanned<String>>,
     strategy: Option<Spanned<String>>,
     connect_timeout_ms: Option<u64>,
     read_timeout_ms: Option<u64>,
@@ -428,6 +439,19 @@ impl Config {
                     Strategy::RoundRobin
                 }
             };
+            let auth_header = match rp.auth_header.as_ref().map(|s| s.get_ref().as_str()) {
+                None | Some("authorization") => AuthHeader::Authorization,
+                Some("x-api-key") => AuthHeader::XApiKey,
+                Some(other) => {
+                    p.push(Problem::new(
+                        &file,
+                        rp.auth_header.as_ref().and_then(|s| at(s.span())),
+                        &field("auth_header"),
+                        format!("'{other}' is not one of authorization, x-api-key"),
+                    ));
+                    AuthHeader::Authorization
+                }
+            };
             let max_attempts = rp.max_attempts.as_ref().map_or(3, |m| *m.get_ref());
             if !(1..=10).contains(&max_attempts) {
                 p.push(Problem::new(
@@ -453,6 +477,7 @@ impl Config {
                 name,
                 upstreams,
                 api_key,
+                auth_header,
                 strategy,
                 connect_timeout: ms(rp.connect_timeout_ms, 5_000),
                 read_timeout,

@@ -70,8 +70,9 @@ pub fn prompt_tokens(model: &str, body: &[u8]) -> u64 {
     count(model, &prompt_text(body))
 }
 
-/// The text a request asks about: chat messages' content (strings or text parts), a
-/// completion `prompt`, or embedding/moderation `input`.
+/// The text a request asks about: chat and Messages `messages` content (strings or text
+/// parts), a `system` prompt or Responses `instructions`, a completion `prompt`, or the
+/// `input` of embeddings, moderations and the Responses API (a string or input items).
 pub fn prompt_text(body: &[u8]) -> String {
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
         return String::new();
@@ -82,7 +83,7 @@ pub fn prompt_text(body: &[u8]) -> String {
             collect_text(m.get("content").unwrap_or(&Value::Null), &mut out);
         }
     }
-    for field in ["prompt", "input"] {
+    for field in ["system", "instructions", "prompt", "input"] {
         if let Some(p) = v.get(field) {
             collect_text(p, &mut out);
         }
@@ -90,12 +91,19 @@ pub fn prompt_text(body: &[u8]) -> String {
     out
 }
 
-/// The output text of a plain chat or completion reply.
+/// The output text of a plain reply: chat or completion choices, a Messages reply's
+/// `content` blocks, or a Responses reply's `output` items.
 pub fn reply_text(body: &[u8]) -> String {
     let Ok(v) = serde_json::from_slice::<Value>(body) else {
         return String::new();
     };
     let mut out = String::new();
+    if let Some(content) = v.get("content") {
+        collect_text(content, &mut out);
+    }
+    if let Some(output) = v.get("output") {
+        collect_text(output, &mut out);
+    }
     for c in v
         .get("choices")
         .and_then(Value::as_array)
@@ -120,8 +128,9 @@ fn collect_text(v: &Value, out: &mut String) {
         Value::Array(items) => {
             for item in items {
                 match item {
+                    // A text part, or an item (a Responses input message) with content.
                     Value::Object(_) => {
-                        if let Some(t) = item.get("text") {
+                        if let Some(t) = item.get("text").or_else(|| item.get("content")) {
                             collect_text(t, out);
                         }
                     }
@@ -157,6 +166,20 @@ mod tests {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"a b"},{"role":"user","content":[{"type":"text","text":"c"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
         assert_eq!(prompt_text(body), "a b\nc");
         assert_eq!(prompt_text(br#"{"prompt":["x","y"]}"#), "x\ny");
+        let responses = br#"{"instructions":"be brief","input":[{"role":"user","content":[{"type":"input_text","text":"hi"}]}]}"#;
+        assert_eq!(prompt_text(responses), "be brief\nhi");
+        let messages = br#"{"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":"q"}]}"#;
+        assert_eq!(prompt_text(messages), "q\ns");
+        assert_eq!(
+            reply_text(br#"{"content":[{"type":"text","text":"a"}]}"#),
+            "a"
+        );
+        assert_eq!(
+            reply_text(
+                br#"{"output":[{"type":"message","content":[{"type":"output_text","text":"b"}]}]}"#
+            ),
+            "b"
+        );
         assert_eq!(
             reply_text(br#"{"choices":[{"message":{"content":"hi there"}}]}"#),
             "hi there"

@@ -185,6 +185,19 @@ impl Meter {
         }
     }
 
+    /// The id the upstream gave a Responses API reply (to find where it is stored).
+    pub fn response_id(&self) -> Option<String> {
+        #[derive(Deserialize)]
+        struct WithId {
+            id: Option<String>,
+        }
+        match self {
+            Meter::Json { buf, .. } => serde_json::from_slice::<WithId>(buf).ok()?.id,
+            Meter::Sse(m) => m.response_id.clone(),
+            Meter::None => None,
+        }
+    }
+
     /// Output text seen, for estimating when there is no usage.
     pub fn output_text(&self) -> Option<String> {
         match self {

@@ -5,6 +5,7 @@
 // One request, top to bottom: `request` reads and decodes it, `replies` answers it (with
 // `tokens` for the words and counts, `errors` for error bodies, `stream` for SSE events), and
 // this file writes the answer back.
+mod apis;
 mod errors;
 mod replies;
 mod request;
@@ -58,6 +59,8 @@ pub struct MockUpstream {
     opts: MockOptions,
     /// `x-mock-fail-first`: how often each `x-request-id` has been seen (retries carry it).
     seen: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// Stored responses of the Responses API.
+    responses: apis::Stored,
 }
 
 impl MockUpstream {
@@ -65,6 +68,7 @@ impl MockUpstream {
         MockUpstream {
             opts,
             seen: Default::default(),
+            responses: Default::default(),
         }
     }
 
@@ -153,6 +157,8 @@ impl HttpServerApp for MockUpstream {
         let mut overrides = Overrides::from_headers(&req.headers, &self.opts);
         overrides.status = self.forced_status(&req.headers, overrides.status);
         let authorization = header_bytes(&req.headers, "authorization").to_vec();
+        let x_api_key = header_bytes(&req.headers, "x-api-key").to_vec();
+        let anthropic_version = header_bytes(&req.headers, "anthropic-version").to_vec();
         let content_type =
             String::from_utf8_lossy(header_bytes(&req.headers, "content-type")).into_owned();
         let expect_continue =
@@ -181,6 +187,8 @@ impl HttpServerApp for MockUpstream {
         let echo = Echo {
             model: parsed.model(),
             authorization,
+            x_api_key,
+            anthropic_version,
             body_len: body.total_len,
             body_sha256: body.sha256_hex,
             path: path.clone(),
@@ -210,7 +218,15 @@ impl HttpServerApp for MockUpstream {
                 "body_too_large",
             )
         } else {
-            route(&method, &path, &parsed, &overrides, &echo.model)
+            apis::route(
+                &method,
+                &path,
+                &parsed,
+                &overrides,
+                &echo.model,
+                &self.responses,
+            )
+            .unwrap_or_else(|| route(&method, &path, &parsed, &overrides, &echo.model))
         };
 
         // A non-streamed reply waits `delay_ms` before its header (a slow model); a stream

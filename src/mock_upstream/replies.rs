@@ -66,7 +66,7 @@ impl Reply {
         }
     }
 
-    fn events(events: Vec<Bytes>) -> Self {
+    pub(super) fn events(events: Vec<Bytes>) -> Self {
         Reply {
             status: 200,
             content_type: "text/event-stream",
@@ -75,13 +75,13 @@ impl Reply {
     }
 }
 
-fn now_secs() -> u64 {
+pub(super) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-fn next_id(prefix: &str) -> String {
+pub(super) fn next_id(prefix: &str) -> String {
     format!("{prefix}-{}", NEXT_ID.fetch_add(1, Ordering::Relaxed))
 }
 
@@ -164,7 +164,7 @@ fn speech_bytes(input: &str) -> Vec<u8> {
 }
 
 /// The JSON object of a request, or the 400 reply explaining why there is none.
-fn json_object(parsed: &Parsed) -> Result<&Map<String, Value>, Reply> {
+pub(super) fn json_object(parsed: &Parsed) -> Result<&Map<String, Value>, Reply> {
     match parsed {
         Parsed::Json(Value::Object(obj)) => Ok(obj),
         Parsed::Json(_) => Err(bad_request("request body must be a JSON object")),
@@ -174,7 +174,7 @@ fn json_object(parsed: &Parsed) -> Result<&Map<String, Value>, Reply> {
     }
 }
 
-fn model_or_default(model: &str) -> &str {
+pub(super) fn model_or_default(model: &str) -> &str {
     if model.is_empty() {
         MOCK_MODEL_ID
     } else {

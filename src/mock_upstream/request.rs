@@ -215,6 +215,9 @@ async fn parse_multipart(content_type: &str, body: Bytes) -> Result<FormData, mu
 pub(super) struct Echo {
     pub(super) model: String,
     pub(super) authorization: Vec<u8>,
+    /// `x-api-key` and `anthropic-version` as they arrived (Messages API).
+    pub(super) x_api_key: Vec<u8>,
+    pub(super) anthropic_version: Vec<u8>,
     pub(super) body_len: usize,
     pub(super) body_sha256: String,
     pub(super) path: String,
@@ -239,6 +242,11 @@ pub(super) fn add_echo_headers(
 ) -> pingora_error::Result<()> {
     header.insert_header("x-mock-model", header_value(echo.model.as_bytes()))?;
     header.insert_header("x-mock-authorization", header_value(&echo.authorization))?;
+    header.insert_header("x-mock-x-api-key", header_value(&echo.x_api_key))?;
+    header.insert_header(
+        "x-mock-anthropic-version",
+        header_value(&echo.anthropic_version),
+    )?;
     header.insert_header("x-mock-body-len", echo.body_len.to_string())?;
     header.insert_header("x-mock-body-sha256", echo.body_sha256.as_str())?;
     header.insert_header("x-mock-path", header_value(echo.path.as_bytes()))?;

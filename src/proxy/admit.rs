@@ -17,9 +17,10 @@ use crate::config::keys::{Key, KeyTable};
 use crate::error::GatewayError;
 use crate::limit::rate::retry_after_secs;
 use crate::meter::Meter;
-use crate::meter::sse::SseMeter;
+use crate::meter::sse::{Dialect, SseMeter};
 use crate::route::body as route_body;
-use crate::route::endpoint::{BodyKind, Endpoint, Group, Target, classify};
+use crate::route::endpoint::{BodyKind, Endpoint, Group, Metering, Target, classify};
+use crate::route::stored::StoredResponses;
 use crate::route::{Route, Router};
 
 /// Why admission stopped before the proxy.
@@ -53,6 +54,11 @@ impl Gateway {
         self.limit(&key, ctx)?;
         let endpoint = match target {
             Target::Proxy(ep) => ep,
+            Target::StoredResponse(id) => {
+                permit_endpoint(&key, STORED_RESPONSE, ctx)?;
+                let body = read_body(session, &self.shared.live.config).await?;
+                return route_stored(&self.shared.stored, &snapshot.router, &key, &id, ctx, body);
+            }
             other => return Err(answer_models(session, ctx, &key, &snapshot.router, other).await),
         };
         permit_endpoint(&key, endpoint, ctx)?;
@@ -93,12 +99,16 @@ impl Gateway {
 }
 
 fn authenticate(keys: &KeyTable, session: &Session, ctx: &mut Ctx) -> Result<Arc<Key>, Stop> {
-    let authorization = session
-        .req_header()
-        .headers
-        .get(http::header::AUTHORIZATION)
-        .map(|v| v.as_bytes());
-    let key = auth::authenticate(keys, authorization, now_unix())?;
+    let headers = &session.req_header().headers;
+    let key = match headers.get(http::header::AUTHORIZATION) {
+        Some(v) => auth::authenticate(keys, Some(v.as_bytes()), now_unix())?,
+        // Anthropic's clients send the key in `x-api-key`.
+        None => auth::authenticate_token(
+            keys,
+            headers.get("x-api-key").map(|v| v.as_bytes()),
+            now_unix(),
+        )?,
+    };
     ctx.key = Some(key.clone());
     Ok(key)
 }
@@ -106,6 +116,7 @@ fn authenticate(keys: &KeyTable, session: &Session, ctx: &mut Ctx) -> Result<Arc
 /// What the request is, from method and path; a key in the URL is refused before anything.
 fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
     let req = session.req_header();
+    ctx.shape = crate::route::endpoint::error_shape(req.uri.path());
     let target = classify(&req.method, req.uri.path());
     match target {
         Target::Other => return Err(GatewayError::NotFound(req.uri.path().to_string()).into()),
@@ -118,7 +129,8 @@ fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
         _ => Group::Models.name(),
     };
     if auth::key_in_query(req.uri.query()) {
-        let message = "Keys are read only from 'Authorization: Bearer', never from the URL.";
+        let message =
+            "Keys are read only from 'Authorization: Bearer' or 'x-api-key', never from the URL.";
         return Err(GatewayError::InvalidParameter {
             param: "api_key",
             message: message.into(),
@@ -126,6 +138,58 @@ fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
         .into());
     }
     Ok(target)
+}
+
+/// `/v1/responses/{id}`: the Responses group; no model in the body, no tokens.
+const STORED_RESPONSE: Endpoint = Endpoint {
+    group: Group::Responses,
+    body: BodyKind::Json,
+    metering: Metering::PerRequest,
+};
+
+/// Sends a stored-response call to the upstream that made the response: the one remembered
+/// for this key, or, when the gateway has a single upstream, that one.
+fn route_stored(
+    stored: &StoredResponses,
+    router: &Router,
+    key: &Key,
+    id: &str,
+    ctx: &mut Ctx,
+    body: Bytes,
+) -> Result<(), Stop> {
+    let not_found = || Stop::Refuse(GatewayError::ResponseNotFound(id.to_string()));
+    let (route, upstream) = match stored.find(id, &key.id) {
+        Some(origin) => {
+            let route = router
+                .get(&origin.model)
+                .filter(|r| r.pool.name == origin.pool)
+                .ok_or_else(not_found)?;
+            let i = route
+                .pool
+                .upstreams
+                .iter()
+                .position(|u| u.cfg.url == origin.upstream)
+                .ok_or_else(not_found)?;
+            (route.clone(), i)
+        }
+        None => {
+            let single = router.pools.len() == 1
+                && router.pools.first().is_some_and(|p| p.upstreams.len() == 1);
+            let route = router
+                .ordered
+                .iter()
+                .find(|r| single && key.may_use_model(&r.model.name))
+                .ok_or_else(not_found)?;
+            (route.clone(), 0)
+        }
+    };
+    ctx.model = route.model.name.clone();
+    ctx.meter = Meter::None;
+    ctx.body = body;
+    ctx.pinned = Some(upstream);
+    ctx.route = Some(route);
+    ctx.proxied = true;
+    Ok(())
 }
 
 fn denied_endpoint(group: Group) -> GatewayError {
@@ -235,13 +299,18 @@ fn prepare_upstream(
     // not (and hide it from the client again, see meter/sse.rs).
     let metering = crate::meter::enabled();
     let ask_usage =
-        metering && probe.stream && endpoint.group == Group::Chat && !probe.include_usage;
-    ctx.meter = match endpoint.group {
+        metering && probe.stream && endpoint.metering == Metering::Chat && !probe.include_usage;
+    let sse = |m: SseMeter| Meter::Sse(Box::new(m));
+    ctx.meter = match endpoint.metering {
         _ if !metering => Meter::None,
-        Group::Chat if probe.stream => Meter::Sse(Box::new(SseMeter::new(ask_usage))),
-        Group::Chat | Group::Embeddings | Group::Moderations => Meter::json(),
-        Group::Other => Meter::json_reported(),
-        _ => Meter::None,
+        Metering::Chat if probe.stream => sse(SseMeter::new(ask_usage)),
+        Metering::Responses if probe.stream => sse(SseMeter::of(Dialect::Responses)),
+        Metering::Messages if probe.stream => sse(SseMeter::of(Dialect::Messages)),
+        Metering::Chat | Metering::Usage | Metering::Responses | Metering::Messages => {
+            Meter::json()
+        }
+        Metering::Reported => Meter::json_reported(),
+        Metering::PerRequest => Meter::None,
     };
     ctx.body = route_body::for_upstream(&body, &probe, route.upstream_rename(), ask_usage);
     let fallbacks: Vec<Arc<Route>> = route

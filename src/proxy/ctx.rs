@@ -50,6 +50,11 @@ pub struct Ctx {
     pub life: Option<crate::lifecycle::InFlight>,
     /// `Access-Control-Allow-Origin` for this request's allowed `Origin` (CORS on).
     pub cors: Option<http::HeaderValue>,
+    /// The error shape of the API the path speaks.
+    pub shape: crate::error::ErrorShape,
+    /// The upstream (index in the route's pool) that must answer: the one that made the
+    /// stored response a `/v1/responses/{id}` call names.
+    pub pinned: Option<usize>,
 }
 
 impl Ctx {
@@ -78,6 +83,8 @@ impl Ctx {
             slot: None,
             life: None,
             cors: None,
+            shape: crate::error::ErrorShape::OpenAi,
+            pinned: None,
         }
     }
 }

@@ -104,7 +104,7 @@ pub async fn run(
         }
     }
     let e = error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(route.pool.name.clone()));
-    let _ = respond::json(session, ctx, e.status(), e.body()).await;
+    let _ = respond::error(session, ctx, &e).await;
     ctx.outcome = Outcome::UpstreamFailed(e.status());
     Ok(())
 }
@@ -130,7 +130,9 @@ async fn try_pool(
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
     let life = life.as_deref();
     for attempt in 1..=pool.cfg.max_attempts {
-        let Some(i) = pool.pick(&tried) else { break };
+        // A stored response lives on one upstream: every try goes there.
+        let pick = ctx.pinned.or_else(|| pool.pick(&tried));
+        let Some(i) = pick else { break };
         let Some(up) = pool.upstreams.get(i) else {
             break;
         };
@@ -202,7 +204,7 @@ async fn try_pool(
 /// Answers 503 `shutting_down`: the shutdown ended the request before its reply began.
 async fn shutting_down(session: &mut Session, ctx: &mut Ctx) -> PoolEnd {
     let e = GatewayError::ShuttingDown;
-    let _ = respond::json(session, ctx, e.status(), e.body()).await;
+    let _ = respond::error(session, ctx, &e).await;
     ctx.outcome = Outcome::UpstreamFailed(e.status());
     PoolEnd::Done(Ok(()))
 }
@@ -320,7 +322,7 @@ async fn stream_reply(
 ) -> pingora_error::Result<()> {
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
         if let Some(g) = reply::classify_failure(&e) {
-            let _ = respond::json(session, ctx, g.status(), g.body()).await;
+            let _ = respond::error(session, ctx, &g).await;
             ctx.outcome = Outcome::UpstreamFailed(g.status());
         }
         return Ok(());
@@ -426,7 +428,8 @@ async fn pass_error(
             format!("The upstream answered {status}: {text}")
         };
         resp.insert_header(http::header::CONTENT_TYPE, "application/json")?;
-        bytes::Bytes::from(GatewayError::UpstreamReply(status, message).body())
+        let e = GatewayError::UpstreamReply(status, message);
+        bytes::Bytes::from(e.body_in(ctx.shape, &ctx.request_id))
     };
     resp.remove_header(&http::header::TRANSFER_ENCODING);
     resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;

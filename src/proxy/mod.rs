@@ -136,6 +136,35 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// Remembers which upstream made a new stored response; forgets a deleted one.
+    fn note_stored_response(&self, session: &Session, ctx: &Ctx, key_id: &str) {
+        let req = session.req_header();
+        if req.method == http::Method::DELETE {
+            if let Some(id) = req.uri.path().strip_prefix("/v1/responses/") {
+                self.shared.stored.forget(id.trim_end_matches('/'));
+            }
+            return;
+        }
+        if req.method != http::Method::POST || ctx.pinned.is_some() {
+            return;
+        }
+        let (Some(route), Some(id)) = (ctx.route.as_ref(), ctx.meter.response_id()) else {
+            return;
+        };
+        let Some(up) = route.pool.upstreams.get(ctx.upstream) else {
+            return;
+        };
+        let origin = crate::route::stored::Origin {
+            key_id: key_id.to_string(),
+            model: route.model.name.clone(),
+            pool: route.pool.name.clone(),
+            upstream: up.cfg.url.clone(),
+        };
+        self.shared.stored.remember(id, origin);
+    }
+}
+
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = Ctx;
@@ -187,7 +216,7 @@ impl ProxyHttp for Gateway {
                 ctx.outcome
             }
             (Some(g), None) => {
-                if let Err(we) = respond::json(session, ctx, g.status(), g.body()).await {
+                if let Err(we) = respond::error(session, ctx, g).await {
                     tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");
                 }
                 Outcome::UpstreamFailed(g.status())
@@ -221,6 +250,9 @@ impl ProxyHttp for Gateway {
             m.requests
                 .with_label_values(&[ctx.listener.name(), ctx.group, &status])
                 .inc();
+        }
+        if ctx.group == Group::Responses.name() && ctx.outcome.succeeded() {
+            self.note_stored_response(session, ctx, &key.id);
         }
         ctx.slot = None;
         self.shared

@@ -66,7 +66,12 @@ fn estimated_usage(ctx: &Ctx) -> Usage {
         .route
         .as_ref()
         .map_or(ctx.model.as_str(), |r| r.model.upstream_model.as_str());
-    let prompt = estimate::prompt_tokens(model, &ctx.body);
+    // A Messages stream cut before its final counts still had its prompt counted.
+    let reported_prompt = match &ctx.meter {
+        crate::meter::Meter::Sse(m) => m.prompt_reported(),
+        _ => None,
+    };
+    let prompt = reported_prompt.unwrap_or_else(|| estimate::prompt_tokens(model, &ctx.body));
     let completion = ctx
         .meter
         .output_text()

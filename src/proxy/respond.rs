@@ -36,7 +36,7 @@ pub async fn error(
 ) -> pingora_error::Result<()> {
     ctx.outcome = Outcome::Answered(e.status());
     let (headroom, cors) = (&ctx.headroom, ctx.cors.as_ref());
-    crate::respond::error(session, &ctx.request_id, e, |h| {
+    crate::respond::error(session, &ctx.request_id, e, ctx.shape, |h| {
         crate::limit::rate::write_headers(headroom, h)?;
         crate::cors::decorate(h, cors)
     })

@@ -1,5 +1,6 @@
 //! Route stage, first step: which contract endpoint a method + path is, its permission group,
-//! and how its body names the model (JSON field or multipart form field).
+//! how its body names the model (JSON field or multipart form field), how its reply is
+//! metered, and which API's error shape it speaks.
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Group {
@@ -13,10 +14,14 @@ pub enum Group {
     /// Any other model-server `POST /v1/...` whose body names a model (vLLM's `/v1/rerank`,
     /// `/v1/score`, `/v1/tokenize`, …).
     Other,
+    /// The Responses API: `/v1/responses` and the stored responses it names by id.
+    Responses,
+    /// Anthropic's Messages API: `/v1/messages` and `/v1/messages/count_tokens`.
+    Messages,
 }
 
 impl Group {
-    pub const ALL: [Group; 8] = [
+    pub const ALL: [Group; 10] = [
         Group::Chat,
         Group::Embeddings,
         Group::Moderations,
@@ -25,6 +30,8 @@ impl Group {
         Group::Models,
         Group::Usage,
         Group::Other,
+        Group::Responses,
+        Group::Messages,
     ];
 
     pub fn name(self) -> &'static str {
@@ -37,6 +44,8 @@ impl Group {
             Group::Models => "models",
             Group::Usage => "usage",
             Group::Other => "other",
+            Group::Responses => "responses",
+            Group::Messages => "messages",
         }
     }
 
@@ -44,7 +53,7 @@ impl Group {
         Group::ALL.into_iter().find(|g| g.name() == s)
     }
 
-    pub fn bit(self) -> u8 {
+    pub fn bit(self) -> u16 {
         1 << (self as u8)
     }
 }
@@ -57,11 +66,30 @@ pub enum BodyKind {
     MultipartOrJson,
 }
 
+/// How an endpoint's reply is metered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Metering {
+    /// Chat and legacy completions: `usage` of a plain reply, or the stream's events (usage
+    /// asked for when the client did not ask).
+    Chat,
+    /// A plain reply's `usage`, estimated when missing (embeddings, moderations).
+    Usage,
+    /// A plain reply's `usage` when it has one, never estimated (other model-server paths).
+    Reported,
+    /// The Responses API: `usage` of the reply or of `response.completed`.
+    Responses,
+    /// Anthropic Messages: `usage` of the reply, or `message_start` + `message_delta`.
+    Messages,
+    /// No tokens: priced per request (images, audio, token counting, stored responses).
+    PerRequest,
+}
+
 /// A proxied `/v1` endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Endpoint {
     pub group: Group,
     pub body: BodyKind,
+    pub metering: Metering,
 }
 
 /// What a request is, decided from method and path alone.
@@ -70,6 +98,9 @@ pub enum Target {
     Proxy(Endpoint),
     ListModels,
     GetModel(String),
+    /// `/v1/responses/{id}` (GET, DELETE) and its `/input_items` (GET), `/cancel` (POST):
+    /// passed to the upstream that made the response.
+    StoredResponse(String),
     /// A known path with a method it does not take → 405 with `Allow`.
     WrongMethod(&'static str),
     /// Unknown here → 404.
@@ -95,22 +126,68 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
     } else if models {
         return Target::WrongMethod("GET");
     }
-    let ep = |group, body| Target::Proxy(Endpoint { group, body });
+    if let Some(rest) = path.strip_prefix("/v1/responses/") {
+        return stored_response(method, rest);
+    }
+    let ep = |group, body, metering| {
+        Target::Proxy(Endpoint {
+            group,
+            body,
+            metering,
+        })
+    };
     let target = match path {
-        "/v1/chat/completions" | "/v1/completions" => ep(Chat, Json),
-        "/v1/embeddings" => ep(Embeddings, Json),
-        "/v1/moderations" => ep(Moderations, Json),
-        "/v1/images/generations" => ep(Images, Json),
-        "/v1/images/edits" | "/v1/images/variations" => ep(Images, MultipartOrJson),
-        "/v1/audio/transcriptions" | "/v1/audio/translations" => ep(Audio, MultipartOrJson),
-        "/v1/audio/speech" => ep(Audio, Json),
+        "/v1/chat/completions" | "/v1/completions" => ep(Chat, Json, Metering::Chat),
+        "/v1/embeddings" => ep(Embeddings, Json, Metering::Usage),
+        "/v1/moderations" => ep(Moderations, Json, Metering::Usage),
+        "/v1/images/generations" => ep(Images, Json, Metering::PerRequest),
+        "/v1/images/edits" | "/v1/images/variations" => {
+            ep(Images, MultipartOrJson, Metering::PerRequest)
+        }
+        "/v1/audio/transcriptions" | "/v1/audio/translations" => {
+            ep(Audio, MultipartOrJson, Metering::PerRequest)
+        }
+        "/v1/audio/speech" => ep(Audio, Json, Metering::PerRequest),
+        "/v1/responses" => ep(Responses, Json, Metering::Responses),
+        "/v1/messages" => ep(Messages, Json, Metering::Messages),
+        "/v1/messages/count_tokens" => ep(Messages, Json, Metering::PerRequest),
         // Routed by the model its body names; a body that names none makes it a 404.
-        p if p.starts_with("/v1/") && method == http::Method::POST => ep(Other, Json),
+        p if p.starts_with("/v1/") && method == http::Method::POST => {
+            ep(Other, Json, Metering::Reported)
+        }
         _ => Target::Other,
     };
     match target {
         Target::Proxy(_) if method != http::Method::POST => Target::WrongMethod("POST"),
         t => t,
+    }
+}
+
+/// `/v1/responses/{id}[/input_items|/cancel]` by method.
+fn stored_response(method: &http::Method, rest: &str) -> Target {
+    let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
+    if id.is_empty() {
+        return Target::Other;
+    }
+    let allowed = match tail {
+        "" => "GET, DELETE",
+        "input_items" => "GET",
+        "cancel" => "POST",
+        _ => return Target::Other,
+    };
+    if allowed.split(", ").any(|m| m == method.as_str()) {
+        Target::StoredResponse(id.to_string())
+    } else {
+        Target::WrongMethod(allowed)
+    }
+}
+
+/// The error shape of a path: Anthropic's on the Messages API, else OpenAI's.
+pub fn error_shape(path: &str) -> crate::error::ErrorShape {
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        crate::error::ErrorShape::Anthropic
+    } else {
+        crate::error::ErrorShape::OpenAi
     }
 }
 
@@ -132,6 +209,9 @@ mod tests {
             ("/v1/audio/transcriptions", Group::Audio),
             ("/v1/audio/translations", Group::Audio),
             ("/v1/audio/speech", Group::Audio),
+            ("/v1/responses", Group::Responses),
+            ("/v1/messages", Group::Messages),
+            ("/v1/messages/count_tokens", Group::Messages),
         ];
         for (path, group) in cases {
             match classify(&Method::POST, path) {
@@ -157,9 +237,27 @@ mod tests {
             classify(&Method::POST, "/v1/rerank"),
             Target::Proxy(Endpoint {
                 group: Group::Other,
-                body: BodyKind::Json
+                body: BodyKind::Json,
+                metering: Metering::Reported,
             })
         );
+        assert_eq!(
+            classify(&Method::DELETE, "/v1/responses/resp_1"),
+            Target::StoredResponse("resp_1".into())
+        );
+        assert_eq!(
+            classify(&Method::GET, "/v1/responses/resp_1/input_items"),
+            Target::StoredResponse("resp_1".into())
+        );
+        assert_eq!(
+            classify(&Method::POST, "/v1/responses/resp_1"),
+            Target::WrongMethod("GET, DELETE")
+        );
+        assert_eq!(
+            classify(&Method::GET, "/v1/responses"),
+            Target::WrongMethod("POST")
+        );
+        assert_eq!(classify(&Method::GET, "/v1/responses/a/b"), Target::Other);
         assert_eq!(classify(&Method::GET, "/v1/rerank"), Target::Other);
         assert_eq!(classify(&Method::POST, "/v2/rerank"), Target::Other);
     }

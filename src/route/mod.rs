@@ -5,6 +5,7 @@ pub mod balance;
 pub mod body;
 pub mod endpoint;
 pub mod health;
+pub mod stored;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -12,7 +13,9 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 
-use crate::config::{Config, ModelConfig, PoolConfig, Problem, Problems, Secret, UpstreamConfig};
+use crate::config::{
+    AuthHeader, Config, ModelConfig, PoolConfig, Problem, Problems, Secret, UpstreamConfig,
+};
 use balance::{Balancer, Health};
 
 pub struct Upstream {
@@ -20,8 +23,9 @@ pub struct Upstream {
     pub addr: SocketAddr,
     /// `Host` header value: host, plus the port when it is not the scheme's default.
     pub host_header: HeaderValue,
-    /// `Bearer <api_key>` (the upstream's own, else the pool's), sent in place of the client's.
-    pub authorization: Option<HeaderValue>,
+    /// The credential (the upstream's own key, else the pool's), sent in place of the
+    /// client's: `Bearer <key>` in `Authorization`, or the key in `x-api-key`.
+    pub authorization: Option<(http::HeaderName, HeaderValue)>,
     pub health: Arc<Health>,
 }
 
@@ -71,11 +75,21 @@ impl Pool {
     }
 }
 
-/// `Bearer <key>` as a header value that is never logged.
-fn bearer(key: &Secret) -> Option<HeaderValue> {
-    let mut v = HeaderValue::from_str(&format!("Bearer {}", key.expose())).ok()?;
-    v.set_sensitive(true);
-    Some(v)
+/// The credential header for `key`, its value marked never to be logged.
+fn credential(key: &Secret, header: AuthHeader) -> Option<(http::HeaderName, HeaderValue)> {
+    let (name, value) = match header {
+        AuthHeader::Authorization => (
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(&format!("Bearer {}", key.expose())),
+        ),
+        AuthHeader::XApiKey => (
+            http::HeaderName::from_static("x-api-key"),
+            HeaderValue::from_str(key.expose()),
+        ),
+    };
+    let mut value = value.ok()?;
+    value.set_sensitive(true);
+    Some((name, value))
 }
 
 pub struct Route {
@@ -134,7 +148,7 @@ impl Router {
                             format!("{}:{}", u.host, u.port)
                         };
                         let key = u.api_key.as_ref().or(p.api_key.as_ref());
-                        let authorization = key.and_then(bearer);
+                        let authorization = key.and_then(|k| credential(k, p.auth_header));
                         if key.is_some() && authorization.is_none() {
                             problems.push(Problem::new(
                                 &file,

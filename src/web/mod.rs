@@ -21,7 +21,7 @@ use pingora_proxy::Session;
 
 use crate::auth;
 use crate::config::keys::Key;
-use crate::error::GatewayError;
+use crate::error::{ErrorShape, GatewayError};
 use crate::respond;
 use crate::route::endpoint::Group;
 use crate::state::{Listener, Shared};
@@ -181,7 +181,14 @@ async fn fail(
     e: &GatewayError,
 ) -> pingora_error::Result<()> {
     ex.status = e.status();
-    respond::error(session, &ex.request_id, e, respond::plain).await
+    respond::error(
+        session,
+        &ex.request_id,
+        e,
+        ErrorShape::OpenAi,
+        respond::plain,
+    )
+    .await
 }
 
 /// Sends a JSON body with `Cache-Control: no-store` (usage data is per key).
