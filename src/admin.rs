@@ -36,7 +36,10 @@ impl ServeHttp for Admin {
                 200,
                 "text/plain; version=0.0.4",
                 crate::metrics::get()
-                    .map(|m| m.render(self.shared.store.stats()))
+                    .map(|m| {
+                        let snapshot = self.shared.live.snapshot();
+                        m.render(self.shared.store.stats(), &snapshot.router)
+                    })
                     .unwrap_or_default(),
             ),
             _ => (

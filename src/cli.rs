@@ -184,12 +184,18 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         models = c.models.len(),
         "modelgate starting"
     );
+    if let Some(m) = crate::metrics::get() {
+        m.set_key_label(c.metrics_key_label);
+    }
     let shared = Arc::new(Shared {
         live,
         store: store.clone(),
         spend,
         limiter: Default::default(),
-        web: Default::default(),
+        web: crate::web::WebState {
+            throttle: crate::web::Throttle::per_minute(c.auth_failures_per_minute),
+            logins: Default::default(),
+        },
         lifecycle: Default::default(),
         access_log: crate::access_log::AccessLog::start(c.access_log_rate, c.access_log_format),
         stored: Default::default(),

@@ -41,9 +41,11 @@ pub enum GatewayError {
     /// The client did not send its whole body within `client_body_timeout_ms`.
     RequestTimeout(u64),
     /// `retry_after`: whole seconds until a request would be admitted (the Retry-After header).
+    /// `reason`: which limit (`rpm`, `tpm`, `concurrency`, `auth_failures`, `sign_ins`).
     RateLimited {
         message: String,
         retry_after: u64,
+        reason: &'static str,
     },
     UpstreamError(String),
     NoHealthyUpstream(String),
@@ -229,6 +231,14 @@ impl GatewayError {
 
     pub fn status(&self) -> u16 {
         self.parts().status
+    }
+
+    /// Why, in a word, for the metrics: the limit of a 429, else the code.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            GatewayError::RateLimited { reason, .. } => reason,
+            other => other.parts().code,
+        }
     }
 
     /// The OpenAI-shaped JSON body.

@@ -1,18 +1,83 @@
-//! Prometheus metrics for the admin listener's `/metrics`. Request counters are bumped as
-//! requests end; the store's figures are read from it at scrape time.
+//! Prometheus metrics for the admin listener's `/metrics`. Requests are counted and timed as
+//! they end (`request_end`), upstream tries as they end (`attempt`); the store's figures, the
+//! upstreams' health and the process's are read at scrape time. Labels stay bounded: models
+//! and pools are the configured ones, a client address is a label only for the first
+//! `MAX_CLIENTS` that failed authentication, a key id only where `[metrics] key_label = true`.
 
-use std::sync::OnceLock;
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
 
-use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    CounterVec, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
+use crate::route::Router;
 use crate::store::StoreStats;
+
+/// Client addresses given a label of their own on `auth_failures_total`; later ones count
+/// under `client="other"`.
+const MAX_CLIENTS: usize = 1000;
+
+/// Seconds, for request, upstream and first-token times.
+const SLOW_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+/// Seconds, for the gateway's own share of a request and for store batches.
+const FAST_BUCKETS: [f64; 14] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+];
+
+/// What one request was, as it ended.
+pub struct RequestEnd<'a> {
+    pub listener: &'static str,
+    pub endpoint: &'static str,
+    /// The configured model that routed it ("" when none did: a refusal, an unknown model).
+    pub model: &'a str,
+    pub status: u16,
+    /// The code of the gateway's own refusal (`invalid_api_key`, `rpm`, …), if it refused.
+    pub refusal: Option<&'static str>,
+    pub total: Duration,
+    /// Time spent on upstream tries and the reply (None: never sent upstream).
+    pub upstream: Option<Duration>,
+    /// Backoff waits between tries.
+    pub waited: Duration,
+    pub ttft: Option<Duration>,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub cost: f64,
+    pub key: Option<&'a str>,
+}
 
 pub struct Metrics {
     registry: Registry,
-    /// Requests that passed auth, by listener, endpoint group and status.
-    pub requests: IntCounterVec,
+    /// `process_*`, unprefixed as Prometheus names them.
+    process: Registry,
+    requests: IntCounterVec,
+    refusals: IntCounterVec,
+    request_seconds: HistogramVec,
+    overhead_seconds: Histogram,
+    upstream_seconds: HistogramVec,
+    ttft_seconds: HistogramVec,
+    tokens: IntCounterVec,
+    cost: CounterVec,
+    attempts: IntCounterVec,
+    retries: IntCounterVec,
+    upstream_healthy: IntGaugeVec,
+    upstream_in_flight: IntGaugeVec,
+    auth_failures: IntCounterVec,
+    auth_clients: Mutex<HashSet<IpAddr>>,
+    key_requests: IntCounterVec,
+    key_tokens: IntCounterVec,
+    key_cost: CounterVec,
+    key_label: AtomicBool,
+    pub keys_reloads: IntCounter,
     /// Keys-file reloads refused because the file did not parse or validate.
     pub keys_reload_errors: IntCounter,
+    pub config_reloads: IntCounter,
     /// Config-file reloads refused (the pools and models in force stay).
     pub config_reload_errors: IntCounter,
     pub keys: IntGauge,
@@ -21,34 +86,149 @@ pub struct Metrics {
     records_dropped: IntCounter,
     record_write_errors: IntCounter,
     records_queued: IntGauge,
+    batch_rows: Histogram,
+    batch_seconds: Histogram,
 }
 
 impl Metrics {
     fn new() -> prometheus::Result<Metrics> {
         let registry = Registry::new_custom(Some("modelgate".into()), None)?;
+        let process = Registry::new();
+        #[cfg(target_os = "linux")]
+        process.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        let reg = |c: Box<dyn prometheus::core::Collector>| registry.register(c);
         let counter = |name: &str, help: &str| -> prometheus::Result<IntCounter> {
             let c = IntCounter::with_opts(Opts::new(name, help))?;
-            registry.register(Box::new(c.clone()))?;
+            reg(Box::new(c.clone()))?;
             Ok(c)
         };
         let gauge = |name: &str, help: &str| -> prometheus::Result<IntGauge> {
             let g = IntGauge::with_opts(Opts::new(name, help))?;
-            registry.register(Box::new(g.clone()))?;
+            reg(Box::new(g.clone()))?;
             Ok(g)
         };
-        let requests = IntCounterVec::new(
-            Opts::new(
-                "requests_total",
-                "Requests that passed auth, by listener, endpoint group and status",
-            ),
-            &["listener", "endpoint", "status"],
-        )?;
-        registry.register(Box::new(requests.clone()))?;
+        let counters = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            reg(Box::new(c.clone()))?;
+            Ok::<_, prometheus::Error>(c)
+        };
+        let sums = |name: &str, help: &str, labels: &[&str]| {
+            let c = CounterVec::new(Opts::new(name, help), labels)?;
+            reg(Box::new(c.clone()))?;
+            Ok::<_, prometheus::Error>(c)
+        };
+        let gauges = |name: &str, help: &str, labels: &[&str]| {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            reg(Box::new(g.clone()))?;
+            Ok::<_, prometheus::Error>(g)
+        };
+        let histograms = |name: &str, help: &str, buckets: &[f64], labels: &[&str]| {
+            let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+            let h = HistogramVec::new(opts, labels)?;
+            reg(Box::new(h.clone()))?;
+            Ok::<_, prometheus::Error>(h)
+        };
+        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
+            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
+            reg(Box::new(h.clone()))?;
+            Ok::<_, prometheus::Error>(h)
+        };
         Ok(Metrics {
-            requests,
+            requests: counters(
+                "requests_total",
+                "Requests by listener, endpoint group, routed model and status",
+                &["listener", "endpoint", "model", "status"],
+            )?,
+            refusals: counters(
+                "refusals_total",
+                "Requests the gateway refused itself, by status and reason (the error code; \
+                 for 429 the limit: rpm, tpm, concurrency, auth_failures)",
+                &["status", "reason"],
+            )?,
+            request_seconds: histograms(
+                "request_duration_seconds",
+                "Whole requests, arrival to the last byte of the reply",
+                &SLOW_BUCKETS,
+                &["endpoint"],
+            )?,
+            overhead_seconds: histogram(
+                "gateway_overhead_seconds",
+                "The gateway's own share of proxied requests: total minus upstream time and \
+                 backoff waits",
+                FAST_BUCKETS.to_vec(),
+            )?,
+            upstream_seconds: histograms(
+                "upstream_duration_seconds",
+                "Time on the upstream: tries and the reply streamed through",
+                &SLOW_BUCKETS,
+                &["pool"],
+            )?,
+            ttft_seconds: histograms(
+                "time_to_first_token_seconds",
+                "Arrival to the first content byte sent to the client",
+                &SLOW_BUCKETS,
+                &["model"],
+            )?,
+            tokens: counters(
+                "tokens_total",
+                "Metered tokens by model and kind (prompt, completion)",
+                &["model", "kind"],
+            )?,
+            cost: sums("cost_total", "Credits spent, by model", &["model"])?,
+            attempts: counters(
+                "upstream_attempts_total",
+                "Tries sent upstream, by pool, upstream and outcome (2xx, 4xx, 429, 5xx, \
+                 error, timeout)",
+                &["pool", "upstream", "outcome"],
+            )?,
+            retries: counters(
+                "upstream_retries_total",
+                "Tries after a request's first, by pool and upstream",
+                &["pool", "upstream"],
+            )?,
+            upstream_healthy: gauges(
+                "upstream_healthy",
+                "1 while the upstream is in rotation",
+                &["pool", "upstream"],
+            )?,
+            upstream_in_flight: gauges(
+                "upstream_in_flight",
+                "Requests on the upstream now",
+                &["pool", "upstream"],
+            )?,
+            auth_failures: counters(
+                "auth_failures_total",
+                "Wrong keys presented, by client address (the first 1000 addresses; then \
+                 'other')",
+                &["client"],
+            )?,
+            auth_clients: Mutex::new(HashSet::new()),
+            key_requests: counters(
+                "key_requests_total",
+                "Requests by key id ([metrics] key_label = true only)",
+                &["key"],
+            )?,
+            key_tokens: counters(
+                "key_tokens_total",
+                "Metered tokens by key id ([metrics] key_label = true only)",
+                &["key"],
+            )?,
+            key_cost: sums(
+                "key_cost_total",
+                "Credits by key id ([metrics] key_label = true only)",
+                &["key"],
+            )?,
+            key_label: AtomicBool::new(false),
+            keys_reloads: counter("keys_reloads_total", "Keys-file reloads applied")?,
             keys_reload_errors: counter(
                 "keys_reload_errors_total",
                 "Keys-file reloads rejected (the previous keys stay in force)",
+            )?,
+            config_reloads: counter(
+                "config_reloads_total",
+                "Config-file reloads applied (pools, models, prices, fallbacks)",
             )?,
             config_reload_errors: counter(
                 "config_reload_errors_total",
@@ -72,22 +252,177 @@ impl Metrics {
                 "usage_records_queued",
                 "Usage records waiting to be written",
             )?,
+            batch_rows: histogram(
+                "usage_batch_rows",
+                "Records per store commit",
+                vec![
+                    1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0,
+                ],
+            )?,
+            batch_seconds: histogram(
+                "usage_batch_duration_seconds",
+                "Time to commit one batch of records",
+                FAST_BUCKETS.to_vec(),
+            )?,
             registry,
+            process,
         })
     }
 
-    /// The Prometheus text exposition, with the store's figures as of now.
-    pub fn render(&self, store: StoreStats) -> String {
+    /// `[metrics] key_label`: per-key series on or off.
+    pub fn set_key_label(&self, on: bool) {
+        self.key_label.store(on, Ordering::Relaxed);
+    }
+
+    /// Counts and times one request that ended.
+    pub fn request_end(&self, r: &RequestEnd) {
+        let status = status_label(r.status);
+        let status = status.as_ref();
+        let endpoint = if r.endpoint.is_empty() {
+            "none"
+        } else {
+            r.endpoint
+        };
+        self.requests
+            .with_label_values(&[r.listener, endpoint, r.model, status])
+            .inc();
+        if let Some(reason) = r.refusal {
+            self.refusals.with_label_values(&[status, reason]).inc();
+        }
+        self.request_seconds
+            .with_label_values(&[endpoint])
+            .observe(r.total.as_secs_f64());
+        if let Some(up) = r.upstream {
+            let own = r.total.saturating_sub(up).saturating_sub(r.waited);
+            self.overhead_seconds.observe(own.as_secs_f64());
+        }
+        if let Some(t) = r.ttft {
+            self.ttft_seconds
+                .with_label_values(&[r.model])
+                .observe(t.as_secs_f64());
+        }
+        if r.prompt_tokens > 0 {
+            self.tokens
+                .with_label_values(&[r.model, "prompt"])
+                .inc_by(r.prompt_tokens);
+        }
+        if r.completion_tokens > 0 {
+            self.tokens
+                .with_label_values(&[r.model, "completion"])
+                .inc_by(r.completion_tokens);
+        }
+        if r.cost > 0.0 {
+            self.cost.with_label_values(&[r.model]).inc_by(r.cost);
+        }
+        if let (Some(key), true) = (r.key, self.key_label.load(Ordering::Relaxed)) {
+            self.key_requests.with_label_values(&[key]).inc();
+            let tokens = r.prompt_tokens.saturating_add(r.completion_tokens);
+            if tokens > 0 {
+                self.key_tokens.with_label_values(&[key]).inc_by(tokens);
+            }
+            if r.cost > 0.0 {
+                self.key_cost.with_label_values(&[key]).inc_by(r.cost);
+            }
+        }
+    }
+
+    /// Time spent on a pool's upstream for one request.
+    pub fn upstream_time(&self, pool: &str, time: Duration) {
+        self.upstream_seconds
+            .with_label_values(&[pool])
+            .observe(time.as_secs_f64());
+    }
+
+    /// One try sent upstream and how it ended; `retry`: not the request's first.
+    pub fn attempt(&self, pool: &str, upstream: &str, outcome: &str, retry: bool) {
+        self.attempts
+            .with_label_values(&[pool, upstream, outcome])
+            .inc();
+        if retry {
+            self.retries.with_label_values(&[pool, upstream]).inc();
+        }
+    }
+
+    /// A wrong key from `client`.
+    pub fn auth_failure(&self, client: Option<IpAddr>) {
+        let label = match client {
+            Some(ip) => {
+                let mut seen = self.auth_clients.lock().unwrap_or_else(|e| e.into_inner());
+                if seen.contains(&ip) || seen.len() < MAX_CLIENTS {
+                    seen.insert(ip);
+                    ip.to_string()
+                } else {
+                    "other".to_string()
+                }
+            }
+            None => "unknown".to_string(),
+        };
+        self.auth_failures.with_label_values(&[&label]).inc();
+    }
+
+    /// One commit of the usage writer.
+    pub fn batch(&self, rows: usize, took: Duration) {
+        self.batch_rows.observe(rows as f64);
+        self.batch_seconds.observe(took.as_secs_f64());
+    }
+
+    /// The Prometheus text exposition, with the store's, the upstreams' and the process's
+    /// figures as of now.
+    pub fn render(&self, store: StoreStats, router: &Router) -> String {
         let bump = |c: &IntCounter, now: u64| c.inc_by(now.saturating_sub(c.get()));
         bump(&self.records_written, store.written);
         bump(&self.records_overflowed, store.overflowed);
         bump(&self.records_dropped, store.dropped);
         bump(&self.record_write_errors, store.write_errors);
         self.records_queued.set(store.queued as i64);
+        // Pools come and go with reloads: show only the ones in force.
+        self.upstream_healthy.reset();
+        self.upstream_in_flight.reset();
+        let now = crate::route::balance::now_ms();
+        for pool in &router.pools {
+            for up in &pool.upstreams {
+                let labels = [pool.name.as_str(), up.cfg.url.as_str()];
+                let healthy = i64::from(up.health.healthy(now));
+                self.upstream_healthy
+                    .with_label_values(&labels)
+                    .set(healthy);
+                let (_, _, in_flight, _, _) = up.health.view(now);
+                self.upstream_in_flight
+                    .with_label_values(&labels)
+                    .set(in_flight as i64);
+            }
+        }
+        let mut families = self.registry.gather();
+        families.extend(self.process.gather());
         let mut out = Vec::new();
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+/// Status codes as label values, without allocating for the common ones.
+fn status_label(status: u16) -> std::borrow::Cow<'static, str> {
+    let common = match status {
+        200 => "200",
+        201 => "201",
+        204 => "204",
+        400 => "400",
+        401 => "401",
+        402 => "402",
+        403 => "403",
+        404 => "404",
+        405 => "405",
+        408 => "408",
+        413 => "413",
+        429 => "429",
+        499 => "499",
+        500 => "500",
+        502 => "502",
+        503 => "503",
+        504 => "504",
+        other => return other.to_string().into(),
+    };
+    common.into()
 }
 
 /// The process's metrics; None only if the registry could not be built (then nothing is counted).

@@ -65,6 +65,11 @@ pub struct Config {
     pub access_log_format: crate::access_log::Format,
     /// `[cors]`; None: no CORS.
     pub cors: Option<crate::cors::Cors>,
+    /// Wrong keys one client address may present a minute before it gets 429 (on `/v1`, the
+    /// usage APIs and the page alike); 0: no limit.
+    pub auth_failures_per_minute: usize,
+    /// `[metrics] key_label`: per-key series on `/metrics`.
+    pub metrics_key_label: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -192,6 +197,14 @@ struct RawConfig {
     server: Option<RawServer>,
     log: Option<RawLog>,
     cors: Option<Spanned<RawCors>>,
+    metrics: Option<RawMetrics>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    /// Per-key series (one per key id: mind the cardinality).
+    key_label: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -297,6 +310,7 @@ struct RawConsole {
 #[serde(deny_unknown_fields)]
 struct RawLimits {
     max_body_bytes: Option<usize>,
+    auth_failures_per_minute: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -643,8 +657,19 @@ impl Config {
             demo_mock_upstream,
             max_body_bytes: raw
                 .limits
+                .as_ref()
                 .and_then(|l| l.max_body_bytes)
                 .unwrap_or(DEFAULT_MAX_BODY_BYTES),
+            auth_failures_per_minute: raw
+                .limits
+                .as_ref()
+                .and_then(|l| l.auth_failures_per_minute)
+                .unwrap_or(crate::web::throttle::FAILURES_PER_WINDOW),
+            metrics_key_label: raw
+                .metrics
+                .as_ref()
+                .and_then(|m| m.key_label)
+                .unwrap_or(false),
             console,
             threads: server.as_ref().and_then(|s| s.threads).unwrap_or(2).max(1),
             grace_period_seconds: server

@@ -80,7 +80,10 @@ impl KeysReloader {
     fn reload_router_and_report(&self, why: &str) {
         match self.reload_router() {
             Ok(n) => {
-                tracing::info!(models = n, file = %self.config.display(), "pools and models reloaded ({why})")
+                tracing::info!(models = n, file = %self.config.display(), "pools and models reloaded ({why})");
+                if let Some(m) = crate::metrics::get() {
+                    m.config_reloads.inc();
+                }
             }
             Err(problems) => {
                 for p in &problems.0 {
@@ -128,6 +131,7 @@ impl KeysReloader {
                 tracing::info!(keys = n, file = %self.path.display(), "keys reloaded ({why})");
                 if let Some(m) = crate::metrics::get() {
                     m.keys.set(n as i64);
+                    m.keys_reloads.inc();
                 }
             }
             Err(problems) => {

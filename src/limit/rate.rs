@@ -28,6 +28,8 @@ pub struct Headroom {
 /// A refusal: which limit, and how long until a request would be admitted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
+    /// Which limit: `rpm`, `tpm` or `concurrency`.
+    pub limit: &'static str,
     pub message: String,
     pub retry_after: Duration,
 }
@@ -124,6 +126,7 @@ impl Limiter {
             head.tokens = Some((tpm, tpm.saturating_sub(w.token_sum), reset));
             if w.token_sum >= tpm {
                 refusal = Some(Refusal {
+                    limit: "tpm",
                     message: format!("Rate limit reached: {tpm} tokens per minute."),
                     retry_after: reset,
                 });
@@ -134,6 +137,7 @@ impl Limiter {
             if refusal.is_none() && used >= rpm {
                 let reset = w.requests_reset(now);
                 refusal = Some(Refusal {
+                    limit: "rpm",
                     message: format!("Rate limit reached: {rpm} requests per minute."),
                     retry_after: reset,
                 });
@@ -147,6 +151,7 @@ impl Limiter {
                 if before >= max {
                     counter.fetch_sub(1, Ordering::AcqRel);
                     refusal = Some(Refusal {
+                        limit: "concurrency",
                         message: format!("Too many requests in flight: at most {max} at once."),
                         retry_after: Duration::from_secs(1),
                     });

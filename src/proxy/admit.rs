@@ -50,7 +50,7 @@ impl Gateway {
         let target = target(session, ctx)?;
         // One snapshot of keys and router for the whole request.
         let snapshot = self.shared.live.snapshot();
-        let key = authenticate(&snapshot.keys, session, ctx)?;
+        let key = self.authenticate(&snapshot.keys, session, ctx)?;
         self.limit(&key, ctx)?;
         let endpoint = match target {
             Target::Proxy(ep) => ep,
@@ -92,25 +92,72 @@ impl Gateway {
             Err(r) => Err(GatewayError::RateLimited {
                 message: r.message,
                 retry_after: retry_after_secs(r.retry_after),
+                reason: r.limit,
             }
             .into()),
         }
     }
 }
 
-fn authenticate(keys: &KeyTable, session: &Session, ctx: &mut Ctx) -> Result<Arc<Key>, Stop> {
-    let headers = &session.req_header().headers;
-    let key = match headers.get(http::header::AUTHORIZATION) {
-        Some(v) => auth::authenticate(keys, Some(v.as_bytes()), now_unix())?,
+impl Gateway {
+    /// The key of the request. An address that presented too many wrong keys is refused
+    /// before its key is looked at; each wrong key counts against it.
+    fn authenticate(
+        &self,
+        keys: &KeyTable,
+        session: &Session,
+        ctx: &mut Ctx,
+    ) -> Result<Arc<Key>, Stop> {
+        let client = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        let throttle = &self.shared.web.throttle;
+        let now = std::time::Instant::now();
+        if let Some(ip) = client {
+            if let Err(wait) = throttle.check(ip, now) {
+                return Err(GatewayError::RateLimited {
+                    message: "Too many wrong keys from this address; try again later.".into(),
+                    retry_after: retry_after_secs(wait),
+                    reason: "auth_failures",
+                }
+                .into());
+            }
+        }
+        let headers = &session.req_header().headers;
         // Anthropic's clients send the key in `x-api-key`.
-        None => auth::authenticate_token(
-            keys,
-            headers.get("x-api-key").map(|v| v.as_bytes()),
-            now_unix(),
-        )?,
-    };
-    ctx.key = Some(key.clone());
-    Ok(key)
+        let (presented, found) = match headers.get(http::header::AUTHORIZATION) {
+            Some(v) => (
+                auth::bearer(Some(v.as_bytes())).is_some(),
+                auth::authenticate(keys, Some(v.as_bytes()), now_unix()),
+            ),
+            None => {
+                let token = headers.get("x-api-key").map(|v| v.as_bytes());
+                (
+                    token.is_some_and(|t| !t.trim_ascii().is_empty()),
+                    auth::authenticate_token(keys, token, now_unix()),
+                )
+            }
+        };
+        match found {
+            Ok(key) => {
+                ctx.key = Some(key.clone());
+                Ok(key)
+            }
+            Err(e) => {
+                // A missing key is a client not set up yet, not a guess.
+                if presented {
+                    if let Some(ip) = client {
+                        throttle.fail(ip, now);
+                    }
+                    if let Some(m) = crate::metrics::get() {
+                        m.auth_failure(client);
+                    }
+                }
+                Err(e.into())
+            }
+        }
+    }
 }
 
 /// What the request is, from method and path; a key in the URL is refused before anything.

@@ -55,6 +55,11 @@ pub struct Ctx {
     /// The upstream (index in the route's pool) that must answer: the one that made the
     /// stored response a `/v1/responses/{id}` call names.
     pub pinned: Option<usize>,
+    /// Time on upstream tries and the reply, and in backoff waits between tries.
+    pub upstream_time: std::time::Duration,
+    pub waited: std::time::Duration,
+    /// The code of the gateway's own 4xx refusal, for the metrics.
+    pub refusal: Option<&'static str>,
 }
 
 impl Ctx {
@@ -85,6 +90,9 @@ impl Ctx {
             cors: None,
             shape: crate::error::ErrorShape::OpenAi,
             pinned: None,
+            upstream_time: std::time::Duration::ZERO,
+            waited: std::time::Duration::ZERO,
+            refusal: None,
         }
     }
 }

@@ -140,7 +140,11 @@ async fn try_pool(
         ctx.attempts += 1;
         let _inflight = up.health.enter();
         let last = attempt == pool.cfg.max_attempts;
-        match try_once(connector, session, ctx, pool, up, life).await {
+        let started = Instant::now();
+        let tried_once = try_once(connector, session, ctx, pool, up, life).await;
+        ctx.upstream_time += started.elapsed();
+        note_attempt(pool, up, &tried_once, attempt > 1);
+        match tried_once {
             Try::ClientGone => return gone(ctx),
             Try::ShuttingDown => return shutting_down(session, ctx).await,
             Try::Failed(e) => {
@@ -149,7 +153,7 @@ async fn try_pool(
                 last_error = Some(e);
                 tried.push(i);
                 if !last && pool.has_healthy(&[]) {
-                    match wait(session, pool, attempt + 1, None, life).await {
+                    match wait(session, ctx, pool, attempt + 1, None, life).await {
                         Waited::Done => {}
                         Waited::ClientGone => return gone(ctx),
                         Waited::ShuttingDown => return shutting_down(session, ctx).await,
@@ -183,16 +187,17 @@ async fn try_pool(
                     } else {
                         drop(upstream);
                         let ra = if others { None } else { retry_after };
-                        match wait(session, pool, attempt + 1, ra, life).await {
+                        match wait(session, ctx, pool, attempt + 1, ra, life).await {
                             Waited::Done => continue,
                             Waited::ClientGone => return gone(ctx),
                             Waited::ShuttingDown => return shutting_down(session, ctx).await,
                         }
                     }
                 }
-                return PoolEnd::Done(
-                    stream_reply(connector, session, ctx, pool, up, upstream, *resp).await,
-                );
+                let started = Instant::now();
+                let sent = stream_reply(connector, session, ctx, pool, up, upstream, *resp).await;
+                ctx.upstream_time += started.elapsed();
+                return PoolEnd::Done(sent);
             }
         }
     }
@@ -213,6 +218,7 @@ async fn shutting_down(session: &mut Session, ctx: &mut Ctx) -> PoolEnd {
 /// the request meanwhile.
 async fn wait(
     session: &mut Session,
+    ctx: &mut Ctx,
     pool: &Pool,
     attempt: u32,
     retry_after: Option<Duration>,
@@ -224,11 +230,34 @@ async fn wait(
         attempt,
         retry_after,
     );
-    tokio::select! {
+    let started = Instant::now();
+    let waited = tokio::select! {
         () = tokio::time::sleep(delay) => Waited::Done,
         () = client_gone(session) => Waited::ClientGone,
         () = cut(life) => Waited::ShuttingDown,
-    }
+    };
+    ctx.waited += started.elapsed();
+    waited
+}
+
+/// Counts a try in the metrics, by how it ended.
+fn note_attempt(pool: &Pool, up: &Upstream, tried: &Try, retry: bool) {
+    let Some(m) = crate::metrics::get() else {
+        return;
+    };
+    let outcome = match tried {
+        Try::Reply(_, resp) => match resp.status.as_u16() {
+            429 => "429",
+            s if s >= 500 => "5xx",
+            s if s >= 400 => "4xx",
+            _ => "2xx",
+        },
+        Try::Failed(GatewayError::UpstreamTimeout(_)) => "timeout",
+        Try::Failed(_) => "error",
+        Try::ClientGone => "client_gone",
+        Try::ShuttingDown => "shutting_down",
+    };
+    m.attempt(&pool.name, &up.cfg.url, outcome, retry);
 }
 
 /// Resolves when the client closes its connection (its request body was read whole, so the

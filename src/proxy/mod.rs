@@ -125,14 +125,39 @@ impl Gateway {
             client,
             key: None,
             status: 0,
+            refusal: None,
         };
         let sent = web::serve(&self.shared, session, &mut ex).await;
         ctx.key = ex.key;
+        ctx.refusal = ex.refusal;
         if ex.status != 0 {
             ctx.outcome = Outcome::Answered(ex.status);
         }
         ctx.group = Group::Usage.name();
         sent.map(|()| true)
+    }
+}
+
+/// The request's figures for the metrics.
+fn observe(m: &crate::metrics::Metrics, ctx: &Ctx, r: &crate::store::UsageRecord) {
+    let ms = |v: u64| std::time::Duration::from_millis(v);
+    m.request_end(&crate::metrics::RequestEnd {
+        listener: ctx.listener.name(),
+        endpoint: ctx.group,
+        model: ctx.route.as_ref().map_or("", |r| r.model.name.as_str()),
+        status: r.status,
+        refusal: ctx.refusal,
+        total: ctx.started.elapsed(),
+        upstream: (ctx.attempts > 0).then_some(ctx.upstream_time),
+        waited: ctx.waited,
+        ttft: r.ttft_ms.map(ms),
+        prompt_tokens: r.prompt_tokens,
+        completion_tokens: r.completion_tokens,
+        cost: r.cost,
+        key: ctx.key.as_ref().map(|k| k.id.as_str()),
+    });
+    if let (Some(route), true) = (&ctx.route, ctx.attempts > 0) {
+        m.upstream_time(&route.pool.name, ctx.upstream_time);
     }
 }
 
@@ -244,13 +269,10 @@ impl ProxyHttp for Gateway {
             let req = session.req_header();
             log.log(&r, req.method.as_str(), req.uri.path());
         }
-        let Some(key) = key else { return };
         if let Some(m) = crate::metrics::get() {
-            let status = ctx.outcome.status().to_string();
-            m.requests
-                .with_label_values(&[ctx.listener.name(), ctx.group, &status])
-                .inc();
+            observe(m, ctx, &r);
         }
+        let Some(key) = key else { return };
         if ctx.group == Group::Responses.name() && ctx.outcome.succeeded() {
             self.note_stored_response(session, ctx, &key.id);
         }

@@ -35,6 +35,9 @@ pub async fn error(
     e: &GatewayError,
 ) -> pingora_error::Result<()> {
     ctx.outcome = Outcome::Answered(e.status());
+    if (400..500).contains(&e.status()) {
+        ctx.refusal = Some(e.reason());
+    }
     let (headroom, cors) = (&ctx.headroom, ctx.cors.as_ref());
     crate::respond::error(session, &ctx.request_id, e, ctx.shape, |h| {
         crate::limit::rate::write_headers(headroom, h)?;

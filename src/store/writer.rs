@@ -265,6 +265,7 @@ impl Writer {
             return;
         }
         let n = self.batch.len() as u64;
+        let started = Instant::now();
         let mut result = insert_batch(&mut self.conn, &self.batch);
         if result.is_err() {
             std::thread::sleep(Duration::from_millis(50));
@@ -272,6 +273,9 @@ impl Writer {
         }
         match result {
             Ok(()) => {
+                if let Some(m) = crate::metrics::get() {
+                    m.batch(self.batch.len(), started.elapsed());
+                }
                 self.shared.written.fetch_add(n, Ordering::SeqCst);
                 self.shared.failing.store(false, Ordering::Relaxed);
             }

@@ -10,7 +10,7 @@ mod console;
 mod page;
 pub mod params;
 pub mod summary;
-mod throttle;
+pub mod throttle;
 pub mod usage_api;
 
 use std::net::IpAddr;
@@ -47,6 +47,8 @@ pub struct Exchange {
     pub key: Option<Arc<Key>>,
     /// The status sent.
     pub status: u16,
+    /// The code of a 4xx refusal sent, for the metrics.
+    pub refusal: Option<&'static str>,
 }
 
 /// The paths this stage answers: all but the proxied `/v1` API.
@@ -139,6 +141,7 @@ async fn authorize(
             let e = GatewayError::RateLimited {
                 message: "Too many wrong keys from this address; try again later.".into(),
                 retry_after: crate::limit::rate::retry_after_secs(wait),
+                reason: "auth_failures",
             };
             fail(session, ex, &e).await?;
             return Ok(None);
@@ -168,6 +171,9 @@ async fn authorize(
             if let (Some(ip), true) = (ex.client, presented) {
                 shared.web.throttle.fail(ip, now);
             }
+            if let (Some(m), true) = (crate::metrics::get(), presented) {
+                m.auth_failure(ex.client);
+            }
             fail(session, ex, &e).await?;
             Ok(None)
         }
@@ -181,6 +187,9 @@ async fn fail(
     e: &GatewayError,
 ) -> pingora_error::Result<()> {
     ex.status = e.status();
+    if (400..500).contains(&ex.status) {
+        ex.refusal = Some(e.reason());
+    }
     respond::error(
         session,
         &ex.request_id,

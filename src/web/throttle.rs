@@ -1,7 +1,7 @@
-//! Web stage, guessing guard: wrong keys presented to the usage and billing APIs are counted per
-//! client address in a sliding minute; past the limit that address gets 429 with `Retry-After`
-//! (whatever key it sends) until its oldest failure leaves the window. So neither the usage page
-//! nor `/api/usage` can be used to try keys at speed.
+//! Guessing guard: wrong keys presented to `/v1`, the usage and billing APIs are counted per
+//! client address in a sliding minute (`[limits] auth_failures_per_minute`, default 10); past
+//! the limit that address gets 429 with `Retry-After` (whatever key it sends) until its oldest
+//! failure leaves the window. So no path can be used to try keys at speed.
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -43,6 +43,11 @@ impl Default for Throttle {
 }
 
 impl Throttle {
+    /// `limit` failures a minute; 0: no limit.
+    pub fn per_minute(limit: usize) -> Throttle {
+        Throttle::new(if limit == 0 { usize::MAX } else { limit }, WINDOW)
+    }
+
     pub fn new(limit: usize, window: Duration) -> Throttle {
         Throttle {
             failures: DashMap::new(),

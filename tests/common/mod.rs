@@ -295,6 +295,11 @@ fn spawn(dir: tempfile::TempDir, setup: &Setup, ports: Ports) -> Result<Gateway,
 }
 
 impl Gateway {
+    /// The port nothing listens on (`@DEAD@` in `extra_config`).
+    pub fn dead_port(&self) -> u16 {
+        self.ports.4
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

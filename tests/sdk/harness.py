@@ -133,6 +133,9 @@ sqlite = "usage.db"
 user = "{CONSOLE_USER}"
 password = "env:MG_SDK_CONSOLE_PASSWORD"
 
+[limits]
+# One address runs every suite, wrong keys included: the throttle is tested in tests/*.rs.
+auth_failures_per_minute = 1000
 [demo]
 mock_upstream = "127.0.0.1:{ports['mock']}"
 

@@ -165,6 +165,7 @@ pub async fn login(
             let e = GatewayError::RateLimited {
                 message: "Too many failed sign-ins from this address; try again later.".into(),
                 retry_after: crate::limit::rate::retry_after_secs(wait),
+                reason: "sign_ins",
             };
             return fail(session, ex, &e).await;
         }
