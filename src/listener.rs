@@ -5,6 +5,12 @@
 //! request's header is not complete within `client_header_timeout_ms` of its first byte (of the
 //! connection's start, for the first request). Idle time between requests is the keep-alive
 //! timeout's business, and the body's is `client_body_timeout_ms`'s.
+//!
+//! The same wrapper gives the requests Pingora cannot parse (a malformed request line or
+//! header) the contract's error: Pingora answers them itself, before any of our code runs,
+//! with a bare `400` and no body. `Deadlined` recognises that reply on its way out (Pingora's
+//! own error header: `Cache-Control: private, no-store`, `Content-Length: 0`; none of ours
+//! has it) and sends in its place the contract's JSON 400 with an `x-request-id`.
 
 use std::future::Future;
 use std::io;
@@ -74,6 +80,67 @@ pub struct Deadlined {
     awaiting_first_byte: bool,
     /// How much of `HEADER_END` the bytes read so far end with.
     matched: usize,
+    /// The reply being sent in place of Pingora's bare error, and how much of it went out.
+    replacing: Option<(Vec<u8>, usize)>,
+}
+
+/// Whether `bytes` are the header of an error Pingora generated itself (see the module doc).
+fn pingoras_bare_error(bytes: &[u8]) -> bool {
+    let Some(status) = bytes
+        .strip_prefix(b"HTTP/1.1 ")
+        .or_else(|| bytes.strip_prefix(b"HTTP/1.0 "))
+    else {
+        return false;
+    };
+    let client_error = status.first() == Some(&b'4');
+    let head = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).to_ascii_lowercase();
+    client_error
+        && head.contains("\r\ncache-control: private, no-store\r\n")
+        && head.contains("\r\ncontent-length: 0\r\n")
+        && !head.contains("x-request-id")
+}
+
+/// The contract's 400 for a request that is not HTTP/1.1 as Pingora can read it.
+fn unparseable_reply() -> Vec<u8> {
+    let e = crate::error::GatewayError::InvalidParameter {
+        param: "request",
+        message: "The request is not valid HTTP/1.1: its request line or a header could not be \
+                  parsed."
+            .into(),
+    };
+    let body = e.body();
+    if let Some(m) = crate::metrics::get() {
+        m.unparseable();
+    }
+    let mut out = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         x-request-id: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n",
+        body.len(),
+        crate::proxy::ctx::next_request_id(),
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+impl Deadlined {
+    /// Sends what replaces Pingora's error; Ready(Ok(n)) once all of it went out, n being the
+    /// length of what it replaces (so the caller moves on as if its bytes were written).
+    fn poll_replacement(&mut self, cx: &mut Context<'_>, n: usize) -> Poll<io::Result<usize>> {
+        while let Some((bytes, sent)) = self.replacing.as_mut() {
+            if *sent >= bytes.len() {
+                break;
+            }
+            match Pin::new(&mut self.inner).poll_write(cx, &bytes[*sent..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(w)) => *sent += w,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.replacing = None;
+        Poll::Ready(Ok(n))
+    }
 }
 
 impl Deadlined {
@@ -85,6 +152,7 @@ impl Deadlined {
             armed: true,
             awaiting_first_byte: false,
             matched: 0,
+            replacing: None,
         }
     }
 
@@ -160,6 +228,12 @@ impl AsyncWrite for Deadlined {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if self.replacing.is_none() && pingoras_bare_error(buf) {
+            self.replacing = Some((unparseable_reply(), 0));
+        }
+        if self.replacing.is_some() {
+            return self.poll_replacement(cx, buf.len());
+        }
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
 
@@ -176,6 +250,15 @@ impl AsyncWrite for Deadlined {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        let first = bufs.iter().find(|b| !b.is_empty());
+        if self.replacing.is_none() && first.is_some_and(|b| pingoras_bare_error(b)) {
+            self.replacing = Some((unparseable_reply(), 0));
+        }
+        if self.replacing.is_some() {
+            // Only the header is replaced: its slice counts as written.
+            let n = first.map_or(0, |b| b.len());
+            return self.poll_replacement(cx, n);
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 

@@ -343,6 +343,13 @@ impl Metrics {
         }
     }
 
+    /// A request Pingora could not parse, answered with the contract's 400.
+    pub fn unparseable(&self) {
+        self.refusals
+            .with_label_values(&["400", "unparseable"])
+            .inc();
+    }
+
     /// A wrong key from `client`.
     pub fn auth_failure(&self, client: Option<IpAddr>) {
         let label = match client {

@@ -405,3 +405,42 @@ async fn upstream_errors_without_a_json_body_are_wrapped_with_their_status() {
         }
     }
 }
+
+/// A request Pingora cannot parse gets the contract's JSON 400 with an `x-request-id`, on both
+/// listeners, and the connection closes; the next connection is served as usual.
+#[tokio::test]
+async fn an_unparseable_request_gets_the_contracts_400() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start();
+    for base in g.bases() {
+        let addr = base.trim_start_matches("http://").to_string();
+        for raw in [
+            "GET /v1/models HTTP/1.1\r\nHost: x\r\nthis header has no colon\r\n\r\n",
+            "GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n",
+            "GET /v1/models HTTP/1.1\r\nHost: x\r\n: no name\r\n\r\n",
+            "GET\r\n\r\n",
+            "\u{1}\u{2}\u{3} nonsense\r\n\r\n",
+        ] {
+            let mut s = tokio::net::TcpStream::connect(&addr)
+                .await
+                .expect("connect");
+            s.write_all(raw.as_bytes()).await.expect("write");
+            let mut reply = Vec::new();
+            tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut reply))
+                .await
+                .expect("the gateway answers and closes")
+                .expect("read");
+            let text = String::from_utf8_lossy(&reply);
+            let (head, body) = text.split_once("\r\n\r\n").expect("a whole reply");
+            let head = head.to_ascii_lowercase();
+            assert!(head.starts_with("http/1.1 400"), "{raw:?}: {text}");
+            assert!(head.contains("content-type: application/json"), "{text}");
+            assert!(head.contains("x-request-id: req_"), "{text}");
+            let v: serde_json::Value = serde_json::from_str(body).expect("json body");
+            assert_eq!(v["error"]["code"], "invalid_parameter", "{v}");
+            assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        }
+        let resp = get(&base, "/v1/models", Some(KEY)).await;
+        assert_eq!(resp.status(), 200);
+    }
+}

@@ -153,7 +153,7 @@ impl Outcome {
 
 /// `req_` + 16 hex of a per-process random prefix + 12 hex of a counter: unique, sortable
 /// within a process, and cheap (no syscall per request).
-fn next_request_id() -> String {
+pub fn next_request_id() -> String {
     static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let prefix = *PREFIX.get_or_init(rand::random::<u64>);
