@@ -84,8 +84,3 @@ async fn drain_small_body(session: &mut Session) {
         let _ = session.drain_request_body().await;
     }
 }
-
-/// No extra headers.
-pub fn plain(_: &mut ResponseHeader) -> pingora_error::Result<()> {
-    Ok(())
-}

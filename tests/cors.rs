@@ -125,3 +125,79 @@ async fn without_cors_configured_there_are_no_cors_headers_and_options_is_405() 
     assert_eq!(resp.status(), 405);
     assert!(!resp.headers().contains_key("access-control-allow-origin"));
 }
+
+/// The usage and billing APIs (bearer key) are callable from an allowed origin, CSV included;
+/// the console and the pages (session cookie) never answer with CORS headers.
+#[tokio::test]
+async fn the_usage_and_billing_apis_answer_cors_and_the_console_never_does() {
+    let g = start_with(cors_setup());
+    for base in g.bases() {
+        for path in [
+            "/api/usage",
+            "/api/usage.csv",
+            "/api/usage/summary",
+            "/v1/dashboard/billing/subscription",
+        ] {
+            let pre = client()
+                .request(reqwest::Method::OPTIONS, format!("{base}{path}"))
+                .header("origin", APP)
+                .header("access-control-request-method", "GET")
+                .header("access-control-request-headers", "authorization")
+                .send()
+                .await
+                .expect("preflight");
+            assert_eq!(pre.status(), 204, "{path}");
+            assert_eq!(pre.headers()["access-control-allow-origin"], APP);
+            let resp = client()
+                .get(format!("{base}{path}"))
+                .header("origin", APP)
+                .bearer_auth(KEY)
+                .send()
+                .await
+                .expect("get");
+            assert_eq!(resp.status(), 200, "{path}");
+            let h = resp.headers();
+            assert_eq!(h["access-control-allow-origin"], APP, "{path}");
+            assert!(
+                h["access-control-expose-headers"]
+                    .to_str()
+                    .expect("ascii")
+                    .contains("content-disposition")
+            );
+            // Errors too: a wrong key is readable by the page.
+            let resp = client()
+                .get(format!("{base}{path}"))
+                .header("origin", APP)
+                .bearer_auth("sk-wrong")
+                .send()
+                .await
+                .expect("get");
+            assert_eq!(resp.status(), 401, "{path}");
+            assert_eq!(resp.headers()["access-control-allow-origin"], APP, "{path}");
+        }
+        for path in ["/console/api/session", "/"] {
+            let resp = client()
+                .get(format!("{base}{path}"))
+                .header("origin", APP)
+                .send()
+                .await
+                .expect("get");
+            assert!(
+                !resp.headers().contains_key("access-control-allow-origin"),
+                "{path}"
+            );
+            let pre = client()
+                .request(reqwest::Method::OPTIONS, format!("{base}{path}"))
+                .header("origin", APP)
+                .header("access-control-request-method", "POST")
+                .send()
+                .await
+                .expect("preflight");
+            assert_ne!(pre.status(), 204, "{path}");
+            assert!(
+                !pre.headers().contains_key("access-control-allow-origin"),
+                "{path}"
+            );
+        }
+    }
+}

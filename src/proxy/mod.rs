@@ -57,10 +57,10 @@ impl Gateway {
                 .div_ceil(1000);
             downstream.set_keepalive(Some(secs.max(1) as u64));
         }
-        if web::owns(session.req_header().uri.path()) {
-            return self.web(session, ctx).await;
-        }
-        if let Some(cors) = &self.shared.live.config.cors {
+        let path = session.req_header().uri.path();
+        let web = web::owns(path);
+        let cors_applies = !web || web::cors_path(path);
+        if let (Some(cors), true) = (&self.shared.live.config.cors, cors_applies) {
             let req = session.req_header();
             ctx.cors = cors.allow(req.headers.get(http::header::ORIGIN));
             let preflight = req.method == http::Method::OPTIONS
@@ -71,6 +71,9 @@ impl Gateway {
                 self.preflight(session, ctx, cors).await?;
                 return Ok(true);
             }
+        }
+        if web {
+            return self.web(session, ctx).await;
         }
         match self.decide(session, ctx).await {
             Ok(()) => {
@@ -126,6 +129,7 @@ impl Gateway {
             key: None,
             status: 0,
             refusal: None,
+            cors: ctx.cors.clone(),
         };
         let sent = web::serve(&self.shared, session, &mut ex).await;
         ctx.key = ex.key;

@@ -49,11 +49,24 @@ pub struct Exchange {
     pub status: u16,
     /// The code of a 4xx refusal sent, for the metrics.
     pub refusal: Option<&'static str>,
+    /// `Access-Control-Allow-Origin` for an allowed browser origin (the key-authenticated
+    /// APIs only, see `cors_path`).
+    pub cors: Option<http::HeaderValue>,
 }
 
 /// The paths this stage answers: all but the proxied `/v1` API.
 pub fn owns(path: &str) -> bool {
     !path.starts_with("/v1/") || path.starts_with("/v1/dashboard/")
+}
+
+/// The paths of this stage a browser page of another origin may call under `[cors]`: the
+/// usage and billing APIs, which take a bearer key. Never the pages or the console, whose
+/// session cookie must not be usable from another origin.
+pub fn cors_path(path: &str) -> bool {
+    path == "/api/usage"
+        || path.starts_with("/api/usage.")
+        || path.starts_with("/api/usage/")
+        || path.starts_with("/v1/dashboard/")
 }
 
 enum Route {
@@ -190,13 +203,9 @@ async fn fail(
     if (400..500).contains(&ex.status) {
         ex.refusal = Some(e.reason());
     }
-    respond::error(
-        session,
-        &ex.request_id,
-        e,
-        ErrorShape::OpenAi,
-        respond::plain,
-    )
+    respond::error(session, &ex.request_id, e, ErrorShape::OpenAi, |h| {
+        crate::cors::decorate(h, ex.cors.as_ref())
+    })
     .await
 }
 
@@ -208,13 +217,17 @@ async fn json(
 ) -> pingora_error::Result<()> {
     ex.status = 200;
     let body = bytes::Bytes::from(body.to_string());
+    let cors = ex.cors.as_ref();
     respond::send(
         session,
         &ex.request_id,
         200,
         "application/json",
         body,
-        no_store,
+        |h| {
+            no_store(h)?;
+            crate::cors::decorate(h, cors)
+        },
     )
     .await
 }
