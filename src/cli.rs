@@ -187,6 +187,13 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     if let Some(m) = crate::metrics::get() {
         m.set_key_label(c.metrics_key_label);
     }
+    if let Some(t) = &c.telemetry {
+        if let Err(e) = crate::telemetry::start(t) {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+        tracing::info!(endpoint = %t.otlp_endpoint, "exporting traces over OTLP/HTTP");
+    }
     let shared = Arc::new(Shared {
         live,
         store: store.clone(),
@@ -203,6 +210,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     crate::server::build(shared, upgrade).run(pingora_core::server::RunArgs::default());
     // Every runtime has exited, so every request has handed over its record: write them all.
     store.close();
+    crate::telemetry::flush();
     tracing::info!(
         written = store.stats().written,
         "usage records drained; bye"

@@ -21,5 +21,6 @@ pub mod route;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod telemetry;
 pub mod upstream;
 pub mod web;

@@ -125,7 +125,11 @@ impl BackgroundService for Drain {
             }
         }
         let store = self.store.clone();
-        let _ = tokio::task::spawn_blocking(move || store.close()).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            store.close();
+            crate::telemetry::flush();
+        })
+        .await;
         tracing::info!(
             written = self.store.stats().written,
             after_ms = started.elapsed().as_millis() as u64,

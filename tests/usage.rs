@@ -580,3 +580,43 @@ async fn burst_then(signal: &str) {
         "records after the burst and SIGTERM"
     );
 }
+
+/// `/readyz` checks the store: while another process holds the database locked the writer's
+/// batch fails and the gateway says it is not ready, naming the store; once the lock goes, the
+/// next batch is written and it is ready again.
+#[tokio::test]
+async fn readyz_is_503_while_the_store_cannot_write_and_200_again_after() {
+    let g = start();
+    let readyz = || async {
+        let resp = reqwest::get(format!("{}/readyz", g.admin))
+            .await
+            .expect("readyz");
+        (resp.status().as_u16(), resp.text().await.expect("body"))
+    };
+    assert_eq!(readyz().await.0, 200);
+    let lock = rusqlite::Connection::open(g.dir.path().join("usage.db")).expect("open");
+    lock.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+    let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
+    assert_eq!(resp.status(), 200);
+    // The writer waits out its busy timeout (5 s) twice before it calls the batch failed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (status, body) = readyz().await;
+        if status == 503 {
+            assert!(body.contains("usage store"), "{body}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still ready: {body}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    lock.execute_batch("COMMIT").expect("unlock");
+    drop(lock);
+    let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
+    let id = resp.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    await_record(&g, &id).await;
+    let (status, body) = readyz().await;
+    assert_eq!(status, 200, "{body}");
+}

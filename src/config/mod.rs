@@ -70,6 +70,8 @@ pub struct Config {
     pub auth_failures_per_minute: usize,
     /// `[metrics] key_label`: per-key series on `/metrics`.
     pub metrics_key_label: bool,
+    /// `[telemetry]`: OTLP export of traces; None: traces are only propagated.
+    pub telemetry: Option<crate::telemetry::TelemetryConfig>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -198,6 +200,15 @@ struct RawConfig {
     log: Option<RawLog>,
     cors: Option<Spanned<RawCors>>,
     metrics: Option<RawMetrics>,
+    telemetry: Option<Spanned<RawTelemetry>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTelemetry {
+    otlp_endpoint: String,
+    service_name: Option<String>,
+    sample_rate: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -634,6 +645,27 @@ impl Config {
             .map_err(|m| p.push(Problem::new(&file, at(c.span()), "cors", m)))
             .ok()
         });
+        let telemetry = raw.telemetry.as_ref().and_then(|t| {
+            let r = t.get_ref();
+            let bad = |m: &str| Problem::new(&file, at(t.span()), "telemetry", m);
+            let endpoint_ok = (r.otlp_endpoint.starts_with("http://")
+                || r.otlp_endpoint.starts_with("https://"))
+                && r.otlp_endpoint.parse::<http::Uri>().is_ok();
+            if !endpoint_ok {
+                p.push(bad("otlp_endpoint must be an http:// or https:// URL"));
+                return None;
+            }
+            let sample_rate = r.sample_rate.unwrap_or(1.0);
+            if !(0.0..=1.0).contains(&sample_rate) {
+                p.push(bad("sample_rate must be between 0 and 1"));
+                return None;
+            }
+            Some(crate::telemetry::TelemetryConfig {
+                otlp_endpoint: r.otlp_endpoint.clone(),
+                service_name: r.service_name.clone().unwrap_or_else(|| "modelgate".into()),
+                sample_rate,
+            })
+        });
         let (access_log_rate, access_log_format) =
             log_settings(raw.log.as_ref(), &file, &mut p, &at);
         let config = Config {
@@ -665,6 +697,7 @@ impl Config {
                 .as_ref()
                 .and_then(|l| l.auth_failures_per_minute)
                 .unwrap_or(crate::web::throttle::FAILURES_PER_WINDOW),
+            telemetry,
             metrics_key_label: raw
                 .metrics
                 .as_ref()
@@ -858,5 +891,31 @@ price = { prompt = 1.0, completion = 2.0 }
             s.contains("models[0].pool") && s.contains("pools[0].upstreams"),
             "{s}"
         );
+    }
+
+    #[test]
+    fn new_sections_are_validated() {
+        let with = |extra: &str| Config::parse(Path::new("c.toml"), &format!("{GOOD}\n{extra}"));
+        let c = with("[telemetry]\notlp_endpoint = \"http://otel:4318\"\n[metrics]\nkey_label = true\n[limits]\nauth_failures_per_minute = 0\n").expect("valid");
+        let t = c.telemetry.expect("telemetry");
+        assert_eq!((t.service_name.as_str(), t.sample_rate), ("modelgate", 1.0));
+        assert!(c.metrics_key_label);
+        assert_eq!(c.auth_failures_per_minute, 0);
+        for (extra, field) in [
+            ("[telemetry]\notlp_endpoint = \"otel:4318\"\n", "telemetry"),
+            (
+                "[telemetry]\notlp_endpoint = \"http://o\"\nsample_rate = 2.0\n",
+                "telemetry",
+            ),
+        ] {
+            let e = with(extra).expect_err(extra).to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        let bad_header = GOOD.replace(
+            "name = \"local\"",
+            "name = \"local\"\nauth_header = \"bearer\"",
+        );
+        let e = Config::parse(Path::new("c.toml"), &bad_header).expect_err("auth_header");
+        assert!(e.to_string().contains("auth_header"), "{e}");
     }
 }

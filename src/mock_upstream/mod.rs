@@ -159,6 +159,8 @@ impl HttpServerApp for MockUpstream {
         let authorization = header_bytes(&req.headers, "authorization").to_vec();
         let x_api_key = header_bytes(&req.headers, "x-api-key").to_vec();
         let anthropic_version = header_bytes(&req.headers, "anthropic-version").to_vec();
+        let traceparent = header_bytes(&req.headers, "traceparent").to_vec();
+        let tracestate = header_bytes(&req.headers, "tracestate").to_vec();
         let content_type =
             String::from_utf8_lossy(header_bytes(&req.headers, "content-type")).into_owned();
         let expect_continue =
@@ -189,6 +191,8 @@ impl HttpServerApp for MockUpstream {
             authorization,
             x_api_key,
             anthropic_version,
+            traceparent,
+            tracestate,
             body_len: body.total_len,
             body_sha256: body.sha256_hex,
             path: path.clone(),

@@ -218,6 +218,9 @@ pub(super) struct Echo {
     /// `x-api-key` and `anthropic-version` as they arrived (Messages API).
     pub(super) x_api_key: Vec<u8>,
     pub(super) anthropic_version: Vec<u8>,
+    /// W3C trace context as it arrived.
+    pub(super) traceparent: Vec<u8>,
+    pub(super) tracestate: Vec<u8>,
     pub(super) body_len: usize,
     pub(super) body_sha256: String,
     pub(super) path: String,
@@ -247,6 +250,8 @@ pub(super) fn add_echo_headers(
         "x-mock-anthropic-version",
         header_value(&echo.anthropic_version),
     )?;
+    header.insert_header("x-mock-traceparent", header_value(&echo.traceparent))?;
+    header.insert_header("x-mock-tracestate", header_value(&echo.tracestate))?;
     header.insert_header("x-mock-body-len", echo.body_len.to_string())?;
     header.insert_header("x-mock-body-sha256", echo.body_sha256.as_str())?;
     header.insert_header("x-mock-path", header_value(echo.path.as_bytes()))?;

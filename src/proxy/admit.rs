@@ -50,7 +50,11 @@ impl Gateway {
         let target = target(session, ctx)?;
         // One snapshot of keys and router for the whole request.
         let snapshot = self.shared.live.snapshot();
-        let key = self.authenticate(&snapshot.keys, session, ctx)?;
+        let key = self.authenticate(&snapshot.keys, session, ctx);
+        if let Some(t) = ctx.trace.as_mut() {
+            t.auth_done = Some(std::time::Instant::now());
+        }
+        let key = key?;
         self.limit(&key, ctx)?;
         let endpoint = match target {
             Target::Proxy(ep) => ep,

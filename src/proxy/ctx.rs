@@ -60,6 +60,8 @@ pub struct Ctx {
     pub waited: std::time::Duration,
     /// The code of the gateway's own 4xx refusal, for the metrics.
     pub refusal: Option<&'static str>,
+    /// The W3C trace context (set as the request is read).
+    pub trace: Option<crate::telemetry::Trace>,
 }
 
 impl Ctx {
@@ -93,6 +95,7 @@ impl Ctx {
             upstream_time: std::time::Duration::ZERO,
             waited: std::time::Duration::ZERO,
             refusal: None,
+            trace: None,
         }
     }
 }

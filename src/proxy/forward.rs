@@ -141,9 +141,17 @@ async fn try_pool(
         let _inflight = up.health.enter();
         let last = attempt == pool.cfg.max_attempts;
         let started = Instant::now();
-        let tried_once = try_once(connector, session, ctx, pool, up, life).await;
+        let span = ctx.trace.as_ref().map(|t| t.next_try());
+        let tried_once = try_once(connector, session, ctx, pool, up, life, span).await;
         ctx.upstream_time += started.elapsed();
-        note_attempt(pool, up, &tried_once, attempt > 1);
+        let outcome = outcome(&tried_once);
+        if let Some(m) = crate::metrics::get() {
+            m.attempt(&pool.name, &up.cfg.url, outcome, attempt > 1);
+        }
+        let replied = matches!(tried_once, Try::Reply(..));
+        if !replied {
+            note_try(ctx, span, started, pool, up, outcome);
+        }
         match tried_once {
             Try::ClientGone => return gone(ctx),
             Try::ShuttingDown => return shutting_down(session, ctx).await,
@@ -194,9 +202,10 @@ async fn try_pool(
                         }
                     }
                 }
-                let started = Instant::now();
+                let reply_started = Instant::now();
                 let sent = stream_reply(connector, session, ctx, pool, up, upstream, *resp).await;
-                ctx.upstream_time += started.elapsed();
+                ctx.upstream_time += reply_started.elapsed();
+                note_try(ctx, span, started, pool, up, outcome);
                 return PoolEnd::Done(sent);
             }
         }
@@ -240,12 +249,33 @@ async fn wait(
     waited
 }
 
-/// Counts a try in the metrics, by how it ended.
-fn note_attempt(pool: &Pool, up: &Upstream, tried: &Try, retry: bool) {
-    let Some(m) = crate::metrics::get() else {
+/// A try's span, when the request's trace is exported.
+fn note_try(
+    ctx: &mut Ctx,
+    span: Option<u64>,
+    start: Instant,
+    pool: &Pool,
+    up: &Upstream,
+    outcome: &'static str,
+) {
+    let (Some(trace), Some(span_id)) = (ctx.trace.as_mut(), span) else {
         return;
     };
-    let outcome = match tried {
+    if trace.recording() {
+        trace.tries.push(crate::telemetry::TrySpan {
+            span_id,
+            start,
+            end: Instant::now(),
+            pool: pool.name.clone(),
+            upstream: up.cfg.url.clone(),
+            outcome,
+        });
+    }
+}
+
+/// How a try ended, for the metrics and its span.
+fn outcome(tried: &Try) -> &'static str {
+    match tried {
         Try::Reply(_, resp) => match resp.status.as_u16() {
             429 => "429",
             s if s >= 500 => "5xx",
@@ -256,8 +286,7 @@ fn note_attempt(pool: &Pool, up: &Upstream, tried: &Try, retry: bool) {
         Try::Failed(_) => "error",
         Try::ClientGone => "client_gone",
         Try::ShuttingDown => "shutting_down",
-    };
-    m.attempt(&pool.name, &up.cfg.url, outcome, retry);
+    }
 }
 
 /// Resolves when the client closes its connection (its request body was read whole, so the
@@ -290,11 +319,18 @@ async fn try_once(
     pool: &Pool,
     up: &Upstream,
     life: Option<&Lifecycle>,
+    span: Option<u64>,
 ) -> Try {
     let peer = upstream::peer(pool, up);
     let mut req = session.req_header().clone();
     if let Err(e) = upstream::rewrite_request(&mut req, up, ctx.body.len(), &ctx.request_id) {
         return Try::Failed(GatewayError::Internal(format!("upstream request: {e}")));
+    }
+    // The try's own span is the upstream's parent; the client's `tracestate` goes as it came.
+    if let (Some(t), Some(span)) = (ctx.trace.as_ref(), span) {
+        if let Err(e) = req.insert_header("traceparent", t.traceparent(span)) {
+            return Try::Failed(GatewayError::Internal(format!("upstream request: {e}")));
+        }
     }
     let body = ctx.body.clone();
     let exchange = async {

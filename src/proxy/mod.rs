@@ -45,6 +45,9 @@ impl Gateway {
 
     /// Decides the request. `Ok(true)`: answered here; `Ok(false)`: proxy it.
     async fn admit(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {
+        ctx.trace = Some(crate::telemetry::Trace::from_headers(
+            &session.req_header().headers,
+        ));
         // An idle keep-alive connection is closed after `keepalive_timeout_ms`.
         let downstream = session.as_downstream_mut();
         if downstream.get_keepalive().is_some() {
@@ -140,6 +143,58 @@ impl Gateway {
         ctx.group = Group::Usage.name();
         sent.map(|()| true)
     }
+}
+
+/// Exports the request's spans (see `telemetry`).
+fn trace(
+    session: &Session,
+    ctx: &Ctx,
+    r: &crate::store::UsageRecord,
+    metering_started: std::time::Instant,
+) {
+    use opentelemetry::KeyValue;
+    let Some(trace) = ctx.trace.as_ref() else {
+        return;
+    };
+    let req = session.req_header();
+    let path = req.uri.path();
+    // Span names stay few: a stored response's id is not part of its name.
+    let route = if path.starts_with("/v1/responses/") {
+        "/v1/responses/{id}"
+    } else {
+        path
+    };
+    let mut attributes = vec![
+        KeyValue::new("http.request.method", req.method.to_string()),
+        KeyValue::new("url.path", path.to_string()),
+        KeyValue::new("http.response.status_code", i64::from(r.status)),
+        KeyValue::new("modelgate.request_id", r.request_id.clone()),
+        KeyValue::new("modelgate.listener", r.listener.clone()),
+        KeyValue::new("modelgate.endpoint", r.endpoint.clone()),
+        KeyValue::new("modelgate.attempts", i64::from(r.attempts)),
+    ];
+    if !r.key_id.is_empty() {
+        attributes.push(KeyValue::new("modelgate.key_id", r.key_id.clone()));
+    }
+    if !r.model.is_empty() {
+        attributes.push(KeyValue::new("gen_ai.request.model", r.model.clone()));
+    }
+    let metering_attributes = vec![
+        KeyValue::new("gen_ai.usage.input_tokens", r.prompt_tokens as i64),
+        KeyValue::new("gen_ai.usage.output_tokens", r.completion_tokens as i64),
+        KeyValue::new("modelgate.cost", r.cost),
+        KeyValue::new("modelgate.estimated", r.estimated),
+    ];
+    crate::telemetry::export(crate::telemetry::Finished {
+        name: format!("{} {route}", req.method),
+        started: ctx.started,
+        started_at: std::time::UNIX_EPOCH + std::time::Duration::from_millis(ctx.time_ms as u64),
+        status: r.status,
+        attributes,
+        metering: (metering_started, std::time::Instant::now()),
+        metering_attributes,
+        trace,
+    });
 }
 
 /// The request's figures for the metrics.
@@ -267,6 +322,7 @@ impl ProxyHttp for Gateway {
             ctx.outcome = ctx.outcome.cut(e.esource() == &ErrorSource::Downstream);
         }
         let key = ctx.key.clone();
+        let metering_started = std::time::Instant::now();
         let r = record::build(ctx, key.as_ref().map_or("", |k| k.id.as_str()));
         // Every request gets its access-log line, refused ones (no key) included.
         if let Some(log) = &self.shared.access_log {
@@ -275,6 +331,9 @@ impl ProxyHttp for Gateway {
         }
         if let Some(m) = crate::metrics::get() {
             observe(m, ctx, &r);
+        }
+        if ctx.trace.as_ref().is_some_and(|t| t.recording()) {
+            trace(session, ctx, &r, metering_started);
         }
         let Some(key) = key else { return };
         if ctx.group == Group::Responses.name() && ctx.outcome.succeeded() {

@@ -15,6 +15,7 @@ pub async fn json(
 ) -> pingora_error::Result<()> {
     ctx.outcome = Outcome::Answered(status);
     let (headroom, cors) = (&ctx.headroom, ctx.cors.as_ref());
+    let trace = traceparent(ctx);
     crate::respond::send(
         session,
         &ctx.request_id,
@@ -23,10 +24,26 @@ pub async fn json(
         Bytes::from(body),
         |h| {
             crate::limit::rate::write_headers(headroom, h)?;
+            echo_trace(h, trace)?;
             crate::cors::decorate(h, cors)
         },
     )
     .await
+}
+
+/// The request's `traceparent`, echoed on its reply.
+pub fn traceparent(ctx: &Ctx) -> Option<String> {
+    ctx.trace.as_ref().map(|t| t.traceparent(t.span_id))
+}
+
+pub fn echo_trace(
+    h: &mut pingora_http::ResponseHeader,
+    traceparent: Option<String>,
+) -> pingora_error::Result<()> {
+    match traceparent {
+        Some(tp) => h.insert_header("traceparent", tp),
+        None => Ok(()),
+    }
 }
 
 pub async fn error(
@@ -39,8 +56,10 @@ pub async fn error(
         ctx.refusal = Some(e.reason());
     }
     let (headroom, cors) = (&ctx.headroom, ctx.cors.as_ref());
+    let trace = traceparent(ctx);
     crate::respond::error(session, &ctx.request_id, e, ctx.shape, |h| {
         crate::limit::rate::write_headers(headroom, h)?;
+        echo_trace(h, trace)?;
         crate::cors::decorate(h, cors)
     })
     .await
