@@ -19,6 +19,18 @@ const SECRET_HEADERS: [&str; 6] = [
     "\"authorization\": \"",
 ];
 
+/// The same headers as written on the wire (`name: value\r\n`), as Pingora's trace output
+/// prints request bytes: the value runs to the end of the line (a CR or LF, or its escaped
+/// form `\r` in a debug-printed byte string).
+const SECRET_WIRE_HEADERS: [&str; 6] = [
+    "x-api-key:",
+    "api-key:",
+    "cookie:",
+    "set-cookie:",
+    "proxy-authorization:",
+    "authorization:",
+];
+
 /// Query parameters that may carry a key (`?api_key=…`).
 const SECRET_PARAMS: [&str; 5] = [
     "api_key=",
@@ -66,6 +78,38 @@ pub fn redact(line: &str) -> String {
                 out.replace_range(start..end, REDACTED);
             }
             from = start + REDACTED.len().min(out.len() - start);
+        }
+    }
+    for name in SECRET_WIRE_HEADERS {
+        let mut from = 0;
+        while let Some(i) = out[from..]
+            .to_ascii_lowercase()
+            .find(name)
+            .map(|i| i + from)
+        {
+            // A header name starts a line: after `\n` (raw or escaped) or the string's start.
+            let at_line_start = i == 0
+                || out.as_bytes()[i - 1] == b'\n'
+                || out[..i].ends_with("\\n")
+                || out[..i].ends_with("b\"");
+            let mut start = i + name.len();
+            start += out.as_bytes()[start..]
+                .iter()
+                .take_while(|&&c| c == b' ')
+                .count();
+            let end = start
+                + out.as_bytes()[start..]
+                    .iter()
+                    .take_while(|&&c| !matches!(c, b'\r' | b'\n' | b'\\' | b'"'))
+                    .count();
+            let value = &out[start..end];
+            let done = value == REDACTED || value.starts_with("Bearer [redacted]");
+            if at_line_start && end > start && !done {
+                out.replace_range(start..end, REDACTED);
+                from = start + REDACTED.len();
+            } else {
+                from = end.max(i + name.len());
+            }
         }
     }
     for param in SECRET_PARAMS {
@@ -141,5 +185,20 @@ mod tests {
             "no secrets here, monkey=1"
         );
         assert_eq!(redact("a bearer "), "a bearer ");
+        let wire = r#"Writing request header: b"POST /v1/messages HTTP/1.1\r\nHost: h\r\nx-api-key: sk-ant-1\r\nCookie: s=2\r\nmy-x-api-key: kept\r\n\r\n""#;
+        let r = redact(wire);
+        assert!(!r.contains("sk-ant-1") && !r.contains("s=2"), "{r}");
+        assert!(
+            r.contains("x-api-key: [redacted]") && r.contains("Host: h"),
+            "{r}"
+        );
+        assert!(
+            r.contains("my-x-api-key: kept"),
+            "only whole header names: {r}"
+        );
+        assert_eq!(
+            redact("x-api-key: abc\nnext"),
+            "x-api-key: [redacted]\nnext"
+        );
     }
 }

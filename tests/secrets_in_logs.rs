@@ -11,6 +11,19 @@ use common::*;
 async fn a_trace_level_session_logs_no_key_and_no_upstream_credential() {
     let g = start_with(Setup {
         env: vec![("RUST_LOG".into(), "trace".into())],
+        extra_config: r#"
+[[pools]]
+name = "anthropic-like"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+api_key = "sk-ant-pool-credential-7788"
+auth_header = "x-api-key"
+
+[[models]]
+name = "claude-like"
+pool = "anthropic-like"
+upstream_model = "echo-1"
+"#
+        .into(),
         ..Setup::default()
     });
     for base in g.bases() {
@@ -37,6 +50,19 @@ async fn a_trace_level_session_logs_no_key_and_no_upstream_credential() {
         )
         .await;
         let _ = get(&base, "/api/usage", Some(KEY)).await;
+        // Anthropic's way: the key in x-api-key, and a pool whose credential goes there too.
+        let body = serde_json::json!({"model": "claude-like", "max_tokens": 8, "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]});
+        let resp = client()
+            .post(format!("{base}/v1/messages"))
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(resp.status(), 200);
+        let _ = resp.bytes().await;
     }
     // A request Pingora cannot parse, carrying a key.
     let addr = g.main.trim_start_matches("http://").to_string();
@@ -57,7 +83,12 @@ async fn a_trace_level_session_logs_no_key_and_no_upstream_credential() {
         "trace output expected: {} bytes",
         stderr.len()
     );
-    for secret in [KEY, "sk-wrong-but-secret-123456", POOL_KEY] {
+    for secret in [
+        KEY,
+        "sk-wrong-but-secret-123456",
+        POOL_KEY,
+        "sk-ant-pool-credential-7788",
+    ] {
         let hits: Vec<&str> = stderr
             .lines()
             .filter(|l| l.contains(secret))
