@@ -1,97 +1,209 @@
 #!/usr/bin/env bash
-# Load benchmark: the mock upstream alone, then modelgate in front of the same mock, in one
-# run, for chat (plain) and chat (streamed). Prints req/s of each and the ratio
-# gateway/direct, for modelgate as configured (metered) and for the same build with metering
-# switched off (MODELGATE_METERING=off), so the cost of metering shows. Traffic stays on
-# 127.0.0.1.
-# Each case runs ROUNDS rounds; a round measures direct, modelgate and modelgate without
-# metering for DURATION/ROUNDS seconds each, one after the other, and the medians are
-# reported. Interleaving keeps slow drift of a shared machine out of the comparison.
-#   DURATION=15 ROUNDS=5 CONNECTIONS=32 CHUNKS=16 bash benches/load.sh
+# The gateway's cost, in one run: the same mock upstream behind
+#   - nginx (`proxy_pass`, one worker, upstream keep-alive),
+#   - a bare Pingora 0.9 ProxyHttp (examples/bare_pingora.rs: `upstream_peer` only, same
+#     server settings as modelgate),
+#   - modelgate with everything a request goes through: auth, an rpm limit, permissions,
+#     metering, the usage record written to SQLite (the access log off, as in the others).
+# The servers are pinned to CPU 0 and wrk to CPU 1 (PIN=0 to share both cores). Each case
+# runs ROUNDS interleaved rounds (nginx, bare, modelgate, DURATION seconds each) and reports
+# medians: req/s, p50/p99 latency, CPU time per request of the proxy process, and the ratios
+# to bare Pingora and to nginx. Then: RSS of each proxy holding SLOW concurrent slow streams
+# (and after they close), and the usage writer alone.
+#   DURATION=5 ROUNDS=3 CONNECTIONS=50 CHUNKS=20 SLOW=2000 bash benches/load.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=${DURATION:-15}
-ROUNDS=${ROUNDS:-5}
-CONNECTIONS=${CONNECTIONS:-32}
-CHUNKS=${CHUNKS:-16}
-THREADS=${THREADS:-1}
+DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-3}
+CONNECTIONS=${CONNECTIONS:-50}
+CHUNKS=${CHUNKS:-20}
+SLOW=${SLOW:-2000}
+PIN=${PIN:-1}
 
-command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+need() { # $1 = command, $2 = Debian package
+  command -v "$1" >/dev/null && return
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+}
+need wrk wrk
+need nginx nginx-light
 bash scripts/install-deps.sh >/dev/null
-cargo build --release --quiet
+cargo build --release --quiet --bin modelgate --example bare_pingora
+cargo bench --quiet --bench store --no-run 2>/dev/null
 BIN=target/release/modelgate
+BARE=target/release/examples/bare_pingora
+NGINX=$(command -v nginx)
+ulimit -n 65536 2>/dev/null || true
+
+if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ]; then SRV="taskset -c 0"; LOAD="taskset -c 1"; else SRV=""; LOAD=""; fi
 
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-MOCK=$(port); MAIN=$(port); DIRECT=$(port); MAIN2=$(port); DIRECT2=$(port)
+MOCK=$(port); NG=$(port); BP=$(port); MG=$(port); MGD=$(port)
 TMP=$(mktemp -d)
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$TMP"; }
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.2; rm -rf "$TMP"; }
 trap cleanup EXIT
 
 KEY=sk-bench-key-000000000000
 cat > "$TMP/modelgate.toml" <<TOML
 [listeners]
-main = "127.0.0.1:$MAIN"
-direct = "127.0.0.1:$DIRECT"
+main = "127.0.0.1:$MG"
+direct = "127.0.0.1:$MGD"
 [keys]
 file = "keys.toml"
 [server]
-threads = $THREADS
+threads = 1
 grace_period_seconds = 0
+[log]
+access = "off"
 [[pools]]
 name = "mock"
 upstreams = ["http://127.0.0.1:$MOCK"]
+health_interval_ms = 0
 [[models]]
 name = "echo-1"
 pool = "mock"
+price = { prompt = 0.15, completion = 0.6 }
 TOML
-printf '[[keys]]\nid = "bench"\nsecret = "%s"\n' "$KEY" > "$TMP/keys.toml"
-mkdir -p "$TMP/off"
-sed -e "s/$MAIN/$MAIN2/; s/$DIRECT/$DIRECT2/" "$TMP/modelgate.toml" > "$TMP/off/modelgate.toml"
-cp "$TMP/keys.toml" "$TMP/off/keys.toml"
+printf '[[keys]]\nid = "bench"\nsecret = "%s"\nrpm = 100000000\nmodels = ["echo-*"]\n' "$KEY" > "$TMP/keys.toml"
 
-RUST_LOG=error "$BIN" mock-upstream --listen "127.0.0.1:$MOCK" --chunks "$CHUNKS" & PIDS+=($!)
-RUST_LOG=error "$BIN" serve --config "$TMP/modelgate.toml" & PIDS+=($!)
-RUST_LOG=error MODELGATE_METERING=off "$BIN" serve --config "$TMP/off/modelgate.toml" & PIDS+=($!)
-for p in $MOCK $DIRECT $DIRECT2; do
+mkdir -p "$TMP/nginx"
+cat > "$TMP/nginx/nginx.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $TMP/nginx/nginx.pid;
+error_log $TMP/nginx/error.log error;
+worker_rlimit_nofile 65536;
+events { worker_connections 16384; }
+http {
+  access_log off;
+  client_body_temp_path $TMP/nginx; proxy_temp_path $TMP/nginx;
+  fastcgi_temp_path $TMP/nginx; uwsgi_temp_path $TMP/nginx; scgi_temp_path $TMP/nginx;
+  upstream mock { server 127.0.0.1:$MOCK; keepalive 1024; }
+  server {
+    listen 127.0.0.1:$NG;
+    location / {
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+NGINX
+
+RUST_LOG=error $SRV "$BIN" mock-upstream --listen "127.0.0.1:$MOCK" --chunks "$CHUNKS" & PIDS+=($!)
+$SRV "$NGINX" -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx" & PIDS+=($!); NGINX_MASTER=$!
+RUST_LOG=error $SRV "$BARE" "127.0.0.1:$BP" "127.0.0.1:$MOCK" & PIDS+=($!); BARE_PID=$!
+(cd "$TMP" && RUST_LOG=error exec $SRV "$OLDPWD/$BIN" serve --config modelgate.toml) & PIDS+=($!); MG_PID=$!
+for p in $MOCK $NG $BP $MG; do
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done
 done
+NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
+declare -A PID_OF=([nginx]=$NGINX_WORKER [bare]=$BARE_PID [modelgate]=$MG_PID)
+declare -A PORT_OF=([nginx]=$NG [bare]=$BP [modelgate]=$MG)
+TARGETS=(nginx bare modelgate)
 
-lua() { # $1 = false | true | usage (streamed, the client asks for include_usage itself)
-  local stream=$1 extra=""
-  if [ "$1" = usage ]; then stream=true; extra=',"stream_options":{"include_usage":true}'; fi
-  cat > "$TMP/$1.lua" <<LUA
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
+script() { # $1 = plain | stream | models
+  case $1 in
+    plain|stream)
+      local stream=false; [ "$1" = stream ] && stream=true
+      cat > "$TMP/$1.lua" <<LUA
 wrk.method = "POST"
-wrk.body = '{"model":"echo-1","stream":$stream$extra,"messages":[{"role":"user","content":"hello there, how are you"}]}'
+wrk.body = '{"model":"echo-1","stream":$stream,"messages":[{"role":"user","content":"hello there, how are you"}]}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $KEY"
 LUA
+      ;;
+    models)
+      printf 'wrk.headers["Authorization"] = "Bearer %s"\n' "$KEY" > "$TMP/$1.lua" ;;
+  esac
   echo "$TMP/$1.lua"
 }
+path_of() { case $1 in models) echo /v1/models ;; *) echo /v1/chat/completions ;; esac; }
 
-SLICE=$(python3 -c "print(max(1, round($DURATION / $ROUNDS)))")
-rps() { # $1 = url, $2 = lua
-  wrk -t1 -c"$CONNECTIONS" -d"${SLICE}s" -s "$2" "$1" | awk '/Requests\/sec/ {print $2}'
+# One measurement: "rps p50_ms p99_ms cpu_us_per_request".
+measure() { # $1 = target, $2 = case
+  local pid=${PID_OF[$1]} before after out
+  before=$(cpu_ticks "$pid")
+  out=$($LOAD wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" --latency -s "$(script "$2")" \
+    "http://127.0.0.1:${PORT_OF[$1]}$(path_of "$2")")
+  after=$(cpu_ticks "$pid")
+  python3 - "$out" "$before" "$after" "$DURATION" <<'PY'
+import re, sys
+out, before, after, dur = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+def ms(label):
+    m = re.search(label + r"%\s+([\d.]+)(us|ms|s)", out)
+    v, u = float(m.group(1)), m.group(2)
+    return v / 1000 if u == "us" else v * 1000 if u == "s" else v
+errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+if errors:
+    sys.exit(f"non-2xx responses in the run:\n{out}")
+cpu_us = (after - before) * 10_000 / max(rps * dur, 1)   # ticks are 10 ms
+print(f"{rps:.0f} {ms('50'):.3f} {ms('99'):.3f} {cpu_us:.1f}")
+PY
 }
-median() { python3 -c "import statistics,sys; print(f'{statistics.median(map(float, sys.argv[1:])):.0f}')" "$@"; }
 
-printf '%-16s %12s %16s %7s %18s %7s\n' "case" "direct" "modelgate" "ratio" "metering off" "ratio"
-for stream in false true usage; do
-  script=$(lua $stream)
-  # Warm every path (connection pools, page cache) before measuring.
-  for p in $MOCK $DIRECT $DIRECT2; do
-    wrk -t1 -c"$CONNECTIONS" -d1s -s "$script" "http://127.0.0.1:$p/v1/chat/completions" >/dev/null
+median() { python3 -c "import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))" "$@"; }
+
+echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); servers on ${SRV:-any CPU}, wrk on ${LOAD:-any CPU}"
+echo "each case: medians of $ROUNDS interleaved rounds of ${DURATION}s per target, $CONNECTIONS connections, $CHUNKS chunks per streamed reply"
+printf '\n%-14s %-10s %10s %9s %9s %11s %9s %9s\n' case target "req/s" "p50 ms" "p99 ms" "CPU µs/req" "÷ bare" "÷ nginx"
+for case in plain stream models; do
+  for t in "${TARGETS[@]}"; do # warm connection pools and caches
+    $LOAD wrk -t1 -c"$CONNECTIONS" -d1s -s "$(script $case)" "http://127.0.0.1:${PORT_OF[$t]}$(path_of $case)" >/dev/null
   done
-  ds=(); gs=(); us=()
+  declare -A R=() P50=() P99=() CPU=()
   for _ in $(seq "$ROUNDS"); do
-    ds+=("$(rps "http://127.0.0.1:$MOCK/v1/chat/completions" "$script")")
-    gs+=("$(rps "http://127.0.0.1:$DIRECT/v1/chat/completions" "$script")")
-    us+=("$(rps "http://127.0.0.1:$DIRECT2/v1/chat/completions" "$script")")
+    for t in "${TARGETS[@]}"; do
+      read -r rps p50 p99 cpu < <(measure "$t" "$case")
+      R[$t]+=" $rps"; P50[$t]+=" $p50"; P99[$t]+=" $p99"; CPU[$t]+=" $cpu"
+    done
   done
-  d=$(median "${ds[@]}"); g=$(median "${gs[@]}"); u=$(median "${us[@]}")
-  case $stream in false) name="chat plain" ;; true) name="chat streamed" ;; *) name="streamed+usage" ;; esac
-  printf '%-16s %12s %16s %7s %18s %7s\n' "$name" "$d" "$g" "$(python3 -c "print(f'{$g/$d:.2f}')")" \
-    "$u" "$(python3 -c "print(f'{$u/$d:.2f}')")"
+  declare -A M=()
+  for t in "${TARGETS[@]}"; do M[$t]=$(median ${R[$t]}); done
+  for t in "${TARGETS[@]}"; do
+    printf '%-14s %-10s %10.0f %9.3f %9.3f %11.1f %9.2f %9.2f\n' "$case" "$t" "${M[$t]}" \
+      "$(median ${P50[$t]})" "$(median ${P99[$t]})" "$(median ${CPU[$t]})" \
+      "$(python3 -c "print(${M[$t]}/${M[bare]})")" "$(python3 -c "print(${M[$t]}/${M[nginx]})")"
+  done
+  unset R P50 P99 CPU M
 done
-echo "(medians of $ROUNDS interleaved rounds of ${SLICE}s per target, $CONNECTIONS connections, $CHUNKS chunks per reply, gateway threads=$THREADS, $(nproc) cores shared by wrk, mock and gateways)"
+
+# Slow streams: SLOW clients each holding a stream whose events come 100 ms apart (about 2 s a
+# stream), for 4 s; RSS of each proxy before, at its peak, and 3 s after they closed.
+cat > "$TMP/slow.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model":"echo-1","stream":true,"messages":[{"role":"user","content":"hello"}]}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer $KEY"
+wrk.headers["x-mock-delay-ms"] = "100"
+LUA
+printf '\n%-24s %12s %14s %16s\n' "$SLOW slow streams" "RSS before" "RSS peak" "RSS 3 s after"
+for t in "${TARGETS[@]}"; do
+  pid=${PID_OF[$t]}
+  before=$(rss_kib "$pid"); peak=$before
+  $LOAD wrk -t2 -c"$SLOW" -d4s --timeout 10s -s "$TMP/slow.lua" "http://127.0.0.1:${PORT_OF[$t]}/v1/chat/completions" >/dev/null &
+  load=$!
+  while kill -0 "$load" 2>/dev/null; do
+    now=$(rss_kib "$pid"); [ "$now" -gt "$peak" ] && peak=$now; sleep 0.2
+  done
+  sleep 3
+  printf '%-24s %9.1f MB %11.1f MB %13.1f MB\n' "$t" "$(python3 -c "print($before/1024)")" \
+    "$(python3 -c "print($peak/1024)")" "$(python3 -c "print($(rss_kib "$pid")/1024)")"
+done
+
+# The usage writer: its wakes per record under the plain-chat load above, and its throughput
+# alone (benches/store.rs).
+writer_tid=$(grep -l usage-writer /proc/"$MG_PID"/task/*/comm | head -1 | xargs dirname)
+wakes() { awk '/voluntary_ctxt_switches/ && !/non/ {print $2}' "$writer_tid/status"; }
+w0=$(wakes)
+out=$($LOAD wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" -s "$(script plain)" "http://127.0.0.1:$MG/v1/chat/completions")
+w1=$(wakes)
+reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+echo
+echo "usage writer under plain-chat load: $((w1 - w0)) wakes for $reqs records ($(python3 -c "print(f'{$reqs/max($w1-$w0,1):.0f}')") records per wake)"
+"$(ls -t target/release/deps/store-* | grep -v '\.d$' | head -1)" --bench writer | tail -1

@@ -668,6 +668,8 @@ impl Config {
         });
         let (access_log_rate, access_log_format) =
             log_settings(raw.log.as_ref(), &file, &mut p, &at);
+        let threads_default =
+            default_threads(listeners.main.is_some(), listeners.direct.is_some());
         let config = Config {
             path: path.to_path_buf(),
             listeners,
@@ -704,7 +706,11 @@ impl Config {
                 .and_then(|m| m.key_label)
                 .unwrap_or(false),
             console,
-            threads: server.as_ref().and_then(|s| s.threads).unwrap_or(2).max(1),
+            threads: server
+                .as_ref()
+                .and_then(|s| s.threads)
+                .unwrap_or(threads_default)
+                .max(1),
             grace_period_seconds: server
                 .as_ref()
                 .and_then(|s| s.grace_period_seconds)
@@ -835,6 +841,15 @@ fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
         weight: 1,
         api_key: None,
     })
+}
+
+/// Each API listener is a Pingora service with its own runtime of `threads` threads: by
+/// default the cores are shared out between the listeners that are on (one each at least), so
+/// the process does not run more busy threads than cores.
+fn default_threads(main: bool, direct: bool) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let listeners = usize::from(main) + usize::from(direct);
+    (cores / listeners.max(1)).max(1)
 }
 
 #[cfg(test)]

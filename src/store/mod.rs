@@ -104,6 +104,10 @@ pub struct Store {
     readers: Mutex<Vec<Connection>>,
     /// The console's sessions and audit log, in the same file.
     pub console: console::ConsoleDb,
+    /// The writer thread, woken early (it sleeps while a batch fills) when a full batch is
+    /// queued, the channel is full, or a flush or stop is sent.
+    writer_thread: std::thread::Thread,
+    batch_max: usize,
 }
 
 impl Store {
@@ -124,7 +128,10 @@ impl Store {
             .name("usage-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| format!("usage store: starting the writer thread: {e}"))?;
+        let writer_thread = handle.thread().clone();
         Ok(Arc::new(Store {
+            writer_thread,
+            batch_max: opts.batch_max.max(1),
             path: path.to_path_buf(),
             tx,
             shared,
@@ -149,7 +156,12 @@ impl Store {
         }
         s.accepted.fetch_add(1, Ordering::SeqCst);
         match self.tx.try_send(Msg::Record(Box::new(r))) {
-            Ok(()) => {}
+            Ok(()) => {
+                // A whole batch is waiting: no need for the writer to sleep out its interval.
+                if s.pending.fetch_add(1, Ordering::Relaxed).wrapping_add(1) == self.batch_max {
+                    self.writer_thread.unpark();
+                }
+            }
             Err(TrySendError::Full(msg)) => {
                 if let Msg::Record(r) = msg {
                     self.spill(r);
@@ -167,6 +179,7 @@ impl Store {
     /// `overflow_max`.
     fn spill(&self, r: Box<UsageRecord>) {
         let s = &self.shared;
+        self.writer_thread.unpark();
         let mut q = s.overflow();
         if q.len() < self.overflow_max {
             q.push_back(r);
@@ -220,6 +233,7 @@ impl Store {
             if self.tx.send(Msg::Stop).is_err() {
                 tracing::error!("usage store: the writer thread was already gone at close");
             }
+            self.writer_thread.unpark();
             if h.join().is_err() {
                 tracing::error!("usage store: the writer thread panicked");
             }
@@ -241,7 +255,10 @@ impl Store {
         // writer is busy emptying it, so retry briefly.
         loop {
             match self.tx.try_send(msg) {
-                Ok(()) => break,
+                Ok(()) => {
+                    self.writer_thread.unpark();
+                    break;
+                }
                 Err(TrySendError::Full(m)) => {
                     if Instant::now() >= deadline {
                         return false;

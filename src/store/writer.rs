@@ -1,7 +1,10 @@
 //! Store stage, write side: the one thread that owns the write connection. It takes records
 //! from the bounded channel and the overflow queue, commits them in batches (at most
 //! `batch_max` rows or `batch_interval` after a batch's first row), and runs retention between
-//! batches.
+//! batches. It wakes once per batch, not per record: only an idle writer waits on the channel
+//! (the first record of a batch wakes it); with a batch open it sleeps until the batch is due
+//! and then takes everything queued, so senders under load never wake it, unless a whole batch
+//! is already waiting, the channel is full, or a flush or stop is sent (`Store` unparks it).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +33,8 @@ pub(super) struct Shared {
     pub overflow: Mutex<VecDeque<Box<UsageRecord>>>,
     /// Records taken into the channel or the overflow queue.
     pub accepted: AtomicU64,
+    /// Records in the channel not yet taken by the writer (approximate; wakes it early).
+    pub pending: std::sync::atomic::AtomicUsize,
     pub overflowed: AtomicU64,
     pub dropped: AtomicU64,
     pub written: AtomicU64,
@@ -97,6 +102,8 @@ pub(super) struct Writer {
     retention_last: Option<Instant>,
     /// The last retention DELETE removed a full chunk: more old rows remain.
     retention_backlog: bool,
+    /// The last round stopped at `batch_max` with records maybe still queued.
+    backlog: bool,
 }
 
 impl Writer {
@@ -116,6 +123,7 @@ impl Writer {
             acks: Vec::new(),
             retention_last: None,
             retention_backlog: false,
+            backlog: false,
         }
     }
 
@@ -134,19 +142,37 @@ impl Writer {
             let mut flush = false;
             let mut stop = false;
             if self.batch.len() < self.cfg.batch_max {
-                let wait = match self.batch_started {
-                    Some(t) => self.cfg.batch_interval.saturating_sub(t.elapsed()),
-                    None if self.retention_backlog => Duration::ZERO,
-                    None => IDLE_TICK,
-                };
-                match self.rx.recv_timeout(wait) {
-                    Ok(msg) => self.take(msg, &mut flush, &mut stop),
-                    Err(RecvTimeoutError::Timeout) => {}
-                    Err(RecvTimeoutError::Disconnected) => stop = true,
+                match self.batch_started {
+                    // A batch is open and the channel was empty when last looked at: sleep
+                    // until it is due (records sent meanwhile wake nobody).
+                    Some(t) if !self.backlog => {
+                        std::thread::park_timeout(
+                            self.cfg.batch_interval.saturating_sub(t.elapsed()),
+                        );
+                    }
+                    Some(_) => {}
+                    None => {
+                        let wait = if self.retention_backlog {
+                            Duration::ZERO
+                        } else {
+                            IDLE_TICK
+                        };
+                        match self.rx.recv_timeout(wait) {
+                            Ok(msg) => self.take(msg, &mut flush, &mut stop),
+                            Err(RecvTimeoutError::Timeout) => {}
+                            Err(RecvTimeoutError::Disconnected) => stop = true,
+                        }
+                    }
                 }
             }
+            self.backlog = false;
             // Take what is already queued without waiting; a flush or stop ends the batch.
-            while !flush && !stop && self.batch.len() < self.cfg.batch_max {
+            while !flush && !stop {
+                if self.batch.len() >= self.cfg.batch_max {
+                    // More may be queued: the next round commits without sleeping.
+                    self.backlog = true;
+                    break;
+                }
                 match self.rx.try_recv() {
                     Ok(msg) => self.take(msg, &mut flush, &mut stop),
                     Err(TryRecvError::Empty) => break,
@@ -176,7 +202,10 @@ impl Writer {
 
     fn take(&mut self, msg: Msg, flush: &mut bool, stop: &mut bool) {
         match msg {
-            Msg::Record(r) => self.push(r),
+            Msg::Record(r) => {
+                self.shared.pending.fetch_sub(1, Ordering::Relaxed);
+                self.push(r);
+            }
             Msg::Flush(ack) => {
                 self.acks.push(ack);
                 *flush = true;
