@@ -29,7 +29,7 @@ need wrk wrk
 need nginx nginx-light
 bash scripts/install-deps.sh >/dev/null
 cargo build --release --quiet --bin modelgate --example bare_pingora
-cargo bench --quiet --bench store --no-run 2>/dev/null
+cargo bench --quiet --bench store --no-run 2>/dev/null || true
 BIN=target/release/modelgate
 BARE=target/release/examples/bare_pingora
 NGINX=$(command -v nginx)
@@ -103,6 +103,8 @@ NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
 declare -A PID_OF=([nginx]=$NGINX_WORKER [bare]=$BARE_PID [modelgate]=$MG_PID)
 declare -A PORT_OF=([nginx]=$NG [bare]=$BP [modelgate]=$MG)
 TARGETS=(nginx bare modelgate)
+declare -A IDLE=()
+for t in "${TARGETS[@]}"; do IDLE[$t]=$(awk '/VmRSS/ {print $2}' "/proc/${PID_OF[$t]}/status"); done
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
@@ -182,7 +184,7 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $KEY"
 wrk.headers["x-mock-delay-ms"] = "100"
 LUA
-printf '\n%-24s %12s %14s %16s\n' "$SLOW slow streams" "RSS before" "RSS peak" "RSS 3 s after"
+printf '\n%-24s %10s %12s %14s %16s\n' "$SLOW slow streams" "RSS idle" "RSS before" "RSS peak" "RSS 3 s after"
 for t in "${TARGETS[@]}"; do
   pid=${PID_OF[$t]}
   before=$(rss_kib "$pid"); peak=$before
@@ -192,7 +194,7 @@ for t in "${TARGETS[@]}"; do
     now=$(rss_kib "$pid"); [ "$now" -gt "$peak" ] && peak=$now; sleep 0.2
   done
   sleep 3
-  printf '%-24s %9.1f MB %11.1f MB %13.1f MB\n' "$t" "$(python3 -c "print($before/1024)")" \
+  printf '%-24s %7.1f MB %9.1f MB %11.1f MB %13.1f MB\n' "$t" "$(python3 -c "print(${IDLE[$t]}/1024)")" "$(python3 -c "print($before/1024)")" \
     "$(python3 -c "print($peak/1024)")" "$(python3 -c "print($(rss_kib "$pid")/1024)")"
 done
 
