@@ -11,6 +11,7 @@
 # to bare Pingora and to nginx. Then: RSS of each proxy holding SLOW concurrent slow streams
 # (and after they close), and the usage writer alone.
 #   DURATION=5 ROUNDS=3 CONNECTIONS=50 CHUNKS=20 SLOW=2000 bash benches/load.sh
+# (WRITER=0 skips the writer-alone figure and the build of its bench.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +30,7 @@ need wrk wrk
 need nginx nginx-light
 bash scripts/install-deps.sh >/dev/null
 cargo build --release --quiet --bin modelgate --example bare_pingora
-cargo bench --quiet --bench store --no-run 2>/dev/null || true
+[ "${WRITER:-1}" = 1 ] && cargo bench --quiet --bench store --no-run 2>/dev/null
 BIN=target/release/modelgate
 BARE=target/release/examples/bare_pingora
 NGINX=$(command -v nginx)
@@ -208,4 +209,6 @@ w1=$(wakes)
 reqs=$(echo "$out" | awk '/requests in/ {print $1}')
 echo
 echo "usage writer under plain-chat load: $((w1 - w0)) wakes for $reqs records ($(python3 -c "print(f'{$reqs/max($w1-$w0,1):.0f}')") records per wake)"
-"$(ls -t target/release/deps/store-* | grep -v '\.d$' | head -1)" --bench writer | tail -1
+if [ "${WRITER:-1}" = 1 ]; then
+  "$(ls -t target/release/deps/store-* | grep -v '\.d$' | head -1)" --bench writer | tail -1
+fi

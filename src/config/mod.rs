@@ -668,8 +668,7 @@ impl Config {
         });
         let (access_log_rate, access_log_format) =
             log_settings(raw.log.as_ref(), &file, &mut p, &at);
-        let threads_default =
-            default_threads(listeners.main.is_some(), listeners.direct.is_some());
+        let threads_default = default_threads(listeners.main.is_some(), listeners.direct.is_some());
         let config = Config {
             path: path.to_path_buf(),
             listeners,

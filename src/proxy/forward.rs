@@ -345,6 +345,7 @@ async fn try_once(
     };
     let timed = tokio::time::timeout(pool.cfg.first_byte_timeout, exchange);
     let result = tokio::select! {
+        biased;
         r = timed => r,
         () = client_gone(session) => return Try::ClientGone,
         () = cut(life) => return Try::ShuttingDown,
@@ -411,7 +412,11 @@ async fn stream_reply(
             None => pool.cfg.idle_timeout,
         };
         let read = tokio::time::timeout(limit, upstream.client.read_response_body());
+        // The upstream's piece first: when one is already there, the client's connection is not
+        // polled (a read that would only say EAGAIN) and the shutdown signal not looked at; a
+        // client that left is still noticed while the upstream is quiet, or by the next write.
         let chunk = tokio::select! {
+            biased;
             r = read => r,
             () = client_gone(session) => {
                 ctx.outcome = Outcome::ClientGone;
