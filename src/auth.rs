@@ -32,6 +32,51 @@ pub fn key_in_query(query: Option<&str>) -> bool {
     })
 }
 
+/// The token a request presents: `Authorization: Bearer`, or, where Anthropic's clients may
+/// call (`x_api_key`), the bare key in `x-api-key` when there is no `Authorization`.
+pub fn presented(headers: &http::HeaderMap, x_api_key: bool) -> Option<&[u8]> {
+    match headers.get(http::header::AUTHORIZATION) {
+        Some(v) => bearer(Some(v.as_bytes())),
+        None if x_api_key => headers
+            .get("x-api-key")
+            .map(|v| v.as_bytes().trim_ascii())
+            .filter(|t| !t.is_empty()),
+        None => None,
+    }
+}
+
+/// The key for `token`, guarded against guessing: an address that presented too many wrong
+/// keys is refused (429) before its key is looked at, and each wrong key counts against it
+/// and in the metrics. No token at all is a client not set up yet, not a guess: 401 only.
+pub fn authenticate_guarded(
+    table: &KeyTable,
+    throttle: &crate::web::Throttle,
+    client: Option<std::net::IpAddr>,
+    token: Option<&[u8]>,
+    now_unix: i64,
+) -> Result<Arc<Key>, GatewayError> {
+    let now = std::time::Instant::now();
+    if let Some(ip) = client {
+        if let Err(wait) = throttle.check(ip, now) {
+            return Err(GatewayError::RateLimited {
+                message: "Too many wrong keys from this address; try again later.".into(),
+                retry_after: crate::limit::rate::retry_after_secs(wait),
+                reason: "auth_failures",
+            });
+        }
+    }
+    let found = authenticate_token(table, token, now_unix);
+    if found.is_err() && token.is_some() {
+        if let Some(ip) = client {
+            throttle.fail(ip, now);
+        }
+        if let Some(m) = crate::metrics::get() {
+            m.auth_failure(client);
+        }
+    }
+    found
+}
+
 /// The key for a request, or 401 `invalid_api_key`.
 pub fn authenticate(
     table: &KeyTable,

@@ -41,8 +41,9 @@ pub struct RequestEnd<'a> {
     /// The code of the gateway's own refusal (`invalid_api_key`, `rpm`, …), if it refused.
     pub refusal: Option<&'static str>,
     pub total: Duration,
-    /// Time spent on upstream tries and the reply (None: never sent upstream).
-    pub upstream: Option<Duration>,
+    /// The pool and the time spent on its upstream tries and the reply (None: never sent
+    /// upstream).
+    pub upstream: Option<(&'a str, Duration)>,
     /// Backoff waits between tries.
     pub waited: Duration,
     pub ttft: Option<Duration>,
@@ -292,9 +293,12 @@ impl Metrics {
         self.request_seconds
             .with_label_values(&[endpoint])
             .observe(r.total.as_secs_f64());
-        if let Some(up) = r.upstream {
+        if let Some((pool, up)) = r.upstream {
             let own = r.total.saturating_sub(up).saturating_sub(r.waited);
             self.overhead_seconds.observe(own.as_secs_f64());
+            self.upstream_seconds
+                .with_label_values(&[pool])
+                .observe(up.as_secs_f64());
         }
         if let Some(t) = r.ttft {
             self.ttft_seconds
@@ -324,13 +328,6 @@ impl Metrics {
                 self.key_cost.with_label_values(&[key]).inc_by(r.cost);
             }
         }
-    }
-
-    /// Time spent on a pool's upstream for one request.
-    pub fn upstream_time(&self, pool: &str, time: Duration) {
-        self.upstream_seconds
-            .with_label_values(&[pool])
-            .observe(time.as_secs_f64());
     }
 
     /// One try sent upstream and how it ended; `retry`: not the request's first.

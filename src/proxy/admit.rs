@@ -116,51 +116,12 @@ impl Gateway {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
-        let throttle = &self.shared.web.throttle;
-        let now = std::time::Instant::now();
-        if let Some(ip) = client {
-            if let Err(wait) = throttle.check(ip, now) {
-                return Err(GatewayError::RateLimited {
-                    message: "Too many wrong keys from this address; try again later.".into(),
-                    retry_after: retry_after_secs(wait),
-                    reason: "auth_failures",
-                }
-                .into());
-            }
-        }
-        let headers = &session.req_header().headers;
         // Anthropic's clients send the key in `x-api-key`.
-        let (presented, found) = match headers.get(http::header::AUTHORIZATION) {
-            Some(v) => (
-                auth::bearer(Some(v.as_bytes())).is_some(),
-                auth::authenticate(keys, Some(v.as_bytes()), now_unix()),
-            ),
-            None => {
-                let token = headers.get("x-api-key").map(|v| v.as_bytes());
-                (
-                    token.is_some_and(|t| !t.trim_ascii().is_empty()),
-                    auth::authenticate_token(keys, token, now_unix()),
-                )
-            }
-        };
-        match found {
-            Ok(key) => {
-                ctx.key = Some(key.clone());
-                Ok(key)
-            }
-            Err(e) => {
-                // A missing key is a client not set up yet, not a guess.
-                if presented {
-                    if let Some(ip) = client {
-                        throttle.fail(ip, now);
-                    }
-                    if let Some(m) = crate::metrics::get() {
-                        m.auth_failure(client);
-                    }
-                }
-                Err(e.into())
-            }
-        }
+        let token = auth::presented(&session.req_header().headers, true);
+        let throttle = &self.shared.web.throttle;
+        let key = auth::authenticate_guarded(keys, throttle, client, token, now_unix())?;
+        ctx.key = Some(key.clone());
+        Ok(key)
     }
 }
 

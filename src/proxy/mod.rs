@@ -207,7 +207,11 @@ fn observe(m: &crate::metrics::Metrics, ctx: &Ctx, r: &crate::store::UsageRecord
         status: r.status,
         refusal: ctx.refusal,
         total: ctx.started.elapsed(),
-        upstream: (ctx.attempts > 0).then_some(ctx.upstream_time),
+        upstream: ctx
+            .route
+            .as_ref()
+            .filter(|_| ctx.attempts > 0)
+            .map(|r| (r.pool.name.as_str(), ctx.upstream_time)),
         waited: ctx.waited,
         ttft: r.ttft_ms.map(ms),
         prompt_tokens: r.prompt_tokens,
@@ -215,9 +219,6 @@ fn observe(m: &crate::metrics::Metrics, ctx: &Ctx, r: &crate::store::UsageRecord
         cost: r.cost,
         key: ctx.key.as_ref().map(|k| k.id.as_str()),
     });
-    if let (Some(route), true) = (&ctx.route, ctx.attempts > 0) {
-        m.upstream_time(&route.pool.name, ctx.upstream_time);
-    }
 }
 
 impl Gateway {

@@ -1,5 +1,6 @@
-//! The proxy's own replies: the shared responder (`crate::respond`) plus this request's
-//! `x-ratelimit-*` headers, and the outcome noted in the context for the usage record.
+//! The proxy's own replies: the shared responder (`crate::respond`) plus the headers every
+//! reply of a request carries (`reply_headers`, the upstream's too), and the outcome noted in
+//! the context for the usage record.
 
 use bytes::Bytes;
 use pingora_proxy::Session;
@@ -14,36 +15,27 @@ pub async fn json(
     body: Vec<u8>,
 ) -> pingora_error::Result<()> {
     ctx.outcome = Outcome::Answered(status);
-    let (headroom, cors) = (&ctx.headroom, ctx.cors.as_ref());
-    let trace = traceparent(ctx);
+    let ctx = &*ctx;
     crate::respond::send(
         session,
         &ctx.request_id,
         status,
         "application/json",
         Bytes::from(body),
-        |h| {
-            crate::limit::rate::write_headers(headroom, h)?;
-            echo_trace(h, trace)?;
-            crate::cors::decorate(h, cors)
-        },
+        |h| reply_headers(ctx, h),
     )
     .await
 }
 
-/// The request's `traceparent`, echoed on its reply.
-pub fn traceparent(ctx: &Ctx) -> Option<String> {
-    ctx.trace.as_ref().map(|t| t.traceparent(t.span_id))
-}
-
-pub fn echo_trace(
-    h: &mut pingora_http::ResponseHeader,
-    traceparent: Option<String>,
-) -> pingora_error::Result<()> {
-    match traceparent {
-        Some(tp) => h.insert_header("traceparent", tp),
-        None => Ok(()),
+/// What every reply of the request carries besides `x-request-id`, the gateway's own and the
+/// upstream's alike: the echoed `traceparent`, the key's `x-ratelimit-*` headroom and, for an
+/// allowed browser origin, the CORS headers.
+pub fn reply_headers(ctx: &Ctx, h: &mut pingora_http::ResponseHeader) -> pingora_error::Result<()> {
+    if let Some(t) = &ctx.trace {
+        h.insert_header("traceparent", t.traceparent(t.span_id))?;
     }
+    crate::limit::rate::write_headers(&ctx.headroom, h)?;
+    crate::cors::decorate(h, ctx.cors.as_ref())
 }
 
 pub async fn error(
@@ -55,12 +47,9 @@ pub async fn error(
     if (400..500).contains(&e.status()) {
         ctx.refusal = Some(e.reason());
     }
-    let (headroom, cors) = (&ctx.headroom, ctx.cors.as_ref());
-    let trace = traceparent(ctx);
+    let ctx = &*ctx;
     crate::respond::error(session, &ctx.request_id, e, ctx.shape, |h| {
-        crate::limit::rate::write_headers(headroom, h)?;
-        echo_trace(h, trace)?;
-        crate::cors::decorate(h, cors)
+        reply_headers(ctx, h)
     })
     .await
 }

@@ -15,7 +15,6 @@ pub mod usage_api;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
 
 use pingora_proxy::Session;
 
@@ -148,26 +147,10 @@ async fn authorize(
     session: &mut Session,
     ex: &mut Exchange,
 ) -> pingora_error::Result<Option<Arc<Key>>> {
-    let now = Instant::now();
-    if let Some(ip) = ex.client {
-        if let Err(wait) = shared.web.throttle.check(ip, now) {
-            let e = GatewayError::RateLimited {
-                message: "Too many wrong keys from this address; try again later.".into(),
-                retry_after: crate::limit::rate::retry_after_secs(wait),
-                reason: "auth_failures",
-            };
-            fail(session, ex, &e).await?;
-            return Ok(None);
-        }
-    }
-    let authorization = session
-        .req_header()
-        .headers
-        .get(http::header::AUTHORIZATION)
-        .map(|v| v.as_bytes());
-    let presented = auth::bearer(authorization).is_some();
+    let token = auth::presented(&session.req_header().headers, false);
     let keys = &shared.live.snapshot().keys;
-    match auth::authenticate(keys, authorization, now_unix()) {
+    let throttle = &shared.web.throttle;
+    match auth::authenticate_guarded(keys, throttle, ex.client, token, now_unix()) {
         Ok(key) => {
             ex.key = Some(key.clone());
             if !key.may_use(Group::Usage) {
@@ -181,12 +164,6 @@ async fn authorize(
             Ok(Some(key))
         }
         Err(e) => {
-            if let (Some(ip), true) = (ex.client, presented) {
-                shared.web.throttle.fail(ip, now);
-            }
-            if let (Some(m), true) = (crate::metrics::get(), presented) {
-                m.auth_failure(ex.client);
-            }
             fail(session, ex, &e).await?;
             Ok(None)
         }
