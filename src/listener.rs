@@ -2,8 +2,8 @@
 //! read of a request header (60 s) but not the whole header, so a client trickling one byte at
 //! a time could hold a connection forever. `HeaderDeadline` wraps the proxy app: each
 //! connection's stream is wrapped once in `Deadlined`, which ends the connection when a
-//! request's header is not complete within `client_header_timeout_ms` of its first byte (of the
-//! connection's start, for the first request). Idle time between requests is the keep-alive
+//! request's header is not complete within `client_header_timeout_ms` of its first byte (a new
+//! connection must send that byte within the same time). Idle time between requests is the keep-alive
 //! timeout's business, and the body's is `client_body_timeout_ms`'s.
 //!
 //! The same wrapper gives the requests Pingora cannot parse (a malformed request line or
@@ -57,6 +57,17 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
                 Err(_) => return None,
             }
         } else {
+            let mut stream = stream;
+            // Wait for the request's first byte before the proxy sees the connection: Pingora
+            // drops a connection whose request has not arrived when a shutdown or upgrade
+            // begins, so one accepted just before SIGQUIT would be closed unanswered. With a
+            // byte in hand, its request is read first. A client that sends nothing within
+            // `client_header_timeout_ms` is closed, as before.
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(self.limit, stream.try_peek(&mut first)).await {
+                Ok(Ok(_)) => {}
+                _ => return None,
+            }
             Box::new(Deadlined::new(stream, self.limit))
         };
         self.inner.process_new(stream, shutdown).await
