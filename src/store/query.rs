@@ -306,21 +306,144 @@ fn merge_scan(
     Ok(seen)
 }
 
-/// Streams the header and every matching row as CSV chunks of about `CHUNK` bytes, one
-/// `EXPORT_PAGE` SELECT (or merge round) at a time; memory holds one page of CSV (well under a
-/// MiB) and one row per merged key. Stops when `sink` returns false. Returns the rows in chunks
-/// handed to the sink.
+/// Where an export's chunks go: the CSV header in front of the first (alone when there are no
+/// rows), then each chunk as it comes; counts the rows in chunks handed over.
+pub(super) struct CsvOut<'s> {
+    sink: &'s mut dyn FnMut(Bytes) -> bool,
+    header_sent: bool,
+    pub sent: u64,
+}
+
+impl<'s> CsvOut<'s> {
+    pub fn new(sink: &'s mut dyn FnMut(Bytes) -> bool) -> CsvOut<'s> {
+        CsvOut {
+            sink,
+            header_sent: false,
+            sent: 0,
+        }
+    }
+
+    /// Hands one chunk of `rows` rows over; false when the sink wants no more.
+    pub fn put(&mut self, chunk: Bytes, rows: u64) -> bool {
+        let chunk = if self.header_sent {
+            chunk
+        } else {
+            self.header_sent = true;
+            let mut first = Vec::with_capacity(CSV_HEADER.len() + 1 + chunk.len());
+            first.extend_from_slice(CSV_HEADER.as_bytes());
+            first.push(b'\n');
+            first.extend_from_slice(&chunk);
+            Bytes::from(first)
+        };
+        self.sent += rows;
+        (self.sink)(chunk)
+    }
+
+    /// The header when no chunk carried it; returns the rows handed over.
+    pub fn finish(mut self) -> u64 {
+        if !self.header_sent {
+            self.put(Bytes::new(), 0);
+        }
+        self.sent
+    }
+}
+
+/// Streams the header and every matching row as CSV, on this connection alone.
 pub(super) fn export(
     conn: &Connection,
     q: &Query,
     sink: &mut dyn FnMut(Bytes) -> bool,
 ) -> Result<u64, StoreError> {
+    let mut out = CsvOut::new(sink);
+    if export_rows(conn, q, &mut |chunk, rows| out.put(chunk, rows))? {
+        return Ok(out.finish());
+    }
+    Ok(out.sent)
+}
+
+/// Rows (by the rollups' count) in one slice of a side-by-side export: about 600 KiB of CSV
+/// (unit tests cut small slices to see many).
+pub(super) const SLICE_ROWS: u64 = if cfg!(test) { 300 } else { 4_096 };
+
+/// `q`'s range cut into slices of about `SLICE_ROWS` rows each, in walk order (newest first
+/// for `desc`), each a query of its own. The rollups tell how many rows each 15-minute bucket
+/// holds (filters on model or status only make a slice smaller); a bucket with more is cut in
+/// equal stretches of time. One slice when there is little to cut.
+pub(super) fn slices(conn: &Connection, q: &Query) -> Result<Vec<Query>, StoreError> {
+    use super::rollup::{BUCKET_MS, bucket_of};
+    let key = if q.key_id.is_some() {
+        "key_id = ?3 AND "
+    } else {
+        ""
+    };
+    let sql = format!(
+        "SELECT bucket_ms, SUM(requests) FROM usage_rollup WHERE {key}bucket_ms >= ?1 \
+         AND bucket_ms < ?2 GROUP BY bucket_ms ORDER BY bucket_ms"
+    );
+    let mut args = vec![
+        Value::Integer(bucket_of(q.start_ms)),
+        Value::Integer(q.end_ms),
+    ];
+    if let Some(k) = &q.key_id {
+        args.push(Value::Text(k.clone()));
+    }
+    let mut stmt = conn.prepare_cached(&sql).map_err(StoreError::query)?;
+    let mut rows = stmt
+        .query(params_from_iter(args))
+        .map_err(StoreError::query)?;
+    // Inner cuts, ascending; a slice ends where the next begins.
+    let mut cuts = Vec::new();
+    let mut filled: u64 = 0;
+    while let Some(row) = rows.next().map_err(StoreError::query)? {
+        let bucket: i64 = row.get(0).map_err(StoreError::query)?;
+        let count = u64::try_from(row.get::<_, i64>(1).map_err(StoreError::query)?).unwrap_or(0);
+        if filled + count > SLICE_ROWS && filled > 0 {
+            cuts.push(bucket);
+            filled = 0;
+        }
+        let parts = count / SLICE_ROWS;
+        for part in 1..=parts.min(BUCKET_MS as u64) {
+            let at = bucket + (BUCKET_MS as u64 * part / (parts + 1)) as i64;
+            cuts.push(at);
+        }
+        filled = if parts == 0 {
+            filled + count
+        } else {
+            count / (parts + 1)
+        };
+    }
+    cuts.retain(|&c| c > q.start_ms && c < q.end_ms);
+    cuts.dedup();
+    let mut bounds = Vec::with_capacity(cuts.len() + 2);
+    bounds.push(q.start_ms);
+    bounds.extend(cuts);
+    bounds.push(q.end_ms);
+    let mut out: Vec<Query> = bounds
+        .windows(2)
+        .map(|w| Query {
+            start_ms: w[0],
+            end_ms: w[1],
+            ..q.clone()
+        })
+        .collect();
+    if q.desc {
+        out.reverse();
+    }
+    Ok(out)
+}
+
+/// Every matching row as CSV chunks of about `CHUNK` bytes (no header), one `EXPORT_PAGE`
+/// SELECT (or merge round) at a time; memory holds one page of CSV (well under a MiB) and one
+/// row per merged key. `emit` takes a chunk and its row count and returns false to stop.
+/// Returns true when every row was emitted.
+pub(super) fn export_rows(
+    conn: &Connection,
+    q: &Query,
+    emit: &mut dyn FnMut(Bytes, u64) -> bool,
+) -> Result<bool, StoreError> {
     let mut buf = Vec::with_capacity(CHUNK + 1024);
-    buf.extend_from_slice(CSV_HEADER.as_bytes());
-    buf.push(b'\n');
     let mut from = first_bound(q, q.cursor);
     let mut in_buf: u64 = 0;
-    let mut sent: u64 = 0;
     // Full chunks of the current page with their row counts.
     let mut ready: Vec<(Bytes, u64)> = Vec::new();
     let mut merge: Option<Merge<'_>> = None;
@@ -352,9 +475,8 @@ pub(super) fn export(
         // The page's statements are done, so their read snapshot is released before the sink
         // runs: a slow client cannot hold back WAL checkpoints for the whole export.
         for (chunk, rows) in ready.drain(..) {
-            sent += rows;
-            if !sink(chunk) {
-                return Ok(sent);
+            if !emit(chunk, rows) {
+                return Ok(false);
             }
         }
         from = match last {
@@ -365,10 +487,9 @@ pub(super) fn export(
         };
     }
     if !buf.is_empty() {
-        sent += in_buf;
-        sink(Bytes::from(buf));
+        return Ok(emit(Bytes::from(buf), in_buf));
     }
-    Ok(sent)
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -609,6 +730,107 @@ mod tests {
                 assert!(got == expected, "{keys} {desc} {model:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_long_range_is_exported_in_slices_side_by_side_with_the_same_bytes() {
+        // Ten hours, rows bunched at the start (a slice of its own holds most of them), three
+        // keys sharing milliseconds.
+        let records: Vec<UsageRecord> = (0..12_000u64)
+            .map(|i| {
+                let t = if i < 8_000 {
+                    i as i64
+                } else {
+                    i as i64 * 3_000
+                };
+                sample_record(i, ["a", "b", "c"][(i % 3) as usize], t)
+            })
+            .collect();
+        let (_dir, store) = store_with(&records);
+        let hours = 10 * 3_600_000;
+        let cursor_at = &records[5_000];
+        let cursor = Cursor {
+            time_ms: cursor_at.time_ms,
+            seq: store
+                .with_reader(|c| {
+                    c.query_row(
+                        "SELECT seq FROM usage WHERE request_id = ?1",
+                        [&cursor_at.request_id],
+                        |r| r.get(0),
+                    )
+                    .map_err(StoreError::query)
+                })
+                .unwrap(),
+        };
+        for (key, desc, status, with_cursor) in [
+            (None, false, None, false),
+            (None, true, None, false),
+            (Some("b"), false, None, false),
+            (Some("c"), true, Some((200, 349)), false),
+            (None, false, None, true),
+            (None, true, None, true),
+        ] {
+            let mut q = all(key, 0, hours * 4, 1);
+            q.desc = desc;
+            q.status = status;
+            q.cursor = with_cursor.then_some(cursor);
+            let cut = store.with_reader(|c| slices(c, &q)).unwrap();
+            assert!(cut.len() > 8, "{}", cut.len());
+            let mut want: Vec<&UsageRecord> = records
+                .iter()
+                .filter(|r| key.is_none_or(|k| r.key_id == k))
+                .filter(|r| status.is_none_or(|(lo, hi)| (lo..=hi).contains(&r.status)))
+                .collect();
+            if desc {
+                want.reverse();
+            }
+            if with_cursor {
+                let at = want
+                    .iter()
+                    .position(|r| r.request_id == cursor_at.request_id);
+                want.drain(..=at.unwrap());
+            }
+            let mut expected = format!("{CSV_HEADER}\n").into_bytes();
+            for r in &want {
+                r.write_csv(&mut expected);
+            }
+            let mut got = Vec::new();
+            let rows = store
+                .export_csv(&q, &mut |b| {
+                    got.extend_from_slice(&b);
+                    true
+                })
+                .unwrap();
+            assert_eq!(rows as usize, want.len(), "{key:?} {desc}");
+            assert!(got == expected, "{key:?} {desc} {status:?} {with_cursor}");
+
+            // Stopping after two chunks stops every reader (the call returns) with the rows
+            // handed over counted.
+            let mut first = Vec::new();
+            let mut calls = 0;
+            let rows = store
+                .export_csv(&q, &mut |b| {
+                    calls += 1;
+                    first.extend_from_slice(&b);
+                    calls < 2
+                })
+                .unwrap();
+            assert_eq!(calls, 2);
+            assert!(expected.starts_with(&first));
+            let lines = first.iter().filter(|&&b| b == b'\n').count();
+            assert_eq!(rows as usize, lines - 1);
+        }
+        // A range with nothing in it is the header alone, and one slice.
+        let q = all(None, hours * 5, hours * 6, 1);
+        assert_eq!(store.with_reader(|c| slices(c, &q)).unwrap().len(), 1);
+        let mut got = Vec::new();
+        store
+            .export_csv(&q, &mut |b| {
+                got.extend_from_slice(&b);
+                true
+            })
+            .unwrap();
+        assert_eq!(got, format!("{CSV_HEADER}\n").as_bytes());
     }
 
     #[test]
