@@ -2,6 +2,8 @@
 //! request as the upstream sees it: its Host and path prefix, the pool's credential in place
 //! of the client's, and exact framing for the (possibly rewritten) body.
 
+use pingora_core::connectors::http::Connector;
+use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_http::RequestHeader;
 
@@ -30,8 +32,18 @@ pub fn peer(pool: &Pool, up: &Upstream) -> Box<HttpPeer> {
     o.total_connection_timeout = Some(pool.cfg.connect_timeout * 2);
     o.read_timeout = Some(pool.cfg.read_timeout);
     o.write_timeout = Some(pool.cfg.read_timeout);
-    o.idle_timeout = Some(std::time::Duration::from_secs(60));
+    // How long the connection may wait in the pool for the next request.
+    o.idle_timeout = Some(pool.cfg.keepalive_timeout);
     Box::new(peer)
+}
+
+/// Gives a connection whose reply was read whole back to the pool, to wait there at most the
+/// pool's `keepalive_timeout`; with a zero timeout it is closed now.
+pub async fn release(connector: &Connector, client: HttpSession, peer: &HttpPeer) {
+    match peer.options.idle_timeout {
+        Some(idle) if idle.is_zero() => drop(client),
+        idle => connector.release_http_session(client, peer, idle).await,
+    }
 }
 
 /// Rewrites the client's request header into the upstream's.

@@ -571,3 +571,69 @@ upstream_model = "echo-1"
     assert_eq!(status, 429);
     assert!(took < std::time::Duration::from_millis(900), "{took:?}");
 }
+
+/// The upstream connection a request came on (its source address, as the mock saw it).
+async fn connection_of(g: &Gateway, model: &str) -> String {
+    let resp = post_json(&g.main, "/v1/chat/completions", &chat_body(model, false)).await;
+    assert_eq!(resp.status(), 200);
+    let peer = resp.headers()["x-mock-peer"].to_str().expect("ascii").to_string();
+    assert!(!peer.is_empty());
+    peer
+}
+
+#[tokio::test]
+async fn upstream_connections_are_reused_until_the_pools_keepalive_timeout() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[pools]]
+name = "kept"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+health_interval_ms = 0
+
+[[pools]]
+name = "short"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+health_interval_ms = 0
+keepalive_timeout_ms = 300
+
+[[pools]]
+name = "none"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+health_interval_ms = 0
+keepalive_timeout_ms = 0
+
+[[models]]
+name = "kept-model"
+pool = "kept"
+upstream_model = "echo-1"
+
+[[models]]
+name = "short-model"
+pool = "short"
+upstream_model = "echo-1"
+
+[[models]]
+name = "none-model"
+pool = "none"
+upstream_model = "echo-1"
+"#
+        .into(),
+        ..Setup::default()
+    });
+    // The default (60 s): one connection for requests one after another.
+    let first = connection_of(&g, "kept-model").await;
+    for _ in 0..3 {
+        assert_eq!(connection_of(&g, "kept-model").await, first);
+    }
+    // 0: each connection is closed after its reply, so the next one is new.
+    let a = connection_of(&g, "none-model").await;
+    let b = connection_of(&g, "none-model").await;
+    let c = connection_of(&g, "none-model").await;
+    assert!(a != b && b != c, "{a} {b} {c}");
+    // 300 ms: reused right away, closed once it waited that long unused.
+    let a = connection_of(&g, "short-model").await;
+    assert_eq!(connection_of(&g, "short-model").await, a);
+    // Waiting out the timeout is what is tested; nothing to await instead.
+    tokio::time::sleep(std::time::Duration::from_millis(900)).await;
+    assert_ne!(connection_of(&g, "short-model").await, a);
+}

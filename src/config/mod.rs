@@ -105,6 +105,9 @@ pub struct PoolConfig {
     pub first_byte_timeout: Duration,
     /// Between two pieces of a streamed reply.
     pub idle_timeout: Duration,
+    /// How long an upstream connection waits unused in the pool before it is closed (and
+    /// its buffers freed).
+    pub keepalive_timeout: Duration,
     /// The whole exchange of a reply that is not streamed.
     pub request_timeout: Duration,
     /// How often each upstream is asked `GET /v1/models`; None: never.
@@ -269,6 +272,7 @@ struct RawPool {
     read_timeout_ms: Option<u64>,
     first_byte_timeout_ms: Option<u64>,
     idle_timeout_ms: Option<u64>,
+    keepalive_timeout_ms: Option<u64>,
     request_timeout_ms: Option<u64>,
     health_interval_ms: Option<u64>,
     cooldown_ms: Option<u64>,
@@ -512,6 +516,7 @@ impl Config {
                 idle_timeout: rp
                     .idle_timeout_ms
                     .map_or(read_timeout, Duration::from_millis),
+                keepalive_timeout: ms(rp.keepalive_timeout_ms, 60_000),
                 request_timeout: ms(rp.request_timeout_ms, 600_000),
                 health_interval: match rp.health_interval_ms {
                     Some(0) => None,

@@ -196,6 +196,9 @@ impl HttpServerApp for MockUpstream {
             body_len: body.total_len,
             body_sha256: body.sha256_hex,
             path: path.clone(),
+            peer: session
+                .client_addr()
+                .map_or(String::new(), |a| a.to_string()),
         };
 
         if overrides.garbage {

@@ -224,6 +224,8 @@ pub(super) struct Echo {
     pub(super) body_len: usize,
     pub(super) body_sha256: String,
     pub(super) path: String,
+    /// The connection's source address ("" when unknown): which connection a request came on.
+    pub(super) peer: String,
 }
 
 /// A header value from arbitrary bytes: invalid bytes (controls) are dropped.
@@ -255,6 +257,7 @@ pub(super) fn add_echo_headers(
     header.insert_header("x-mock-body-len", echo.body_len.to_string())?;
     header.insert_header("x-mock-body-sha256", echo.body_sha256.as_str())?;
     header.insert_header("x-mock-path", header_value(echo.path.as_bytes()))?;
+    header.insert_header("x-mock-peer", header_value(echo.peer.as_bytes()))?;
     Ok(())
 }
 

@@ -47,10 +47,7 @@ struct Upstreamed {
 impl Upstreamed {
     /// Returns the connection for reuse once its reply was read whole.
     async fn release(self, connector: &Connector) {
-        let idle = self.peer.options.idle_timeout;
-        connector
-            .release_http_session(*self.client, &*self.peer, idle)
-            .await;
+        crate::upstream::release(connector, *self.client, &self.peer).await;
     }
 }
 

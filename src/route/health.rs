@@ -107,8 +107,6 @@ async fn models(connector: &Connector, pool: &Pool, up: &Upstream) -> pingora_er
     let status = client.response_header().map_or(0, |r| r.status.as_u16());
     // Read the (small) list so the connection can be reused for the next check.
     while client.read_response_body().await?.is_some() {}
-    connector
-        .release_http_session(client, &*peer, peer.options.idle_timeout)
-        .await;
+    crate::upstream::release(connector, client, &peer).await;
     Ok(status)
 }
