@@ -14,6 +14,7 @@ WORKDIR /src
 # cache mounts, so the legacy builder works too.) The stub build is only a cache warmer: if
 # the manifest names targets the stubs lack, it is skipped and the real build reports.
 COPY Cargo.toml Cargo.lock ./
+COPY .cargo .cargo
 RUN mkdir -p src benches \
  && echo 'fn main() {}' > src/main.rs \
  && for b in hot_paths store usage_scale; do echo 'fn main() {}' > benches/$b.rs; done \

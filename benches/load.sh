@@ -10,7 +10,9 @@
 # medians: req/s, p50/p99 latency, CPU time per request of the proxy process, and the ratios
 # to bare Pingora and to nginx. Then: RSS of each proxy holding SLOW concurrent slow streams
 # (and after they close), and the usage writer alone.
-#   DURATION=5 ROUNDS=3 CONNECTIONS=50 CHUNKS=20 SLOW=2000 bash benches/load.sh
+#   DURATION=5 ROUNDS=3 CONNECTIONS=50 CHUNKS=20 SLOW=2000 IDLE_STREAMS=10000 bash benches/load.sh
+# (CASES="plain" runs only some of the throughput cases, CASES="" none of them; ALT_BIN=path
+# adds another modelgate build side by side.)
 # (WRITER=0 skips the writer-alone figure and the build of its bench.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,7 @@ ROUNDS=${ROUNDS:-3}
 CONNECTIONS=${CONNECTIONS:-50}
 CHUNKS=${CHUNKS:-20}
 SLOW=${SLOW:-2000}
+IDLE_STREAMS=${IDLE_STREAMS:-10000}
 PIN=${PIN:-1}
 
 need() { # $1 = command, $2 = Debian package
@@ -61,6 +64,7 @@ access = "off"
 name = "mock"
 upstreams = ["http://127.0.0.1:$MOCK"]
 health_interval_ms = 0
+keepalive_timeout_ms = 2000
 [[models]]
 name = "echo-1"
 pool = "mock"
@@ -75,12 +79,12 @@ daemon off;
 pid $TMP/nginx/nginx.pid;
 error_log $TMP/nginx/error.log error;
 worker_rlimit_nofile 65536;
-events { worker_connections 16384; }
+events { worker_connections 32768; }
 http {
   access_log off;
   client_body_temp_path $TMP/nginx; proxy_temp_path $TMP/nginx;
   fastcgi_temp_path $TMP/nginx; uwsgi_temp_path $TMP/nginx; scgi_temp_path $TMP/nginx;
-  upstream mock { server 127.0.0.1:$MOCK; keepalive 1024; }
+  upstream mock { server 127.0.0.1:$MOCK; keepalive 1024; keepalive_timeout 2s; }
   server {
     listen 127.0.0.1:$NG;
     location / {
@@ -104,6 +108,16 @@ NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
 declare -A PID_OF=([nginx]=$NGINX_WORKER [bare]=$BARE_PID [modelgate]=$MG_PID)
 declare -A PORT_OF=([nginx]=$NG [bare]=$BP [modelgate]=$MG)
 TARGETS=(nginx bare modelgate)
+# ALT_BIN=path adds a second modelgate build as target `alt` (same config, own ports and
+# store): an A/B of two builds in the same run, e.g. another allocator.
+if [ -n "${ALT_BIN:-}" ]; then
+  ALT=$(port); ALTD=$(port); mkdir -p "$TMP/alt"; cp "$TMP/keys.toml" "$TMP/alt/"
+  sed -e "s/127.0.0.1:$MG\"/127.0.0.1:$ALT\"/" -e "s/127.0.0.1:$MGD\"/127.0.0.1:$ALTD\"/" \
+    "$TMP/modelgate.toml" > "$TMP/alt/modelgate.toml"
+  (cd "$TMP/alt" && RUST_LOG=error exec $SRV "$ALT_BIN" serve --config modelgate.toml) & PIDS+=($!)
+  PID_OF[alt]=$!; PORT_OF[alt]=$ALT; TARGETS+=(alt)
+  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$ALT) 2>/dev/null && break; sleep 0.1; done
+fi
 declare -A IDLE=()
 for t in "${TARGETS[@]}"; do IDLE[$t]=$(awk '/VmRSS/ {print $2}' "/proc/${PID_OF[$t]}/status"); done
 
@@ -131,7 +145,7 @@ path_of() { case $1 in models) echo /v1/models ;; *) echo /v1/chat/completions ;
 measure() { # $1 = target, $2 = case
   local pid=${PID_OF[$1]} before after out
   before=$(cpu_ticks "$pid")
-  out=$($LOAD wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" --latency -s "$(script "$2")" \
+  out=$($LOAD wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" --latency -s "${SCRIPT_OVERRIDE:-$(script "$2")}" \
     "http://127.0.0.1:${PORT_OF[$1]}$(path_of "$2")")
   after=$(cpu_ticks "$pid")
   python3 - "$out" "$before" "$after" "$DURATION" <<'PY'
@@ -155,7 +169,7 @@ median() { python3 -c "import statistics,sys; print(statistics.median(map(float,
 echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); servers on ${SRV:-any CPU}, wrk on ${LOAD:-any CPU}"
 echo "each case: medians of $ROUNDS interleaved rounds of ${DURATION}s per target, $CONNECTIONS connections, $CHUNKS chunks per streamed reply"
 printf '\n%-14s %-10s %10s %9s %9s %11s %9s %9s\n' case target "req/s" "p50 ms" "p99 ms" "CPU µs/req" "÷ bare" "÷ nginx"
-for case in plain stream models; do
+for case in ${CASES-plain stream models}; do
   for t in "${TARGETS[@]}"; do # warm connection pools and caches
     $LOAD wrk -t1 -c"$CONNECTIONS" -d1s -s "$(script $case)" "http://127.0.0.1:${PORT_OF[$t]}$(path_of $case)" >/dev/null
   done
@@ -173,31 +187,69 @@ for case in plain stream models; do
       "$(median ${P50[$t]})" "$(median ${P99[$t]})" "$(median ${CPU[$t]})" \
       "$(python3 -c "print(${M[$t]}/${M[bare]})")" "$(python3 -c "print(${M[$t]}/${M[nginx]})")"
   done
+  [ "$case" = plain ] && PEAK_PLAIN=${M[modelgate]}
   unset R P50 P99 CPU M
 done
 
-# Slow streams: SLOW clients each holding a stream whose events come 100 ms apart (about 2 s a
-# stream), for 4 s; RSS of each proxy before, at its peak, and 3 s after they closed.
-cat > "$TMP/slow.lua" <<LUA
+# Latency at half of modelgate's peak plain rate, the same rate for every target: each
+# connection waits between requests (wrk's `delay`) so that CONNECTIONS of them offer that
+# rate; the added p99 is modelgate's minus bare Pingora's.
+if [ -n "${PEAK_PLAIN:-}" ]; then
+  half=$(python3 -c "print(round($PEAK_PLAIN / 2))")
+  pause=$(python3 -c "print(max(1, round($CONNECTIONS * 1000 / $half)))")
+  paced=$TMP/paced.lua
+  cat "$(script plain)" > "$paced"
+  printf 'function delay()\n  return %s\n end\n' "$pause" >> "$paced"
+  printf '\nplain chat at half of modelgate peak (%s req/s offered: %s connections, %s ms apart)\n' "$half" "$CONNECTIONS" "$pause"
+  printf '%-14s %10s %9s %9s %11s %14s\n' target "req/s" "p50 ms" "p99 ms" "CPU µs/req" "p99 over bare"
+  declare -A R=() P50=() P99=() CPU=()
+  for _ in $(seq "$ROUNDS"); do
+    for t in "${TARGETS[@]}"; do
+      read -r rps p50 p99 cpu < <(SCRIPT_OVERRIDE=$paced measure "$t" plain)
+      R[$t]+=" $rps"; P50[$t]+=" $p50"; P99[$t]+=" $p99"; CPU[$t]+=" $cpu"
+    done
+  done
+  bare99=$(median ${P99[bare]})
+  for t in "${TARGETS[@]}"; do
+    p99=$(median ${P99[$t]})
+    printf '%-14s %10.0f %9.3f %9.3f %11.1f %11.3f ms\n' "$t" "$(median ${R[$t]})" "$(median ${P50[$t]})" \
+      "$p99" "$(median ${CPU[$t]})" "$(python3 -c "print($p99 - $bare99)")"
+  done
+  unset R P50 P99 CPU
+fi
+
+# Slow streams: N clients each holding a stream whose events come DELAY ms apart, for a few
+# seconds; RSS of each proxy before, at its peak, and 3 s and 10 s after they closed. Upstream
+# connections idle in each proxy's pool are closed after 2 s (modelgate's pool
+# `keepalive_timeout_ms`, nginx's upstream `keepalive_timeout`; bare Pingora keeps them).
+streams_rss() { # $1 = streams, $2 = ms between events, $3 = seconds held
+  cat > "$TMP/slow.lua" <<LUA
 wrk.method = "POST"
 wrk.body = '{"model":"echo-1","stream":true,"messages":[{"role":"user","content":"hello"}]}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $KEY"
-wrk.headers["x-mock-delay-ms"] = "100"
+wrk.headers["x-mock-delay-ms"] = "$2"
 LUA
-printf '\n%-24s %10s %12s %14s %16s\n' "$SLOW slow streams" "RSS idle" "RSS before" "RSS peak" "RSS 3 s after"
-for t in "${TARGETS[@]}"; do
-  pid=${PID_OF[$t]}
-  before=$(rss_kib "$pid"); peak=$before
-  $LOAD wrk -t2 -c"$SLOW" -d4s --timeout 10s -s "$TMP/slow.lua" "http://127.0.0.1:${PORT_OF[$t]}/v1/chat/completions" >/dev/null &
-  load=$!
-  while kill -0 "$load" 2>/dev/null; do
-    now=$(rss_kib "$pid"); [ "$now" -gt "$peak" ] && peak=$now; sleep 0.2
+  printf '\n%-22s %9s %11s %11s %13s %13s\n' "$1 streams, ${2} ms" "RSS idle" "RSS before" "RSS peak" "3 s after" "10 s after"
+  for t in "${TARGETS[@]}"; do
+    pid=${PID_OF[$t]}
+    before=$(rss_kib "$pid"); peak=$before
+    $LOAD wrk -t2 -c"$1" -d"$3"s --timeout 30s -s "$TMP/slow.lua" "http://127.0.0.1:${PORT_OF[$t]}/v1/chat/completions" >/dev/null 2>&1 &
+    load=$!
+    while kill -0 "$load" 2>/dev/null; do
+      now=$(rss_kib "$pid"); [ "$now" -gt "$peak" ] && peak=$now; sleep 0.2
+    done
+    sleep 3; after3=$(rss_kib "$pid")
+    sleep 7; after10=$(rss_kib "$pid")
+    printf '%-22s %6.1f MB %8.1f MB %8.1f MB %10.1f MB %10.1f MB\n' "$t" "$(python3 -c "print(${IDLE[$t]}/1024)")" \
+      "$(python3 -c "print($before/1024)")" "$(python3 -c "print($peak/1024)")" \
+      "$(python3 -c "print($after3/1024)")" "$(python3 -c "print($after10/1024)")"
   done
-  sleep 3
-  printf '%-24s %7.1f MB %9.1f MB %11.1f MB %13.1f MB\n' "$t" "$(python3 -c "print(${IDLE[$t]}/1024)")" "$(python3 -c "print($before/1024)")" \
-    "$(python3 -c "print($peak/1024)")" "$(python3 -c "print($(rss_kib "$pid")/1024)")"
-done
+}
+# A burst of short streams (about 2 s each), then many held open and quiet (20 s each; wrk
+# stops after 6 s, when every one is open).
+streams_rss "$SLOW" 100 4
+streams_rss "$IDLE_STREAMS" 1000 6
 
 # The usage writer: its wakes per record under the plain-chat load above, and its throughput
 # alone (benches/store.rs).
