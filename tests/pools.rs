@@ -576,7 +576,10 @@ upstream_model = "echo-1"
 async fn connection_of(g: &Gateway, model: &str) -> String {
     let resp = post_json(&g.main, "/v1/chat/completions", &chat_body(model, false)).await;
     assert_eq!(resp.status(), 200);
-    let peer = resp.headers()["x-mock-peer"].to_str().expect("ascii").to_string();
+    let peer = resp.headers()["x-mock-peer"]
+        .to_str()
+        .expect("ascii")
+        .to_string();
     assert!(!peer.is_empty());
     peer
 }

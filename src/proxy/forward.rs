@@ -10,6 +10,8 @@
 
 use std::time::{Duration, Instant};
 
+use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -440,11 +442,37 @@ async fn stream_reply(
                 .into_up());
             }
         };
-        let done = chunk.is_none() || upstream.client.response_done();
+        let mut done = chunk.is_none() || upstream.client.response_done();
         reply::on_body(ctx, &mut chunk, done);
-        if let Err(e) = session.write_response_body(chunk, done).await {
+        // The pieces the upstream has already sent go out in one write (one send, one wake of
+        // the client), as Pingora's own proxy loop does; a piece still on its way is not
+        // waited for. Each is metered as it is taken.
+        let mut failed = None;
+        let mut out = Coalesced::new(chunk);
+        while !done && out.len() < COALESCE_MAX {
+            let Some(next) = upstream.client.read_response_body().now_or_never() else {
+                break;
+            };
+            match next {
+                Ok(mut c) => {
+                    done = c.is_none() || upstream.client.response_done();
+                    reply::on_body(ctx, &mut c, done);
+                    out.push(c);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Err(e) = session.write_response_body(out.take(), done).await {
             ctx.outcome = Outcome::ClientGone;
             return Err(e);
+        }
+        if let Some(e) = failed {
+            pool.transport_failed(up);
+            ctx.outcome = Outcome::UpstreamFailed(502);
+            return Err(e.into_up());
         }
         if done {
             break;
@@ -452,6 +480,52 @@ async fn stream_reply(
     }
     upstream.release(connector).await;
     Ok(())
+}
+
+/// The most reply bytes gathered into one write to the client.
+const COALESCE_MAX: usize = 64 * 1024;
+
+/// Reply pieces gathered for one write: the first kept as it is (no copy when it is alone).
+struct Coalesced {
+    first: Option<Bytes>,
+    more: Option<BytesMut>,
+}
+
+impl Coalesced {
+    fn new(first: Option<Bytes>) -> Coalesced {
+        Coalesced { first, more: None }
+    }
+
+    fn len(&self) -> usize {
+        match &self.more {
+            Some(m) => m.len(),
+            None => self.first.as_ref().map_or(0, Bytes::len),
+        }
+    }
+
+    fn push(&mut self, piece: Option<Bytes>) {
+        let Some(piece) = piece.filter(|p| !p.is_empty()) else {
+            return;
+        };
+        if self.first.as_ref().is_none_or(Bytes::is_empty) && self.more.is_none() {
+            self.first = Some(piece);
+            return;
+        }
+        let more = self.more.get_or_insert_with(|| {
+            let first = self.first.take().unwrap_or_default();
+            let mut m = BytesMut::with_capacity(first.len() + piece.len() * 4);
+            m.extend_from_slice(&first);
+            m
+        });
+        more.extend_from_slice(&piece);
+    }
+
+    fn take(self) -> Option<Bytes> {
+        match self.more {
+            Some(m) => Some(m.freeze()),
+            None => self.first,
+        }
+    }
 }
 
 /// The most of an upstream's error body the gateway reads to check its shape.
@@ -512,4 +586,30 @@ async fn pass_error(
         upstream.release(connector).await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalesced_pieces_are_the_same_bytes_in_order_and_one_piece_is_not_copied() {
+        let one = Bytes::from_static(b"data: {\"a\":1}\n\n");
+        let alone = Coalesced::new(Some(one.clone())).take().expect("piece");
+        assert_eq!(alone.as_ptr(), one.as_ptr());
+
+        let mut out = Coalesced::new(None);
+        out.push(None);
+        out.push(Some(Bytes::new()));
+        assert_eq!(out.len(), 0);
+        out.push(Some(one.clone()));
+        out.push(None);
+        out.push(Some(Bytes::from_static(b"data: [DONE]\n\n")));
+        assert_eq!(out.len(), one.len() + 14);
+        assert_eq!(
+            out.take().expect("pieces"),
+            Bytes::from_static(b"data: {\"a\":1}\n\ndata: [DONE]\n\n")
+        );
+        assert_eq!(Coalesced::new(None).take(), None);
+    }
 }
