@@ -522,6 +522,27 @@ mod tests {
         (dir, store)
     }
 
+    /// The CSV an export of exactly these records is.
+    fn csv_of(records: &[&UsageRecord]) -> Vec<u8> {
+        let mut out = format!("{CSV_HEADER}\n").into_bytes();
+        for r in records {
+            r.write_csv(&mut out);
+        }
+        out
+    }
+
+    /// A whole export: the rows it counted and its bytes.
+    fn export_whole(store: &Store, q: &Query) -> (u64, Vec<u8>) {
+        let mut got = Vec::new();
+        let rows = store
+            .export_csv(q, &mut |b| {
+                got.extend_from_slice(&b);
+                true
+            })
+            .unwrap();
+        (rows, got)
+    }
+
     fn every_page(store: &Store, mut q: Query) -> Vec<UsageRecord> {
         let mut out = Vec::new();
         loop {
@@ -715,19 +736,9 @@ mod tests {
                 if desc {
                     want.reverse();
                 }
-                let mut expected = format!("{CSV_HEADER}\n").into_bytes();
-                for r in &want {
-                    r.write_csv(&mut expected);
-                }
-                let mut got = Vec::new();
-                let rows = store
-                    .export_csv(&q, &mut |b| {
-                        got.extend_from_slice(&b);
-                        true
-                    })
-                    .unwrap();
+                let (rows, got) = export_whole(&store, &q);
                 assert_eq!(rows as usize, want.len(), "{keys} {desc}");
-                assert!(got == expected, "{keys} {desc} {model:?}");
+                assert!(got == csv_of(&want), "{keys} {desc} {model:?}");
             }
         }
     }
@@ -790,17 +801,8 @@ mod tests {
                     .position(|r| r.request_id == cursor_at.request_id);
                 want.drain(..=at.unwrap());
             }
-            let mut expected = format!("{CSV_HEADER}\n").into_bytes();
-            for r in &want {
-                r.write_csv(&mut expected);
-            }
-            let mut got = Vec::new();
-            let rows = store
-                .export_csv(&q, &mut |b| {
-                    got.extend_from_slice(&b);
-                    true
-                })
-                .unwrap();
+            let expected = csv_of(&want);
+            let (rows, got) = export_whole(&store, &q);
             assert_eq!(rows as usize, want.len(), "{key:?} {desc}");
             assert!(got == expected, "{key:?} {desc} {status:?} {with_cursor}");
 
