@@ -1,14 +1,16 @@
 //! Store stage, the console's own tables: login sessions (kept here so they survive a restart;
-//! only the SHA-256 of a session token is stored) and the audit log of console actions. Their
-//! writes are rare, so they go through one small connection of their own; WAL lets it commit
-//! between the usage writer's batches. Callers run these on blocking threads.
+//! only the SHA-256 of a session token is stored) and the audit log of console actions, in
+//! whichever engine holds the records. On SQLite their writes are rare, so they go through one
+//! small connection of their own; WAL lets it commit between the usage writer's batches.
+//! Callers run these on blocking threads.
 
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::StoreError;
+use super::engine::Engine;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS console_sessions (
@@ -51,7 +53,39 @@ pub struct AuditEntry {
     pub detail: String,
 }
 
-pub struct ConsoleDb {
+/// The console's tables in the store's engine.
+pub struct Console(pub(super) Arc<dyn Engine>);
+
+impl Console {
+    pub fn session_put(&self, token_sha256: &str, s: &Session) -> Result<(), StoreError> {
+        self.0.session_put(token_sha256, s)
+    }
+
+    /// The live session for a token's hash at `now_ms`.
+    pub fn session_get(
+        &self,
+        token_sha256: &str,
+        now_ms: i64,
+    ) -> Result<Option<Session>, StoreError> {
+        self.0.session_get(token_sha256, now_ms)
+    }
+
+    pub fn session_delete(&self, token_sha256: &str) -> Result<(), StoreError> {
+        self.0.session_delete(token_sha256)
+    }
+
+    pub fn audit_add(&self, e: &AuditEntry) -> Result<(), StoreError> {
+        self.0.audit_add(e)
+    }
+
+    /// The newest `limit` entries, newest first.
+    pub fn audit_list(&self, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
+        self.0.audit_list(limit)
+    }
+}
+
+/// The SQLite side: one connection of its own.
+pub(super) struct SqliteConsole {
     conn: Mutex<Connection>,
 }
 
@@ -59,15 +93,15 @@ fn q(e: rusqlite::Error) -> StoreError {
     StoreError::query(e)
 }
 
-impl ConsoleDb {
-    pub(super) fn open(path: &Path) -> Result<ConsoleDb, String> {
+impl SqliteConsole {
+    pub(super) fn open(path: &Path) -> Result<SqliteConsole, String> {
         let conn = Connection::open(path)
             .map_err(|e| format!("console store: opening {}: {e}", path.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(|e| format!("console store: busy_timeout: {e}"))?;
         conn.execute_batch(SCHEMA)
             .map_err(|e| format!("console store: creating schema: {e}"))?;
-        Ok(ConsoleDb {
+        Ok(SqliteConsole {
             conn: Mutex::new(conn),
         })
     }
@@ -186,11 +220,11 @@ mod tests {
             expires_ms: 5_000,
             cred: "t".into(),
         };
-        ConsoleDb::open(&path)
+        SqliteConsole::open(&path)
             .unwrap()
             .session_put("h", &s)
             .unwrap();
-        let db = ConsoleDb::open(&path).unwrap();
+        let db = SqliteConsole::open(&path).unwrap();
         assert_eq!(db.session_get("h", 2_000).unwrap(), Some(s));
         assert_eq!(db.session_get("h", 5_000).unwrap(), None);
         assert_eq!(db.session_get("other", 2_000).unwrap(), None);

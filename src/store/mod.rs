@@ -1,28 +1,30 @@
 //! Store stage: usage records and spend, kept off the request path. `record` hands a record to
 //! one writer thread (bounded channel, then an in-memory overflow queue) that commits batches
-//! to SQLite; queries and CSV exports read through their own read-only connections.
+//! to the store's engine (SQLite embedded, or Postgres); queries and CSV exports read through
+//! the engine's own connections.
 
 pub mod console;
 pub mod record;
 pub mod rollup;
 
+mod engine;
 mod query;
 mod sqlite;
+mod sqlite_engine;
 mod writer;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rusqlite::Connection;
-
 pub use query::{Cursor, Page, Query};
 pub use record::{CSV_HEADER, UsageRecord};
 
+use engine::{BatchWriter, Engine};
 use writer::{Msg, Shared, Writer, WriterConfig};
 
 /// A failed read of the store. Its detail is for the log; clients get a generic message.
@@ -87,21 +89,8 @@ pub struct StoreStats {
     pub write_errors: u64,
 }
 
-/// Idle read-only connections kept for reuse (with their cached statements).
-const READER_POOL: usize = 4;
-
-/// Threads reading one CSV export side by side (the cores, at most 4).
-fn export_workers() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
-}
-
-/// Chunks (64 KiB each) a slice read ahead of the one being sent may hold: a whole slice of
-/// `query::SLICE_ROWS` rows at up to 256 bytes each; a denser slice than the rollups said
-/// waits for the sender (memory stays bounded at about (workers + 2) × 1 MiB).
-const SLICE_CHUNKS: usize = 16;
-
 pub struct Store {
-    path: PathBuf,
+    engine: Arc<dyn Engine>,
     tx: SyncSender<Msg>,
     shared: Arc<Shared>,
     overflow_max: usize,
@@ -111,9 +100,8 @@ pub struct Store {
     /// `record` calls past the `closed` check; `close` waits for them before sending `Stop`,
     /// so nothing can be queued behind it.
     in_flight: AtomicUsize,
-    readers: Mutex<Vec<Connection>>,
-    /// The console's sessions and audit log, in the same file.
-    pub console: console::ConsoleDb,
+    /// The console's sessions and audit log, in the same store.
+    pub console: console::Console,
     /// The writer thread, woken early (it sleeps while a batch fills) when a full batch is
     /// queued, the channel is full, or a flush or stop is sent.
     writer_thread: std::thread::Thread,
@@ -121,11 +109,19 @@ pub struct Store {
 }
 
 impl Store {
-    /// Creates parent folders, opens/creates the DB (WAL, synchronous=NORMAL, busy_timeout
-    /// 5 s), creates the schema, starts the writer thread.
+    /// The embedded store: creates parent folders, opens/creates the SQLite file (WAL,
+    /// synchronous=NORMAL, busy_timeout 5 s) and its schema, starts the writer thread.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Arc<Store>, String> {
-        let conn = sqlite::open_writer(path)?;
-        let console = console::ConsoleDb::open(path)?;
+        let (engine, writer) = sqlite_engine::SqliteEngine::open(path)?;
+        Store::start(Arc::new(engine), Box::new(writer), opts)
+    }
+
+    /// Starts the writer thread on `conn` in front of `engine`.
+    fn start(
+        engine: Arc<dyn Engine>,
+        conn: Box<dyn BatchWriter>,
+        opts: StoreOptions,
+    ) -> Result<Arc<Store>, String> {
         let (tx, rx) = mpsc::sync_channel(opts.channel_capacity.max(1));
         let shared = Arc::new(Shared::default());
         let cfg = WriterConfig {
@@ -142,15 +138,14 @@ impl Store {
         Ok(Arc::new(Store {
             writer_thread,
             batch_max: opts.batch_max.max(1),
-            path: path.to_path_buf(),
+            console: console::Console(Arc::clone(&engine)),
+            engine,
             tx,
             shared,
             overflow_max: opts.overflow_max,
             writer: Mutex::new(Some(handle)),
             closed: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
-            readers: Mutex::new(Vec::new()),
-            console,
         }))
     }
 
@@ -219,12 +214,12 @@ impl Store {
 
     /// key_id → total spend, from the spend table (for loading at start).
     pub fn spend_totals(&self) -> Result<HashMap<String, f64>, StoreError> {
-        self.with_reader(|c| sqlite::spend_totals(c).map_err(StoreError))
+        self.engine.spend_totals()
     }
 
     /// key_id → unix ms of its last committed request (for loading at start).
     pub fn last_used(&self) -> Result<HashMap<String, i64>, StoreError> {
-        self.with_reader(|c| sqlite::last_used(c).map_err(StoreError))
+        self.engine.last_used()
     }
 
     /// Drains the channel and the overflow queue, commits, stops and joins the writer.
@@ -249,10 +244,7 @@ impl Store {
             }
         }
         drop(handle);
-        self.readers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.engine.close();
     }
 
     /// Blocks until everything recorded before the call is committed (for tests and for
@@ -307,119 +299,25 @@ impl Store {
         }
     }
 
-    /// Blocking (callers use spawn_blocking). One page ordered by (time_ms, rowid) ascending.
+    /// Blocking (callers use spawn_blocking). One page ordered by (time_ms, seq).
     pub fn query(&self, q: &Query) -> Result<Page, StoreError> {
-        self.with_reader(|conn| query::page(conn, q))
+        self.engine.page(q)
     }
 
     /// Blocking. Streams `CSV_HEADER\n` then every matching row (ordered like `query`) to
-    /// `sink` in chunks of about 64 KiB, reading the DB in keyset pages so memory stays flat;
-    /// stops early when `sink` returns false. Returns the rows in chunks handed to `sink`.
-    /// A range with enough rows is cut into time slices that `EXPORT_WORKERS` threads read
-    /// side by side (each its own connection), handed to `sink` in order as they come; each
-    /// slice buffers at most `SLICE_CHUNKS` chunks ahead, so memory stays flat.
+    /// `sink` in chunks of about 64 KiB, memory flat; stops early when `sink` returns false.
+    /// Returns the rows in chunks handed to `sink`.
     pub fn export_csv(
         &self,
         q: &Query,
         sink: &mut dyn FnMut(bytes::Bytes) -> bool,
     ) -> Result<u64, StoreError> {
-        let workers = export_workers();
-        let slices = if workers > 1 {
-            self.with_reader(|conn| query::slices(conn, q))?
-        } else {
-            Vec::new()
-        };
-        if slices.len() < 2 {
-            return self.with_reader(|conn| query::export(conn, q, sink));
-        }
-        type Chunk = Result<(bytes::Bytes, u64), StoreError>;
-        struct Job {
-            slice: Query,
-            tx: SyncSender<Chunk>,
-        }
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Job>();
-        let jobs_rx = Mutex::new(jobs_rx);
-        std::thread::scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|| {
-                    loop {
-                        let job = jobs_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
-                        // The sender is gone: the export is over.
-                        let Ok(job) = job else { return };
-                        let done = self.with_reader(|conn| {
-                            query::export_rows(conn, &job.slice, &mut |chunk, rows| {
-                                job.tx.send(Ok((chunk, rows))).is_ok()
-                            })
-                        });
-                        if let Err(e) = done {
-                            let _ = job.tx.send(Err(e));
-                        }
-                    }
-                });
-            }
-            // Slices handed out ahead of the one being sent: every worker busy, no more.
-            let mut slices = slices.into_iter();
-            let mut ahead = std::collections::VecDeque::with_capacity(workers + 1);
-            let mut hand_out = |ahead: &mut std::collections::VecDeque<_>| {
-                if let Some(slice) = slices.next() {
-                    let (tx, rx) = mpsc::sync_channel::<Chunk>(SLICE_CHUNKS);
-                    if jobs_tx.send(Job { slice, tx }).is_ok() {
-                        ahead.push_back(rx);
-                    }
-                }
-            };
-            for _ in 0..=workers {
-                hand_out(&mut ahead);
-            }
-            let mut out = query::CsvOut::new(sink);
-            let result = (|| {
-                while let Some(rx) = ahead.pop_front() {
-                    hand_out(&mut ahead);
-                    // A slice's channel closes when its worker is done with it.
-                    for chunk in rx {
-                        let (chunk, rows) = chunk?;
-                        if !out.put(chunk, rows) {
-                            return Ok(false);
-                        }
-                    }
-                }
-                Ok(true)
-            })();
-            // Workers see their slice's receiver gone, or no more jobs, and stop.
-            drop(ahead);
-            drop(jobs_tx);
-            match result {
-                Ok(true) => Ok(out.finish()),
-                Ok(false) => Ok(out.sent),
-                Err(e) => Err(e),
-            }
-        })
+        self.engine.export_csv(q, sink)
     }
 
     /// Blocking. The rollup rows of a range (see `rollup`): exact for any `start`/`end`.
     pub fn rollup(&self, q: &rollup::RollupQuery) -> Result<rollup::Rollup, StoreError> {
-        self.with_reader(|conn| rollup::read(conn, q))
-    }
-
-    /// Runs `f` on a pooled read-only connection (opened on demand); a connection that saw an
-    /// error is not pooled again.
-    fn with_reader<T>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let pooled = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let conn = match pooled {
-            Some(c) => c,
-            None => sqlite::open_reader(&self.path).map_err(StoreError)?,
-        };
-        let out = f(&conn);
-        if out.is_ok() && !self.closed.load(Ordering::SeqCst) {
-            let mut pool = self.readers.lock().unwrap_or_else(|e| e.into_inner());
-            if pool.len() < READER_POOL {
-                pool.push(conn);
-            }
-        }
-        out
+        self.engine.rollup(q)
     }
 }
 

@@ -512,6 +512,14 @@ mod tests {
         }
     }
 
+    /// A read-only connection on `store_with`'s file.
+    fn with_reader<T>(
+        dir: &tempfile::TempDir,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        f(&crate::store::sqlite::open_reader(&dir.path().join("u.db")).unwrap())
+    }
+
     fn store_with(records: &[UsageRecord]) -> (tempfile::TempDir, Arc<Store>) {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("u.db"), StoreOptions::default()).unwrap();
@@ -717,8 +725,8 @@ mod tests {
             let records: Vec<UsageRecord> = (0..9_000)
                 .map(|i| sample_record(i, &format!("k{}", (i * 7) % keys as u64), i as i64 / 5))
                 .collect();
-            let (_dir, store) = store_with(&records);
-            let merged = store.with_reader(keys_to_merge).unwrap();
+            let (dir, store) = store_with(&records);
+            let merged = with_reader(&dir, keys_to_merge).unwrap();
             assert_eq!(merged.is_some(), keys <= MERGE_MAX_KEYS, "{keys}");
             for (desc, model) in [
                 (false, None),
@@ -757,21 +765,20 @@ mod tests {
                 sample_record(i, ["a", "b", "c"][(i % 3) as usize], t)
             })
             .collect();
-        let (_dir, store) = store_with(&records);
+        let (dir, store) = store_with(&records);
         let hours = 10 * 3_600_000;
         let cursor_at = &records[5_000];
         let cursor = Cursor {
             time_ms: cursor_at.time_ms,
-            seq: store
-                .with_reader(|c| {
-                    c.query_row(
-                        "SELECT seq FROM usage WHERE request_id = ?1",
-                        [&cursor_at.request_id],
-                        |r| r.get(0),
-                    )
-                    .map_err(StoreError::query)
-                })
-                .unwrap(),
+            seq: with_reader(&dir, |c| {
+                c.query_row(
+                    "SELECT seq FROM usage WHERE request_id = ?1",
+                    [&cursor_at.request_id],
+                    |r| r.get(0),
+                )
+                .map_err(StoreError::query)
+            })
+            .unwrap(),
         };
         for (key, desc, status, with_cursor) in [
             (None, false, None, false),
@@ -785,7 +792,7 @@ mod tests {
             q.desc = desc;
             q.status = status;
             q.cursor = with_cursor.then_some(cursor);
-            let cut = store.with_reader(|c| slices(c, &q)).unwrap();
+            let cut = with_reader(&dir, |c| slices(c, &q)).unwrap();
             assert!(cut.len() > 8, "{}", cut.len());
             let mut want: Vec<&UsageRecord> = records
                 .iter()
@@ -824,7 +831,7 @@ mod tests {
         }
         // A range with nothing in it is the header alone, and one slice.
         let q = all(None, hours * 5, hours * 6, 1);
-        assert_eq!(store.with_reader(|c| slices(c, &q)).unwrap().len(), 1);
+        assert_eq!(with_reader(&dir, |c| slices(c, &q)).unwrap().len(), 1);
         let mut got = Vec::new();
         store
             .export_csv(&q, &mut |b| {

@@ -12,10 +12,8 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rusqlite::Connection;
-
+use super::engine::BatchWriter;
 use super::record::UsageRecord;
-use super::sqlite::{RETENTION_CHUNK, delete_expired, insert_batch};
 
 /// Records are boxed so a 65,536-slot channel costs a pointer per slot, not a whole record.
 pub(super) enum Msg {
@@ -92,7 +90,7 @@ const IDLE_TICK: Duration = Duration::from_secs(1);
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 
 pub(super) struct Writer {
-    conn: Connection,
+    conn: Box<dyn BatchWriter>,
     rx: Receiver<Msg>,
     shared: Arc<Shared>,
     cfg: WriterConfig,
@@ -108,7 +106,7 @@ pub(super) struct Writer {
 
 impl Writer {
     pub fn new(
-        conn: Connection,
+        conn: Box<dyn BatchWriter>,
         rx: Receiver<Msg>,
         shared: Arc<Shared>,
         cfg: WriterConfig,
@@ -295,10 +293,10 @@ impl Writer {
         }
         let n = self.batch.len() as u64;
         let started = Instant::now();
-        let mut result = insert_batch(&mut self.conn, &self.batch);
+        let mut result = self.conn.insert_batch(&self.batch);
         if result.is_err() {
             std::thread::sleep(Duration::from_millis(50));
-            result = insert_batch(&mut self.conn, &self.batch);
+            result = self.conn.insert_batch(&self.batch);
         }
         match result {
             Ok(()) => {
@@ -342,8 +340,8 @@ impl Writer {
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now_ms.saturating_sub(keep_ms);
-        match delete_expired(&self.conn, cutoff) {
-            Ok(n) => self.retention_backlog = n >= RETENTION_CHUNK,
+        match self.conn.delete_expired(cutoff) {
+            Ok(more) => self.retention_backlog = more,
             Err(e) => {
                 self.retention_backlog = false;
                 tracing::error!("usage store: retention: {e}");
