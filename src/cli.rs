@@ -159,19 +159,30 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     }
     let options = StoreOptions {
         retention: c.retention,
+        spool: c.postgres.is_some().then(|| c.spool.clone()),
         ..StoreOptions::default()
     };
-    let store = match Store::open(&c.sqlite, options) {
+    let (store, where_) = match &c.postgres {
+        Some(url) => (
+            Store::open_postgres(url.expose(), options),
+            "postgres".to_string(),
+        ),
+        None => (
+            Store::open(&c.sqlite, options),
+            c.sqlite.display().to_string(),
+        ),
+    };
+    let store = match store {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("cannot open the usage store {}: {e}", c.sqlite.display());
+            eprintln!("cannot open the usage store {where_}: {e}");
             return ExitCode::from(2);
         }
     };
     let spend = match store.spend_totals() {
         Ok(t) => Spend::from_totals(t),
         Err(e) => {
-            eprintln!("cannot read spend from {}: {e}", c.sqlite.display());
+            eprintln!("cannot read spend from {where_}: {e}");
             return ExitCode::from(2);
         }
     };
@@ -179,7 +190,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         main = ?c.listeners.main,
         direct = ?c.listeners.direct,
         admin = ?c.listeners.admin,
-        store = %c.sqlite.display(),
+        store = %where_,
         keys = live.snapshot().keys.len(),
         models = c.models.len(),
         "modelgate starting"

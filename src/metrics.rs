@@ -87,6 +87,7 @@ pub struct Metrics {
     records_dropped: IntCounter,
     record_write_errors: IntCounter,
     records_queued: IntGauge,
+    spool_bytes: IntGauge,
     batch_rows: Histogram,
     batch_seconds: Histogram,
 }
@@ -253,6 +254,10 @@ impl Metrics {
                 "usage_records_queued",
                 "Usage records waiting to be written",
             )?,
+            spool_bytes: gauge(
+                "usage_spool_bytes",
+                "Bytes of usage records waiting on disk for the database to come back",
+            )?,
             batch_rows: histogram(
                 "usage_batch_rows",
                 "Records per store commit",
@@ -379,6 +384,8 @@ impl Metrics {
         bump(&self.records_dropped, store.dropped);
         bump(&self.record_write_errors, store.write_errors);
         self.records_queued.set(store.queued as i64);
+        self.spool_bytes
+            .set(i64::try_from(store.spool_bytes).unwrap_or(i64::MAX));
         // Pools come and go with reloads: show only the ones in force.
         self.upstream_healthy.reset();
         self.upstream_in_flight.reset();

@@ -41,6 +41,11 @@ pub struct Config {
     pub keys_file: PathBuf,
     /// The usage store (default `usage.db` beside the config file).
     pub sqlite: PathBuf,
+    /// The fleet's store instead of `sqlite`: a `postgres://…` URL or `key=value` settings.
+    pub postgres: Option<Secret>,
+    /// Where records wait on disk while Postgres is away (default `usage-spool.jsonl` beside
+    /// the config file).
+    pub spool: PathBuf,
     /// Usage records older than this are deleted; None keeps them forever.
     pub retention: Option<Duration>,
     pub pools: Vec<PoolConfig>,
@@ -257,6 +262,8 @@ struct RawKeysRef {
 #[serde(deny_unknown_fields)]
 struct RawStorage {
     sqlite: Option<String>,
+    postgres: Option<Spanned<String>>,
+    spool: Option<String>,
     retention_days: Option<u64>,
 }
 
@@ -673,6 +680,21 @@ impl Config {
         });
         let (access_log_rate, access_log_format) =
             log_settings(raw.log.as_ref(), &file, &mut p, &at);
+        let postgres = raw.storage.as_ref().and_then(|s| {
+            let pg = s.postgres.as_ref()?;
+            let bad = |m: String| Problem::new(&file, at(pg.span()), "storage.postgres", m);
+            if s.sqlite.is_some() {
+                p.push(bad("set sqlite or postgres, not both".into()));
+                return None;
+            }
+            let secret = resolve_secret(pg.get_ref())
+                .map_err(|m| p.push(bad(m)))
+                .ok()?;
+            crate::store::check_postgres_url(secret.expose())
+                .map_err(|m| p.push(bad(m)))
+                .ok()?;
+            Some(secret)
+        });
         let threads_default = default_threads(listeners.main.is_some(), listeners.direct.is_some());
         let config = Config {
             path: path.to_path_buf(),
@@ -683,6 +705,13 @@ impl Config {
                     .as_ref()
                     .and_then(|s| s.sqlite.clone())
                     .unwrap_or_else(|| "usage.db".into()),
+            ),
+            postgres,
+            spool: dir.join(
+                raw.storage
+                    .as_ref()
+                    .and_then(|s| s.spool.clone())
+                    .unwrap_or_else(|| "usage-spool.jsonl".into()),
             ),
             retention: raw
                 .storage

@@ -15,9 +15,9 @@ use notify::Watcher;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
-use super::Problems;
 use super::keys::KeyTable;
 use super::live::Live;
+use super::{Problems, Secret};
 
 pub struct KeysReloader {
     live: Arc<Live>,
@@ -66,6 +66,8 @@ impl KeysReloader {
             || config.listeners.direct != old.listeners.direct
             || config.listeners.admin != old.listeners.admin
             || config.sqlite != old.sqlite
+            || config.postgres.as_ref().map(Secret::expose)
+                != old.postgres.as_ref().map(Secret::expose)
             || config.keys_file != old.keys_file
         {
             tracing::warn!("listeners, storage and the keys file change only with a restart");

@@ -12,16 +12,35 @@ use super::query::{Page, Query};
 use super::record::UsageRecord;
 use super::rollup::{Rollup, RollupQuery};
 
+/// A batch that did not commit. A transient one (the database server unreachable, restarting
+/// or busy) is kept and retried until it commits, while newer records wait in the spool on
+/// disk; any other is retried once and then counted lost.
+#[derive(Debug)]
+pub(crate) struct WriteError {
+    pub msg: String,
+    pub transient: bool,
+}
+
+impl From<String> for WriteError {
+    /// An error of the embedded store: a full or broken disk does not heal by waiting.
+    fn from(msg: String) -> WriteError {
+        WriteError {
+            msg,
+            transient: false,
+        }
+    }
+}
+
 /// What the writer thread does with its batches; owned by that thread alone.
 pub(crate) trait BatchWriter: Send {
     /// Commits one batch with its spend and rollups, all or nothing. A row whose `request_id`
     /// is already stored is skipped, so a batch retried after a lost acknowledgement is never
     /// counted twice.
-    fn insert_batch(&mut self, batch: &[UsageRecord]) -> Result<(), String>;
+    fn insert_batch(&mut self, batch: &[UsageRecord]) -> Result<(), WriteError>;
 
     /// Deletes at most one chunk of rows older than `cutoff_ms` (spend is kept); returns
     /// whether more may remain.
-    fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, String>;
+    fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError>;
 }
 
 /// Reads, for the usage API, the page, the console and the start-up loads. Blocking: callers

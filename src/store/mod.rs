@@ -8,13 +8,15 @@ pub mod record;
 pub mod rollup;
 
 mod engine;
+mod postgres;
 mod query;
+mod spool;
 mod sqlite;
 mod sqlite_engine;
 mod writer;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
@@ -61,6 +63,8 @@ pub struct StoreOptions {
     pub retention: Option<Duration>,
     /// Records the overflow queue holds before further ones are dropped (counted, logged).
     pub overflow_max: usize,
+    /// Where batches wait on disk while a database server is away (Postgres).
+    pub spool: Option<PathBuf>,
 }
 
 impl Default for StoreOptions {
@@ -71,6 +75,7 @@ impl Default for StoreOptions {
             batch_interval: Duration::from_millis(100),
             retention: None,
             overflow_max: 1_000_000,
+            spool: None,
         }
     }
 }
@@ -87,6 +92,8 @@ pub struct StoreStats {
     pub queued: u64,
     /// Rows lost because their batch failed to commit twice.
     pub write_errors: u64,
+    /// Bytes of records waiting in the spool for the database to come back.
+    pub spool_bytes: u64,
 }
 
 pub struct Store {
@@ -108,11 +115,24 @@ pub struct Store {
     batch_max: usize,
 }
 
+/// Whether `url` is Postgres connection settings the store can use (checked by `check`).
+pub fn check_postgres_url(url: &str) -> Result<(), String> {
+    postgres::config(url).map(drop)
+}
+
 impl Store {
     /// The embedded store: creates parent folders, opens/creates the SQLite file (WAL,
     /// synchronous=NORMAL, busy_timeout 5 s) and its schema, starts the writer thread.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Arc<Store>, String> {
         let (engine, writer) = sqlite_engine::SqliteEngine::open(path)?;
+        Store::start(Arc::new(engine), Box::new(writer), opts)
+    }
+
+    /// The fleet's store: connects to Postgres (`postgres://…` or `key=value` settings),
+    /// migrates its schema, starts the writer thread. Batches wait in `opts.spool` while the
+    /// server is away.
+    pub fn open_postgres(url: &str, opts: StoreOptions) -> Result<Arc<Store>, String> {
+        let (engine, writer) = postgres::PgEngine::open(url)?;
         Store::start(Arc::new(engine), Box::new(writer), opts)
     }
 
@@ -128,6 +148,7 @@ impl Store {
             batch_max: opts.batch_max.max(1),
             batch_interval: opts.batch_interval,
             retention: opts.retention,
+            spool: opts.spool.clone(),
         };
         let writer = Writer::new(conn, rx, Arc::clone(&shared), cfg);
         let handle = std::thread::Builder::new()
@@ -296,6 +317,7 @@ impl Store {
             dropped: s.dropped.load(Ordering::Relaxed),
             queued: accepted.saturating_sub(written + write_errors),
             write_errors,
+            spool_bytes: s.spool_bytes.load(Ordering::Relaxed),
         }
     }
 

@@ -69,15 +69,15 @@ pub struct Page {
 
 /// Rows per SELECT during an export: big enough that restarting the statement is noise, small
 /// enough that each page's read transaction is short (a long one would hold WAL checkpoints).
-const EXPORT_PAGE: usize = 4_096;
+pub(super) const EXPORT_PAGE: usize = 4_096;
 
 /// Export chunks handed to the sink are about this size.
-const CHUNK: usize = 64 * 1024;
+pub(super) const CHUNK: usize = 64 * 1024;
 
 /// Where a walk starts: the first (time_ms, seq) to return. Ascending it is inclusive (the
 /// query's start, or just past the cursor); descending it is exclusive (the query's end, or
 /// the cursor). None when the cursor already lies past the end of the key space.
-fn first_bound(q: &Query, cursor: Option<Cursor>) -> Option<(i64, i64)> {
+pub(super) fn first_bound(q: &Query, cursor: Option<Cursor>) -> Option<(i64, i64)> {
     if q.desc {
         let end = (q.end_ms, i64::MIN);
         return Some(cursor.map_or(end, |c| (c.time_ms, c.seq).min(end)));
@@ -93,32 +93,57 @@ fn first_bound(q: &Query, cursor: Option<Cursor>) -> Option<(i64, i64)> {
     Some(after.max(start))
 }
 
+/// A value bound to one of a query's placeholders.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum Arg {
+    Int(i64),
+    Text(String),
+}
+
+/// Whose placeholders a query is written with: SQLite's `?N` or Postgres's typed `$N`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
 /// The SELECT for one keyset page and its parameters, in order. Ascending:
 /// `(time_ms, seq) >= bound AND time_ms < end`; descending:
 /// `(time_ms, seq) < bound AND time_ms >= start`.
 /// The redundant plain `time_ms` bound keeps a range on the index even where the planner would
 /// not use the row-value comparison for one. Filters on model and status are checked on the
 /// rows the index walk yields.
-fn select(q: &Query, from: (i64, i64), limit: usize) -> (String, Vec<Value>) {
+pub(super) fn select_in(
+    dialect: Dialect,
+    q: &Query,
+    from: (i64, i64),
+    limit: usize,
+) -> (String, Vec<Arg>) {
     let mut sql = format!("SELECT {SELECT_COLUMNS} FROM usage WHERE ");
-    let mut args: Vec<Value> = Vec::with_capacity(8);
-    let mut arg = |sql: &mut String, text: &str, v: Value| {
+    let mut args: Vec<Arg> = Vec::with_capacity(8);
+    let mut arg = |sql: &mut String, text: &str, v: Arg| {
+        let n = args.len() + 1;
+        let at = match (dialect, &v) {
+            (Dialect::Sqlite, _) => format!("?{n}"),
+            (Dialect::Postgres, Arg::Int(_)) => format!("${n}::bigint"),
+            (Dialect::Postgres, Arg::Text(_)) => format!("${n}::text"),
+        };
         args.push(v);
-        sql.push_str(&text.replace('?', &format!("?{}", args.len())));
+        sql.push_str(&text.replace('?', &at));
     };
     if let Some(key) = &q.key_id {
-        arg(&mut sql, "key_id = ? AND ", Value::Text(key.clone()));
+        arg(&mut sql, "key_id = ? AND ", Arg::Text(key.clone()));
     }
     if let Some(model) = &q.model {
-        arg(&mut sql, "model = ? AND ", Value::Text(model.clone()));
+        arg(&mut sql, "model = ? AND ", Arg::Text(model.clone()));
     }
     if let Some((lo, hi)) = q.status {
-        arg(&mut sql, "status >= ? AND ", Value::Integer(lo.into()));
-        arg(&mut sql, "status <= ? AND ", Value::Integer(hi.into()));
+        arg(&mut sql, "status >= ? AND ", Arg::Int(lo.into()));
+        arg(&mut sql, "status <= ? AND ", Arg::Int(hi.into()));
     }
-    let (t, r) = (Value::Integer(from.0), Value::Integer(from.1));
+    let (t, r) = (Arg::Int(from.0), Arg::Int(from.1));
     if q.desc {
-        arg(&mut sql, "time_ms >= ? AND ", Value::Integer(q.start_ms));
+        arg(&mut sql, "time_ms >= ? AND ", Arg::Int(q.start_ms));
         arg(&mut sql, "time_ms <= ? AND ", t.clone());
         arg(&mut sql, "(time_ms, seq) < (?, ", t);
         arg(&mut sql, "?) ORDER BY time_ms DESC, seq DESC ", r);
@@ -129,11 +154,23 @@ fn select(q: &Query, from: (i64, i64), limit: usize) -> (String, Vec<Value>) {
         arg(
             &mut sql,
             "time_ms < ? ORDER BY time_ms, seq ",
-            Value::Integer(q.end_ms),
+            Arg::Int(q.end_ms),
         );
     }
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    arg(&mut sql, "LIMIT ?", Value::Integer(limit));
+    arg(&mut sql, "LIMIT ?", Arg::Int(limit));
+    (sql, args)
+}
+
+fn select(q: &Query, from: (i64, i64), limit: usize) -> (String, Vec<Value>) {
+    let (sql, args) = select_in(Dialect::Sqlite, q, from, limit);
+    let args = args
+        .into_iter()
+        .map(|a| match a {
+            Arg::Int(i) => Value::Integer(i),
+            Arg::Text(t) => Value::Text(t),
+        })
+        .collect();
     (sql, args)
 }
 

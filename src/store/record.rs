@@ -7,7 +7,8 @@ use serde_json::{Value, json};
 
 pub const CSV_HEADER: &str = "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated,attempts,served_model";
 
-#[derive(Debug, Clone, PartialEq)]
+/// Serialized only to the spool (`store::spool`), never to clients: they get `to_json`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UsageRecord {
     /// Unix milliseconds when the request arrived.
     pub time_ms: i64,

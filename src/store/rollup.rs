@@ -183,10 +183,12 @@ fn uint(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-type RowKey<'a> = (i64, &'a str, &'a str, u16);
+pub(super) type RowKey<'a> = (i64, &'a str, &'a str, u16);
 
 /// Sums `records` per rollup row, each with its latency histogram.
-fn aggregate(records: &[UsageRecord]) -> HashMap<RowKey<'_>, (Sums, Hist)> {
+pub(super) fn aggregate<'a>(
+    records: impl IntoIterator<Item = &'a UsageRecord>,
+) -> HashMap<RowKey<'a>, (Sums, Hist)> {
     let mut rows: HashMap<RowKey<'_>, (Sums, Hist)> = HashMap::new();
     for r in records {
         let row = rows
@@ -286,26 +288,70 @@ fn filters(q: &RollupQuery, sql: &mut String, args: &mut Vec<Value>) {
 /// same way for the partial buckets at its edges.
 pub(super) fn read(conn: &Connection, q: &RollupQuery) -> Result<Rollup, StoreError> {
     let mut out = Rollup::default();
-    if q.start_ms >= q.end_ms {
-        return Ok(out);
+    let plan = Plan::of(q);
+    if let Some((from, to)) = plan.whole {
+        whole_buckets(conn, q, from, to, &mut out)?;
     }
-    let first_whole = bucket_of(q.start_ms.saturating_add(BUCKET_MS - 1));
-    let last_whole = bucket_of(q.end_ms);
-    let mut edges = Vec::new();
-    if first_whole <= last_whole {
-        edges.push((q.start_ms, first_whole));
-        edges.push((last_whole, q.end_ms));
-        whole_buckets(conn, q, first_whole, last_whole, &mut out)?;
-    } else {
-        edges.push((q.start_ms, q.end_ms));
-    }
-    for (from, to) in edges {
-        if from < to {
-            raw_rows(conn, q, from, to, &mut out)?;
-        }
+    for (from, to) in plan.edges {
+        raw_rows(conn, q, from, to, &mut out)?;
     }
     out.rows.sort_by_key(|r| r.bucket_ms);
     Ok(out)
+}
+
+/// How a range is read: its whole buckets from the rollups, the parts of buckets at its edges
+/// from raw rows.
+pub(super) struct Plan {
+    /// `[from, to)` of whole buckets, if any.
+    pub whole: Option<(i64, i64)>,
+    /// Non-empty `[from, to)` stretches of raw rows, each under a bucket.
+    pub edges: Vec<(i64, i64)>,
+}
+
+impl Plan {
+    pub fn of(q: &RollupQuery) -> Plan {
+        let mut plan = Plan {
+            whole: None,
+            edges: Vec::new(),
+        };
+        if q.start_ms >= q.end_ms {
+            return plan;
+        }
+        let first_whole = bucket_of(q.start_ms.saturating_add(BUCKET_MS - 1));
+        let last_whole = bucket_of(q.end_ms);
+        if first_whole <= last_whole {
+            plan.edges.push((q.start_ms, first_whole));
+            plan.edges.push((last_whole, q.end_ms));
+            plan.whole = Some((first_whole, last_whole));
+        } else {
+            plan.edges.push((q.start_ms, q.end_ms));
+        }
+        plan.edges.retain(|(from, to)| from < to);
+        plan
+    }
+}
+
+/// Adds one stored rollup row (its histogram already decoded into `hist`) to `out`.
+pub(super) fn push_row(out: &mut Rollup, row: RollupRow, hist: &Hist) {
+    let into = out.latency.entry(row.model.clone()).or_default();
+    for (bin, n) in hist {
+        *into.entry(*bin).or_default() += n;
+    }
+    out.rows.push(row);
+}
+
+/// Adds raw records (a partial bucket at an edge) to `out`, summed as the rollups are.
+pub(super) fn push_records(out: &mut Rollup, records: &[UsageRecord]) {
+    for ((bucket_ms, key, model, status), (sums, hist)) in aggregate(records) {
+        let row = RollupRow {
+            bucket_ms,
+            key_id: key.to_string(),
+            model: model.to_string(),
+            status,
+            sums,
+        };
+        push_row(out, row, &hist);
+    }
 }
 
 /// Runs `sql` with `args` and hands each row to `f`.
@@ -382,19 +428,7 @@ fn raw_rows(
         records.push(rec.clone());
         Ok(())
     })?;
-    for ((bucket_ms, key, model, status), (sums, hist)) in aggregate(&records) {
-        let into = out.latency.entry(model.to_string()).or_default();
-        for (bin, n) in hist {
-            *into.entry(bin).or_default() += n;
-        }
-        out.rows.push(RollupRow {
-            bucket_ms,
-            key_id: key.to_string(),
-            model: model.to_string(),
-            status,
-            sums,
-        });
-    }
+    push_records(out, &records);
     Ok(())
 }
 

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use rusqlite::Connection;
 
 use super::console::{AuditEntry, Session, SqliteConsole};
-use super::engine::{BatchWriter, Engine};
+use super::engine::{BatchWriter, Engine, WriteError};
 use super::query::{self, Page, Query};
 use super::record::UsageRecord;
 use super::rollup::{self, Rollup, RollupQuery};
@@ -36,12 +36,12 @@ pub(super) struct SqliteWriter {
 }
 
 impl BatchWriter for SqliteWriter {
-    fn insert_batch(&mut self, batch: &[UsageRecord]) -> Result<(), String> {
-        sqlite::insert_batch(&mut self.conn, batch)
+    fn insert_batch(&mut self, batch: &[UsageRecord]) -> Result<(), WriteError> {
+        Ok(sqlite::insert_batch(&mut self.conn, batch)?)
     }
 
-    fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, String> {
-        sqlite::delete_expired(&self.conn, cutoff_ms).map(|n| n >= sqlite::RETENTION_CHUNK)
+    fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError> {
+        Ok(sqlite::delete_expired(&self.conn, cutoff_ms).map(|n| n >= sqlite::RETENTION_CHUNK)?)
     }
 }
 

@@ -12,8 +12,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::engine::BatchWriter;
+use super::engine::{BatchWriter, WriteError};
 use super::record::UsageRecord;
+use super::spool::Spool;
 
 /// Records are boxed so a 65,536-slot channel costs a pointer per slot, not a whole record.
 pub(super) enum Msg {
@@ -37,6 +38,8 @@ pub(super) struct Shared {
     pub dropped: AtomicU64,
     pub written: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Bytes of records waiting in the spool for the database to come back.
+    pub spool_bytes: AtomicU64,
     /// The last batch failed to commit (cleared by the next that commits): `/readyz`.
     pub failing: std::sync::atomic::AtomicBool,
     pub spill_log: LogGate,
@@ -81,6 +84,8 @@ pub(super) struct WriterConfig {
     pub batch_max: usize,
     pub batch_interval: Duration,
     pub retention: Option<Duration>,
+    /// Where batches wait while the database is away (engines with transient failures).
+    pub spool: Option<std::path::PathBuf>,
 }
 
 /// How long an idle writer sleeps before looking at retention again.
@@ -88,6 +93,13 @@ const IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// Retention scans at most this often unless the last pass left a backlog.
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
+
+/// While the database is away, it is tried again after this, doubling up to `RETRY_MAX`.
+const RETRY_FIRST: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// A replay round gives way to newly queued records after this long.
+const REPLAY_ROUND: Duration = Duration::from_millis(250);
 
 pub(super) struct Writer {
     conn: Box<dyn BatchWriter>,
@@ -102,6 +114,10 @@ pub(super) struct Writer {
     retention_backlog: bool,
     /// The last round stopped at `batch_max` with records maybe still queued.
     backlog: bool,
+    spool: Option<Spool>,
+    /// While the spool holds records: when the database is tried next, and the wait after.
+    retry_at: Option<Instant>,
+    retry_wait: Duration,
 }
 
 impl Writer {
@@ -116,13 +132,21 @@ impl Writer {
             rx,
             shared,
             batch: Vec::with_capacity(cfg.batch_max),
-            cfg,
             batch_started: None,
             acks: Vec::new(),
             retention_last: None,
             retention_backlog: false,
             backlog: false,
+            spool: cfg.spool.clone().map(Spool::new),
+            retry_at: None,
+            retry_wait: RETRY_FIRST,
+            cfg,
         }
+    }
+
+    /// Records wait in the spool.
+    fn spooling(&self) -> bool {
+        self.spool.as_ref().is_some_and(|s| !s.is_empty())
     }
 
     pub fn run(mut self) {
@@ -152,6 +176,10 @@ impl Writer {
                     None => {
                         let wait = if self.retention_backlog {
                             Duration::ZERO
+                        } else if self.spooling() {
+                            self.retry_at.map_or(Duration::ZERO, |t| {
+                                t.saturating_duration_since(Instant::now()).min(IDLE_TICK)
+                            })
                         } else {
                             IDLE_TICK
                         };
@@ -190,6 +218,10 @@ impl Writer {
             }
             if flush {
                 self.drain_overflow();
+            }
+            self.replay();
+            // A flush is acknowledged once nothing waits in the spool either.
+            if !self.acks.is_empty() && !self.spooling() {
                 self.ack();
             }
             if self.batch.is_empty() {
@@ -273,6 +305,18 @@ impl Writer {
         }
         self.commit();
         self.drain_overflow();
+        // The database may be back: one last round, and what is left waits for the next start.
+        if self.spooling() {
+            self.retry_at = None;
+            self.replay();
+        }
+        if let Some(s) = self.spool.as_ref().filter(|s| !s.is_empty()) {
+            tracing::warn!(
+                spool = %s.path().display(),
+                bytes = s.pending_bytes(),
+                "usage store: records wait in the spool; they are written at the next start"
+            );
+        }
         self.ack();
     }
 
@@ -283,18 +327,24 @@ impl Writer {
         }
     }
 
-    /// Commits the batch. A failed batch is retried once (a transient I/O or lock error);
-    /// after that its rows are counted in `write_errors` and logged, never retried forever
-    /// (a full disk would otherwise stall every later record).
+    /// Commits the batch. A transient failure (the database away) sends it to the spool, where
+    /// it waits with every later batch until the database answers again (`replay`); any other
+    /// failed batch is retried once, then its rows are counted in `write_errors` and logged,
+    /// never retried forever (a full disk would otherwise stall every later record).
     fn commit(&mut self) {
         self.batch_started = None;
         if self.batch.is_empty() {
             return;
         }
+        // Records already waiting go in first: newer ones queue behind them.
+        if self.spooling() {
+            self.spool_batch();
+            return;
+        }
         let n = self.batch.len() as u64;
         let started = Instant::now();
         let mut result = self.conn.insert_batch(&self.batch);
-        if result.is_err() {
+        if matches!(&result, Err(e) if !e.transient) {
             std::thread::sleep(Duration::from_millis(50));
             result = self.conn.insert_batch(&self.batch);
         }
@@ -306,19 +356,116 @@ impl Writer {
                 self.shared.written.fetch_add(n, Ordering::SeqCst);
                 self.shared.failing.store(false, Ordering::Relaxed);
             }
-            Err(e) => {
-                self.shared.failing.store(true, Ordering::Relaxed);
-                let total = self.shared.write_errors.fetch_add(n, Ordering::SeqCst) + n;
-                if self.shared.write_error_log.allow() {
-                    tracing::error!(
-                        rows = n,
-                        lost_total = total,
-                        "usage store: batch not written: {e}"
-                    );
-                }
+            Err(e) if e.transient && self.spool.is_some() => {
+                tracing::error!(
+                    spool = %self.spool.as_ref().map_or_else(String::new, |s| s.path().display().to_string()),
+                    "usage store: the database is away ({}); records wait in the spool until it is back",
+                    e.msg
+                );
+                self.retry_at = Some(Instant::now() + RETRY_FIRST);
+                self.retry_wait = RETRY_FIRST;
+                self.spool_batch();
+            }
+            Err(e) => self.lose(self.batch.len(), &e),
+        }
+        self.batch.clear();
+    }
+
+    /// `rows` will never be written: counted, logged (once a second at most).
+    fn lose(&self, rows: usize, e: &WriteError) {
+        let n = rows as u64;
+        self.shared.failing.store(true, Ordering::Relaxed);
+        let total = self.shared.write_errors.fetch_add(n, Ordering::SeqCst) + n;
+        if self.shared.write_error_log.allow() {
+            tracing::error!(
+                rows = n,
+                lost_total = total,
+                "usage store: batch not written: {}",
+                e.msg
+            );
+        }
+    }
+
+    /// Appends the batch to the spool (synced before this returns).
+    fn spool_batch(&mut self) {
+        let Some(spool) = self.spool.as_mut() else {
+            return;
+        };
+        match spool.append(&self.batch) {
+            Ok(()) => {
+                self.shared
+                    .spool_bytes
+                    .store(spool.pending_bytes(), Ordering::Relaxed);
+            }
+            Err(msg) => {
+                let n = self.batch.len();
+                self.lose(n, &WriteError::from(msg));
             }
         }
         self.batch.clear();
+    }
+
+    /// Writes what waits in the spool, oldest first, when the database is due to be tried
+    /// again; gives way to newly queued records after `REPLAY_ROUND`.
+    fn replay(&mut self) {
+        let Some(spool) = self.spool.as_mut() else {
+            return;
+        };
+        if spool.is_empty() || self.retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        let round = Instant::now();
+        while round.elapsed() < REPLAY_ROUND {
+            let (records, next) = match spool.read(self.cfg.batch_max) {
+                Ok(r) => r,
+                Err(msg) => {
+                    tracing::error!("{msg}");
+                    self.retry_at = Some(Instant::now() + RETRY_MAX);
+                    return;
+                }
+            };
+            let result = if records.is_empty() {
+                Ok(())
+            } else {
+                self.conn.insert_batch(&records)
+            };
+            match result {
+                Ok(()) => {
+                    self.shared
+                        .written
+                        .fetch_add(records.len() as u64, Ordering::SeqCst);
+                }
+                Err(e) if e.transient => {
+                    self.retry_at = Some(Instant::now() + self.retry_wait);
+                    self.retry_wait = (self.retry_wait * 2).min(RETRY_MAX);
+                    return;
+                }
+                Err(e) => {
+                    let n = records.len();
+                    let shared = &self.shared;
+                    shared.failing.store(true, Ordering::Relaxed);
+                    let total = shared.write_errors.fetch_add(n as u64, Ordering::SeqCst);
+                    tracing::error!(
+                        rows = n,
+                        lost_total = total + n as u64,
+                        "usage store: spooled batch not written: {}",
+                        e.msg
+                    );
+                }
+            }
+            if let Err(msg) = spool.consumed(next) {
+                tracing::error!("{msg}");
+            }
+            self.shared
+                .spool_bytes
+                .store(spool.pending_bytes(), Ordering::Relaxed);
+            if spool.is_empty() {
+                tracing::info!("usage store: the database is back; the spool is written");
+                self.retry_at = None;
+                self.retry_wait = RETRY_FIRST;
+                return;
+            }
+        }
     }
 
     /// One retention DELETE (at most `RETENTION_CHUNK` rows) when due: every
@@ -344,7 +491,7 @@ impl Writer {
             Ok(more) => self.retention_backlog = more,
             Err(e) => {
                 self.retention_backlog = false;
-                tracing::error!("usage store: retention: {e}");
+                tracing::error!("usage store: retention: {}", e.msg);
             }
         }
     }

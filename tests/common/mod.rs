@@ -3,6 +3,8 @@
 //! is killed when the handle drops.
 #![allow(dead_code)]
 
+pub mod pg;
+
 use std::io::Read;
 use std::net::TcpListener;
 use std::path::PathBuf;

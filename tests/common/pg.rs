@@ -1,0 +1,189 @@
+//! A real Postgres server for a test: Debian's `postgresql` binaries, a fresh cluster in a
+//! temp dir on a free loopback port, stopped (immediately) when the handle drops. Run as the
+//! `postgres` user when the tests run as root (initdb refuses root). `fsync` is off (the
+//! machine does not crash mid-test) but commits stay synchronous: a test that kills the server
+//! must not lose what it acknowledged.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+pub struct Postgres {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    bin: PathBuf,
+    /// Some("postgres") when commands must run as that user.
+    user: Option<String>,
+}
+
+/// The folder holding initdb and pg_ctl (Debian puts them out of PATH).
+fn bindir() -> PathBuf {
+    if let Ok(o) = Command::new("pg_config").arg("--bindir").output() {
+        let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
+        if p.join("initdb").exists() {
+            return p;
+        }
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("Debian's postgresql is installed (scripts/install-deps.sh --test)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("initdb").exists())
+        .collect();
+    found.sort();
+    found.pop().expect("an initdb under /usr/lib/postgresql")
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+impl Postgres {
+    pub fn start() -> Postgres {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let user = is_root().then(|| "postgres".to_string());
+        if user.is_some() {
+            let st = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .expect("chown");
+            assert!(st.success(), "chown the cluster's folder to postgres");
+        }
+        let pg = Postgres {
+            port: super::free_port(),
+            bin: bindir(),
+            user,
+            dir,
+        };
+        let data = pg.data();
+        let out = pg.run(
+            "initdb",
+            &[
+                "-D",
+                data.to_str().expect("utf-8 path"),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(
+            data.join("postgresql.auto.conf"),
+            format!(
+                "listen_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
+                 fsync = off\nfull_page_writes = off\n\
+                 max_connections = 200\n",
+                pg.port,
+                pg.dir.path().display()
+            ),
+        )
+        .expect("postgresql.auto.conf");
+        pg.up();
+        pg
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn run(&self, tool: &str, args: &[&str]) -> Output {
+        let exe = self.bin.join(tool);
+        let mut cmd = match &self.user {
+            Some(u) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", u, "--"]).arg(&exe);
+                c
+            }
+            None => Command::new(&exe),
+        };
+        cmd.args(args).output().expect("run a postgres tool")
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// A client for checks; use it off the async runtime (`off_runtime`): the sync client
+    /// runs a runtime of its own.
+    pub fn client(&self) -> postgres::Client {
+        postgres::Client::connect(&self.url(), postgres::NoTls)
+            .expect("connect to the test postgres")
+    }
+
+    /// Starts the server and waits until it takes connections.
+    pub fn up(&self) {
+        let data = self.data();
+        let log = self.dir.path().join("server.log");
+        let out = self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().expect("utf-8"),
+                "-l",
+                log.to_str().expect("utf-8"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let url = self.url();
+        off_runtime(move || {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while postgres::Client::connect(&url, postgres::NoTls).is_err() {
+                assert!(Instant::now() < deadline, "postgres not taking connections");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+    }
+
+    /// Stops the server the hard way (as a crash or a kill would).
+    pub fn down(&self) {
+        let data = self.data();
+        let _ = self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().expect("utf-8"),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.down();
+    }
+}
+
+/// Runs `f` on a thread of its own: the sync Postgres client cannot run on an async runtime's
+/// thread.
+pub fn off_runtime<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| s.spawn(f).join().expect("thread"))
+}
