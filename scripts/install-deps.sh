@@ -2,8 +2,9 @@
 # Installs what a fresh Debian machine lacks to build (and, with --test, to test) modelgate.
 # Idempotent: does nothing that is already done.
 #   scripts/install-deps.sh          cmake (pingora's zlib-ng build needs it)
-#   scripts/install-deps.sh --test   also Debian's chromium (browser tests) and .venv with
-#                                    tests/sdk/requirements.txt
+#   scripts/install-deps.sh --test   also Debian's chromium (browser tests), postgresql and
+#                                    redis-server (the fleet tests start their own servers in
+#                                    temp dirs) and .venv with tests/sdk/requirements.txt
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,6 +38,18 @@ if [ "$WITH_TEST" -eq 1 ] && ! command -v chromium >/dev/null 2>&1; then
   echo "install-deps: installing chromium (headless, for the page tests)" >&2
   as_root apt-get update
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+fi
+
+if [ "$WITH_TEST" -eq 1 ]; then
+  missing=()
+  compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || missing+=(postgresql)
+  command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  if [ "${#missing[@]}" -gt 0 ]; then
+    echo "install-deps: installing ${missing[*]} (the tests start their own servers)" >&2
+    as_root apt-get update
+    # Debian's packages start a system-wide server where they can; the tests never use it.
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+  fi
 fi
 
 if [ "$WITH_TEST" -eq 1 ]; then

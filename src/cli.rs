@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::config::keys::sha256;
 use crate::config::live::Live;
 use crate::limit::budget::Spend;
+use crate::limit::shared::SharedLimits;
 use crate::mock_upstream::{self, MockOptions};
 use crate::state::Shared;
 use crate::store::{Store, StoreOptions};
@@ -205,11 +206,29 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         }
         tracing::info!(endpoint = %t.otlp_endpoint, "exporting traces over OTLP/HTTP");
     }
+    let shared_limits = match &c.redis {
+        Some(url) => match SharedLimits::start(url.expose(), c.on_redis_down, c.redis_timeout) {
+            Ok(l) => {
+                if let Some(m) = crate::metrics::get() {
+                    m.redis_up();
+                }
+                Some(l)
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    let spend_sync = (c.postgres.is_some() || shared_limits.is_some())
+        .then(|| sync_spend(store.clone(), shared_limits.clone()));
     let shared = Arc::new(Shared {
         live,
         store: store.clone(),
         spend,
         limiter: Default::default(),
+        shared_limits,
         web: crate::web::WebState {
             throttle: crate::web::Throttle::per_minute(c.auth_failures_per_minute),
             logins: Default::default(),
@@ -218,7 +237,11 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         access_log: crate::access_log::AccessLog::start(c.access_log_rate, c.access_log_format),
         stored: Default::default(),
     });
+    if let Some(sync) = &spend_sync {
+        sync.set_spend(Arc::downgrade(&shared));
+    }
     crate::server::build(shared, upgrade).run(pingora_core::server::RunArgs::default());
+    drop(spend_sync);
     // Every runtime has exited, so every request has handed over its record: write them all.
     store.close();
     crate::telemetry::flush();
@@ -316,4 +339,59 @@ fn password_hash() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// Keeps spend agreeing across a fleet, every `SPEND_SYNC`: each gateway's in-memory spend is
+/// raised to the store's totals (what every gateway's records add up to), and Redis's shared
+/// spend too (so a Redis that restarted empty is filled again from the records).
+struct SpendSync {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    shared: Arc<std::sync::Mutex<std::sync::Weak<Shared>>>,
+}
+
+const SPEND_SYNC: std::time::Duration = std::time::Duration::from_secs(2);
+
+impl SpendSync {
+    fn set_spend(&self, shared: std::sync::Weak<Shared>) {
+        *self.shared.lock().unwrap_or_else(|e| e.into_inner()) = shared;
+    }
+}
+
+impl Drop for SpendSync {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn sync_spend(store: Arc<Store>, limits: Option<Arc<SharedLimits>>) -> SpendSync {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let shared: Arc<std::sync::Mutex<std::sync::Weak<Shared>>> = Default::default();
+    let sync = SpendSync {
+        stop: stop.clone(),
+        shared: shared.clone(),
+    };
+    let run = move || {
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            match store.spend_totals() {
+                Ok(totals) => {
+                    let state = shared.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
+                    if let Some(state) = state {
+                        state.spend.raise_to(&totals);
+                    }
+                    if let Some(l) = &limits {
+                        l.reconcile(&totals);
+                    }
+                }
+                Err(e) => tracing::warn!("spend: reading the store's totals: {e}"),
+            }
+            std::thread::sleep(SPEND_SYNC);
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("spend-sync".into())
+        .spawn(run)
+    {
+        tracing::error!("spend: starting the sync thread: {e}");
+    }
+    sync
 }

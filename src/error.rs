@@ -49,6 +49,8 @@ pub enum GatewayError {
     },
     UpstreamError(String),
     NoHealthyUpstream(String),
+    /// `[limits] on_redis_down = "deny"` and the shared limits cannot be counted now.
+    LimiterUnavailable,
     UpstreamTimeout(String),
     /// The gateway is shutting down and ended the request.
     ShuttingDown,
@@ -209,6 +211,13 @@ impl GatewayError {
                 "no_healthy_upstream",
                 None,
                 format!("No healthy upstream in pool '{pool}'."),
+            ),
+            E::LimiterUnavailable => (
+                503,
+                "api_error",
+                "rate_limiter_unavailable",
+                None,
+                "The shared rate limiter cannot be reached; retry in a moment.".into(),
             ),
             E::UpstreamTimeout(m) => (504, "api_error", "upstream_timeout", None, m.clone()),
             E::ShuttingDown => (

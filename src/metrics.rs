@@ -76,6 +76,12 @@ pub struct Metrics {
     key_cost: CounterVec,
     key_label: AtomicBool,
     pub keys_reloads: IntCounter,
+    /// 1 while the shared limits' Redis answers (0 when it does not, absent without Redis).
+    redis_up: IntGauge,
+    /// Times Redis stopped answering.
+    redis_down_total: IntCounter,
+    /// Requests whose limits were decided without Redis (`on_redis_down`).
+    pub limits_fallback: IntCounter,
     /// Keys-file reloads refused because the file did not parse or validate.
     pub keys_reload_errors: IntCounter,
     pub config_reloads: IntCounter,
@@ -224,6 +230,15 @@ impl Metrics {
             )?,
             key_label: AtomicBool::new(false),
             keys_reloads: counter("keys_reloads_total", "Keys-file reloads applied")?,
+            redis_up: gauge("redis_up", "1 while the shared limits' Redis answers")?,
+            redis_down_total: counter(
+                "redis_down_total",
+                "Times the shared limits' Redis stopped answering",
+            )?,
+            limits_fallback: counter(
+                "limits_fallback_total",
+                "Requests whose limits were decided without Redis (on_redis_down)",
+            )?,
             keys_reload_errors: counter(
                 "keys_reload_errors_total",
                 "Keys-file reloads rejected (the previous keys stay in force)",
@@ -367,6 +382,15 @@ impl Metrics {
             None => "unknown".to_string(),
         };
         self.auth_failures.with_label_values(&[&label]).inc();
+    }
+
+    pub fn redis_down(&self) {
+        self.redis_up.set(0);
+        self.redis_down_total.inc();
+    }
+
+    pub fn redis_up(&self) {
+        self.redis_up.set(1);
     }
 
     /// One commit of the usage writer.

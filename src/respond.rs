@@ -43,6 +43,7 @@ pub async fn error(
     }
     let retry_after = match e {
         GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
+        GatewayError::LimiterUnavailable => Some(1),
         _ => None,
     };
     let allow = match e {

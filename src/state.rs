@@ -14,6 +14,8 @@ pub struct Shared {
     pub store: Arc<Store>,
     pub spend: Spend,
     pub limiter: Limiter,
+    /// `[limits] redis`: the limits and spend every gateway of a fleet shares.
+    pub shared_limits: Option<Arc<crate::limit::shared::SharedLimits>>,
     pub web: crate::web::WebState,
     /// Requests in flight, and the signal that ends them at shutdown.
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,

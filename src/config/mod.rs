@@ -77,6 +77,12 @@ pub struct Config {
     pub metrics_key_label: bool,
     /// `[telemetry]`: OTLP export of traces; None: traces are only propagated.
     pub telemetry: Option<crate::telemetry::TelemetryConfig>,
+    /// `[limits] redis`: rpm, tpm, concurrency and spend shared by every gateway using it.
+    pub redis: Option<Secret>,
+    /// `[limits] on_redis_down`: what happens while Redis cannot be reached.
+    pub on_redis_down: crate::limit::shared::OnDown,
+    /// `[limits] redis_timeout_ms`: the longest a request waits for Redis.
+    pub redis_timeout: Duration,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -333,6 +339,9 @@ struct RawConsole {
 struct RawLimits {
     max_body_bytes: Option<usize>,
     auth_failures_per_minute: Option<usize>,
+    redis: Option<Spanned<String>>,
+    on_redis_down: Option<Spanned<String>>,
+    redis_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -695,6 +704,37 @@ impl Config {
                 .ok()?;
             Some(secret)
         });
+        let redis = raw.limits.as_ref().and_then(|l| {
+            let url = l.redis.as_ref()?;
+            let bad = |m: String| Problem::new(&file, at(url.span()), "limits.redis", m);
+            let secret = resolve_secret(url.get_ref())
+                .map_err(|m| p.push(bad(m)))
+                .ok()?;
+            let ok = ["redis://", "rediss://", "redis+unix://", "unix://"]
+                .iter()
+                .any(|s| secret.expose().starts_with(s));
+            if !ok {
+                p.push(bad("must be a redis://, rediss:// or unix:// URL".into()));
+                return None;
+            }
+            Some(secret)
+        });
+        let on_redis_down = match raw.limits.as_ref().and_then(|l| l.on_redis_down.as_ref()) {
+            None => crate::limit::shared::OnDown::Local,
+            Some(v) => match v.get_ref().as_str() {
+                "local" => crate::limit::shared::OnDown::Local,
+                "deny" => crate::limit::shared::OnDown::Deny,
+                _ => {
+                    p.push(Problem::new(
+                        &file,
+                        at(v.span()),
+                        "limits.on_redis_down",
+                        "must be \"local\" or \"deny\"",
+                    ));
+                    crate::limit::shared::OnDown::Local
+                }
+            },
+        };
         let threads_default = default_threads(listeners.main.is_some(), listeners.direct.is_some());
         let config = Config {
             path: path.to_path_buf(),
@@ -733,6 +773,15 @@ impl Config {
                 .and_then(|l| l.auth_failures_per_minute)
                 .unwrap_or(crate::web::throttle::FAILURES_PER_WINDOW),
             telemetry,
+            redis,
+            on_redis_down,
+            redis_timeout: Duration::from_millis(
+                raw.limits
+                    .as_ref()
+                    .and_then(|l| l.redis_timeout_ms)
+                    .unwrap_or(250)
+                    .max(1),
+            ),
             metrics_key_label: raw
                 .metrics
                 .as_ref()

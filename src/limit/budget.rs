@@ -30,6 +30,17 @@ impl Spend {
         }
     }
 
+    /// Raises each key's spend to at least `totals` (the store's, which other gateways of a
+    /// fleet add to); never lowers it (this gateway's latest costs may not be stored yet).
+    pub fn raise_to(&self, totals: &HashMap<String, f64>) {
+        for (key, total) in totals {
+            let mut v = self.by_key.entry(key.clone()).or_insert(0.0);
+            if *total > *v {
+                *v = *total;
+            }
+        }
+    }
+
     /// The key's spend has reached its budget.
     pub fn exhausted(&self, key: &Key) -> bool {
         key.budget.is_some_and(|b| self.get(&key.id) >= b)

@@ -34,6 +34,30 @@ pub struct Refusal {
     pub retry_after: Duration,
 }
 
+pub(super) fn refusal_rpm(rpm: u32, retry_after: Duration) -> Refusal {
+    Refusal {
+        limit: "rpm",
+        message: format!("Rate limit reached: {rpm} requests per minute."),
+        retry_after,
+    }
+}
+
+pub(super) fn refusal_tpm(tpm: u64, retry_after: Duration) -> Refusal {
+    Refusal {
+        limit: "tpm",
+        message: format!("Rate limit reached: {tpm} tokens per minute."),
+        retry_after,
+    }
+}
+
+pub(super) fn refusal_concurrency(max: u32) -> Refusal {
+    Refusal {
+        limit: "concurrency",
+        message: format!("Too many requests in flight: at most {max} at once."),
+        retry_after: Duration::from_secs(1),
+    }
+}
+
 #[derive(Default)]
 struct KeyWindows {
     /// Admission times of the last 60 s (rpm).
@@ -125,22 +149,14 @@ impl Limiter {
             let reset = w.tokens_reset(now, tpm);
             head.tokens = Some((tpm, tpm.saturating_sub(w.token_sum), reset));
             if w.token_sum >= tpm {
-                refusal = Some(Refusal {
-                    limit: "tpm",
-                    message: format!("Rate limit reached: {tpm} tokens per minute."),
-                    retry_after: reset,
-                });
+                refusal = Some(refusal_tpm(tpm, reset));
             }
         }
         if let Some(rpm) = key.rpm.map(u64::from) {
             let used = w.requests.len() as u64;
             if refusal.is_none() && used >= rpm {
                 let reset = w.requests_reset(now);
-                refusal = Some(Refusal {
-                    limit: "rpm",
-                    message: format!("Rate limit reached: {rpm} requests per minute."),
-                    retry_after: reset,
-                });
+                refusal = Some(refusal_rpm(u32::try_from(rpm).unwrap_or(u32::MAX), reset));
             }
         }
         let mut slot = None;
@@ -150,11 +166,7 @@ impl Limiter {
                 let before = counter.fetch_add(1, Ordering::AcqRel);
                 if before >= max {
                     counter.fetch_sub(1, Ordering::AcqRel);
-                    refusal = Some(Refusal {
-                        limit: "concurrency",
-                        message: format!("Too many requests in flight: at most {max} at once."),
-                        retry_after: Duration::from_secs(1),
-                    });
+                    refusal = Some(refusal_concurrency(max));
                 } else {
                     slot = Some(Slot(counter));
                 }

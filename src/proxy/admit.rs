@@ -15,7 +15,8 @@ use crate::auth;
 use crate::config::Config;
 use crate::config::keys::{Key, KeyTable};
 use crate::error::GatewayError;
-use crate::limit::rate::retry_after_secs;
+use crate::limit::rate::{Refusal, retry_after_secs};
+use crate::limit::shared::OnDown;
 use crate::meter::Meter;
 use crate::meter::sse::{Dialect, SseMeter};
 use crate::route::body as route_body;
@@ -55,7 +56,7 @@ impl Gateway {
             t.auth_done = Some(std::time::Instant::now());
         }
         let key = key?;
-        self.limit(&key, ctx)?;
+        let fleet_spend = self.limit(&key, ctx).await?;
         let endpoint = match target {
             Target::Proxy(ep) => ep,
             Target::StoredResponse(id) => {
@@ -66,7 +67,11 @@ impl Gateway {
             other => return Err(answer_models(session, ctx, &key, &snapshot.router, other).await),
         };
         permit_endpoint(&key, endpoint, ctx)?;
-        if self.shared.spend.exhausted(&key) {
+        let exhausted = match (key.budget, fleet_spend) {
+            (Some(budget), Some(spent)) => spent >= budget,
+            _ => self.shared.spend.exhausted(&key),
+        };
+        if exhausted {
             return Err(GatewayError::InsufficientBalance.into());
         }
         let read = read_body(session, &self.shared.live.config).await?;
@@ -85,22 +90,50 @@ impl Gateway {
         prepare_upstream(ctx, endpoint, route, &snapshot.router, probe, read)
     }
 
-    fn limit(&self, key: &Key, ctx: &mut Ctx) -> Result<(), Stop> {
+    /// Admits the request under the key's rpm/tpm/concurrency, across the fleet when
+    /// `[limits] redis` is set. Returns the key's spend across the fleet when Redis told it.
+    async fn limit(&self, key: &Key, ctx: &mut Ctx) -> Result<Option<f64>, Stop> {
+        let limited = key.rpm.is_some()
+            || key.tpm.is_some()
+            || key.max_concurrent.is_some()
+            || key.budget.is_some();
+        if let Some(shared) = self.shared.shared_limits.as_ref().filter(|_| limited) {
+            if shared.usable() {
+                if let Ok(d) = shared.admit(key, &ctx.request_id).await {
+                    ctx.headroom = d.headroom;
+                    ctx.lease = d.lease;
+                    return match d.refusal {
+                        None => Ok(Some(d.spend)),
+                        Some(r) => Err(refused(r)),
+                    };
+                }
+            }
+            if let Some(m) = crate::metrics::get() {
+                m.limits_fallback.inc();
+            }
+            if shared.on_down == OnDown::Deny {
+                return Err(GatewayError::LimiterUnavailable.into());
+            }
+        }
         let (admitted, headroom) = self.shared.limiter.admit(key, std::time::Instant::now());
         ctx.headroom = headroom;
         match admitted {
             Ok(slot) => {
                 ctx.slot = slot;
-                Ok(())
+                Ok(None)
             }
-            Err(r) => Err(GatewayError::RateLimited {
-                message: r.message,
-                retry_after: retry_after_secs(r.retry_after),
-                reason: r.limit,
-            }
-            .into()),
+            Err(r) => Err(refused(r)),
         }
     }
+}
+
+fn refused(r: Refusal) -> Stop {
+    GatewayError::RateLimited {
+        message: r.message,
+        retry_after: retry_after_secs(r.retry_after),
+        reason: r.limit,
+    }
+    .into()
 }
 
 impl Gateway {

@@ -45,6 +45,8 @@ pub struct Ctx {
     pub headroom: Headroom,
     /// One of the key's `max_concurrent` slots, freed when the request ends.
     pub slot: Option<Slot>,
+    /// The same slot when it is counted in Redis across the fleet.
+    pub lease: Option<crate::limit::shared::Lease>,
     /// Counts the request as in flight until it ends (its record written); carries the
     /// shutdown's signal to end it.
     pub life: Option<crate::lifecycle::InFlight>,
@@ -88,6 +90,7 @@ impl Ctx {
             proxied: false,
             headroom: Headroom::default(),
             slot: None,
+            lease: None,
             life: None,
             cors: None,
             shape: crate::error::ErrorShape::OpenAi,

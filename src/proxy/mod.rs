@@ -341,10 +341,15 @@ impl ProxyHttp for Gateway {
             self.note_stored_response(session, ctx, &key.id);
         }
         ctx.slot = None;
+        ctx.lease = None;
         self.shared
             .limiter
             .add_tokens(&key, r.total_tokens, std::time::Instant::now());
         self.shared.spend.add(&key.id, r.cost);
+        if let Some(shared) = &self.shared.shared_limits {
+            let tokens = if key.tpm.is_some() { r.total_tokens } else { 0 };
+            shared.ended(&key.id, &r.request_id, tokens, r.cost);
+        }
         self.shared.store.record(r);
     }
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod pg;
+pub mod redis;
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -122,6 +123,10 @@ pub struct Setup {
     pub server_extra: String,
     /// Extra environment for the gateway process.
     pub env: Vec<(String, String)>,
+    /// Appended to the keys file.
+    pub extra_keys: String,
+    /// More `[limits]` lines.
+    pub limits_extra: String,
 }
 
 impl Default for Setup {
@@ -133,6 +138,8 @@ impl Default for Setup {
             grace_seconds: 1,
             server_extra: String::new(),
             env: Vec::new(),
+            extra_keys: String::new(),
+            limits_extra: String::new(),
         }
     }
 }
@@ -181,6 +188,7 @@ file = "keys.toml"
 
 [limits]
 max_body_bytes = {max_body}
+{limits_extra}
 
 [server]
 threads = 1
@@ -225,6 +233,7 @@ price = {{ prompt = 1000000.0, completion = 1000000.0, request = 0.5 }}
         max_body = setup.max_body_bytes,
         grace = setup.grace_seconds,
         server_extra = setup.server_extra,
+        limits_extra = setup.limits_extra,
         read_timeout = setup.read_timeout_ms,
         extra = setup
             .extra_config
@@ -235,7 +244,7 @@ price = {{ prompt = 1000000.0, completion = 1000000.0, request = 0.5 }}
     let keys = KEYS.replace(
         "SHA_OF_MODELS_ONLY",
         &sha256_hex(MODELS_ONLY_KEY.as_bytes()),
-    );
+    ) + &setup.extra_keys;
     std::fs::write(path.join("keys.toml"), keys).map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -1,0 +1,410 @@
+//! Limits shared by a fleet: rpm, tpm, concurrency and spend counted in Redis, so a key's
+//! limits and budget hold across every gateway that uses the same Redis.
+//!
+//! One Lua script per admission (one round trip) prunes and counts the key's sliding windows
+//! on Redis's own clock (`TIME`), so gateways with skewed clocks agree: rpm is a sorted set
+//! of admissions, tpm a sorted set of replies' token counts with a running sum, concurrency a
+//! sorted set of leases (each gateway renews its own; those of a gateway that died expire),
+//! and it returns the key's spend for the budget check. Exact like the local limiter: "rpm =
+//! 100" admits exactly 100 in any 60 s across the fleet. When Redis cannot be reached, the
+//! gateway falls back per `on_redis_down` (local limits, or refuse), says so once per episode,
+//! and tries Redis again every second until it answers.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use dashmap::DashMap;
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+
+use super::rate::{Headroom, Refusal, WINDOW};
+use crate::config::keys::Key;
+
+/// What a gateway does while Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDown {
+    /// Each gateway counts its own limits (a key may get up to N× its limits across N).
+    Local,
+    /// Requests of keys with limits or a budget are refused (503) until Redis is back.
+    Deny,
+}
+
+/// How long a concurrency lease lives unless its gateway renews it.
+const LEASE: Duration = Duration::from_secs(30);
+const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// After a failure Redis is tried again after this (requests meanwhile fall back at once).
+const RETRY: Duration = Duration::from_secs(1);
+
+/// KEYS: requests, tokens, token sum, leases, spend. ARGV: rpm, tpm, max_concurrent (0 =
+/// none), member (the request id), lease ms. Returns {refusal ("" when admitted), retry_after
+/// ms, requests in window, requests reset ms, tokens in window, tokens reset ms, spend}.
+const ADMIT: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local win = 60000
+local rpm, tpm, conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local refusal, retry = '', 0
+local tok_sum, tok_reset = 0, 0
+if tpm > 0 then
+  local old = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - win)
+  if #old > 0 then
+    local sub = 0
+    for _, m in ipairs(old) do sub = sub + tonumber(string.match(m, ':(%d+)$')) end
+    redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - win)
+    redis.call('DECRBY', KEYS[3], sub)
+  end
+  tok_sum = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if tok_sum < 0 or redis.call('ZCARD', KEYS[2]) == 0 then
+    tok_sum = 0
+    redis.call('DEL', KEYS[3])
+  end
+  if tok_sum >= tpm then
+    local entries = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+    local s = tok_sum
+    for i = 1, #entries, 2 do
+      s = s - tonumber(string.match(entries[i], ':(%d+)$'))
+      if s < tpm then
+        tok_reset = tonumber(entries[i + 1]) + win - now
+        break
+      end
+    end
+    refusal, retry = 'tpm', tok_reset
+  end
+end
+local used, req_reset = 0, 0
+if rpm > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - win)
+  used = redis.call('ZCARD', KEYS[1])
+  if refusal == '' and used >= rpm then
+    local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+    refusal, retry = 'rpm', tonumber(first[2]) + win - now
+  end
+end
+if refusal == '' and conc > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  if redis.call('ZCARD', KEYS[4]) >= conc then
+    refusal, retry = 'concurrency', 1000
+  else
+    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[5]), ARGV[4])
+    redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[5]))
+  end
+end
+if refusal == '' and rpm > 0 then
+  redis.call('ZADD', KEYS[1], now, ARGV[4])
+  redis.call('PEXPIRE', KEYS[1], win)
+  used = used + 1
+end
+if rpm > 0 then
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  if first[2] then req_reset = tonumber(first[2]) + win - now end
+end
+local spend = redis.call('GET', KEYS[5]) or '0'
+return {refusal, retry, used, req_reset, tok_sum, tok_reset, spend}
+";
+
+/// KEYS: tokens, token sum, spend. ARGV: tokens, member, cost. A reply that ended.
+const ENDED: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local n = tonumber(ARGV[1])
+if n > 0 then
+  redis.call('ZADD', KEYS[1], now, ARGV[2] .. ':' .. ARGV[1])
+  redis.call('INCRBY', KEYS[2], n)
+  redis.call('PEXPIRE', KEYS[1], 60000)
+  redis.call('PEXPIRE', KEYS[2], 60000)
+end
+if tonumber(ARGV[3]) > 0 then redis.call('INCRBYFLOAT', KEYS[3], ARGV[3]) end
+return 1
+";
+
+/// KEYS: spend. ARGV: the store's total. Spend in Redis never drops below the store's (a
+/// Redis that restarted empty is filled again from the records).
+const RECONCILE: &str = r"
+local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > cur then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+";
+
+/// KEYS: leases. ARGV: lease ms, member. A lease still held gets a new expiry.
+const RENEW: &str = r"
+local t = redis.call('TIME')
+local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+redis.call('ZADD', KEYS[1], 'XX', exp, ARGV[2])
+redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
+return 1
+";
+
+fn keys_of(id: &str) -> [String; 5] {
+    // One hash tag per key: a Redis Cluster keeps a key's counters on one node.
+    ["req", "tok", "toksum", "lease", "spend"].map(|k| format!("mg:{{{id}}}:{k}"))
+}
+
+/// The answer for one admission.
+pub struct Decision {
+    pub refusal: Option<Refusal>,
+    pub headroom: Headroom,
+    /// The key's spend across the fleet.
+    pub spend: f64,
+    pub lease: Option<Lease>,
+}
+
+/// A concurrency slot held in Redis; released (asynchronously) when it drops.
+#[derive(Debug)]
+pub struct Lease {
+    limits: Arc<SharedLimits>,
+    key_id: String,
+    member: String,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.limits.leases.remove(&self.member);
+        let limits = Arc::clone(&self.limits);
+        let (key, member) = (
+            keys_of(&self.key_id)[3].clone(),
+            std::mem::take(&mut self.member),
+        );
+        self.limits.rt.spawn(async move {
+            let mut c = limits.conn.clone();
+            let _: Result<i64, _> = c.zrem(key, member).await;
+        });
+    }
+}
+
+pub struct SharedLimits {
+    conn: ConnectionManager,
+    rt: tokio::runtime::Handle,
+    admit: Script,
+    ended: Script,
+    reconcile: Script,
+    renew: Script,
+    pub on_down: OnDown,
+    down: AtomicBool,
+    /// Unix ms after which a down Redis is tried again.
+    retry_at_ms: AtomicU64,
+    /// Leases this gateway holds (member → key id), renewed while their requests run.
+    leases: DashMap<String, String>,
+    started: Instant,
+}
+
+impl std::fmt::Debug for SharedLimits {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedLimits")
+            .field("on_down", &self.on_down)
+            .finish()
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+impl SharedLimits {
+    /// Starts the thread whose runtime owns the Redis connection (reconnecting on its own)
+    /// and renews leases. Connects lazily: a gateway starts while Redis is down.
+    pub fn start(
+        url: &str,
+        on_down: OnDown,
+        timeout: Duration,
+    ) -> Result<Arc<SharedLimits>, String> {
+        let client = redis::Client::open(url).map_err(|e| format!("limits: the redis URL: {e}"))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .thread_name("redis-limits")
+            .build()
+            .map_err(|e| format!("limits: a runtime for redis: {e}"))?;
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = {
+            let _in = rt.enter();
+            ConnectionManager::new_lazy_with_config(client, config)
+                .map_err(|e| format!("limits: redis: {e}"))?
+        };
+        let limits = Arc::new(SharedLimits {
+            conn,
+            rt: rt.handle().clone(),
+            admit: Script::new(ADMIT),
+            ended: Script::new(ENDED),
+            reconcile: Script::new(RECONCILE),
+            renew: Script::new(RENEW),
+            on_down,
+            down: AtomicBool::new(false),
+            retry_at_ms: AtomicU64::new(0),
+            leases: DashMap::new(),
+            started: Instant::now(),
+        });
+        // The first connection is made on this runtime (later ones are, by the manager), not
+        // on whichever request's runtime asks first.
+        let first = limits.conn.clone();
+        rt.spawn(async move {
+            let mut c = first;
+            let _: Result<String, _> = redis::cmd("PING").query_async(&mut c).await;
+        });
+        let renewer = Arc::downgrade(&limits);
+        std::thread::Builder::new()
+            .name("redis-limits".into())
+            .spawn(move || {
+                rt.block_on(async move {
+                    loop {
+                        tokio::time::sleep(RENEW_EVERY).await;
+                        let Some(l) = renewer.upgrade() else { return };
+                        l.renew().await;
+                    }
+                });
+            })
+            .map_err(|e| format!("limits: starting the redis thread: {e}"))?;
+        Ok(limits)
+    }
+
+    fn now_ms(&self) -> u64 {
+        ms(self.started.elapsed())
+    }
+
+    /// Whether Redis is to be asked now (up, or due for another try).
+    pub fn usable(&self) -> bool {
+        !self.down.load(Ordering::Relaxed)
+            || self.now_ms() >= self.retry_at_ms.load(Ordering::Relaxed)
+    }
+
+    fn failed(&self, e: &redis::RedisError) {
+        self.retry_at_ms
+            .store(self.now_ms() + ms(RETRY), Ordering::Relaxed);
+        if !self.down.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                on_redis_down = ?self.on_down,
+                "limits: redis cannot be reached ({e}); limits are {} until it is back",
+                match self.on_down {
+                    OnDown::Local => "counted by each gateway alone",
+                    OnDown::Deny => "refused",
+                }
+            );
+            if let Some(m) = crate::metrics::get() {
+                m.redis_down();
+            }
+        }
+    }
+
+    fn answered(&self) {
+        if self.down.swap(false, Ordering::Relaxed) {
+            tracing::warn!("limits: redis is back; limits are shared again");
+            if let Some(m) = crate::metrics::get() {
+                m.redis_up();
+            }
+        }
+    }
+
+    /// Admits one request of `key` across the fleet, or says why not. Err when Redis did not
+    /// answer (the caller falls back per `on_down`).
+    pub async fn admit(self: &Arc<Self>, key: &Key, request_id: &str) -> Result<Decision, ()> {
+        let keys = keys_of(&key.id);
+        let mut inv = self.admit.prepare_invoke();
+        for k in &keys {
+            inv.key(k);
+        }
+        inv.arg(key.rpm.unwrap_or(0))
+            .arg(key.tpm.unwrap_or(0))
+            .arg(key.max_concurrent.unwrap_or(0))
+            .arg(request_id)
+            .arg(ms(LEASE));
+        let mut c = self.conn.clone();
+        let out: (String, i64, u64, i64, u64, i64, String) = match inv.invoke_async(&mut c).await {
+            Ok(v) => v,
+            Err(e) => {
+                self.failed(&e);
+                return Err(());
+            }
+        };
+        self.answered();
+        let (refusal, retry, used, req_reset, tok_sum, tok_reset, spend) = out;
+        let dur = |v: i64| Duration::from_millis(u64::try_from(v).unwrap_or(0));
+        let mut headroom = Headroom::default();
+        if let Some(rpm) = key.rpm.map(u64::from) {
+            headroom.requests = Some((rpm, rpm.saturating_sub(used), dur(req_reset).min(WINDOW)));
+        }
+        if let Some(tpm) = key.tpm {
+            headroom.tokens = Some((tpm, tpm.saturating_sub(tok_sum), dur(tok_reset).min(WINDOW)));
+        }
+        let refusal = match refusal.as_str() {
+            "" => None,
+            "rpm" => Some(super::rate::refusal_rpm(key.rpm.unwrap_or(0), dur(retry))),
+            "tpm" => Some(super::rate::refusal_tpm(key.tpm.unwrap_or(0), dur(retry))),
+            _ => Some(super::rate::refusal_concurrency(
+                key.max_concurrent.unwrap_or(0),
+            )),
+        };
+        let lease = (refusal.is_none() && key.max_concurrent.is_some()).then(|| {
+            self.leases.insert(request_id.to_string(), key.id.clone());
+            Lease {
+                limits: Arc::clone(self),
+                key_id: key.id.clone(),
+                member: request_id.to_string(),
+            }
+        });
+        Ok(Decision {
+            refusal,
+            headroom,
+            spend: spend.parse().unwrap_or(0.0),
+            lease,
+        })
+    }
+
+    /// Counts a reply that ended: its tokens (tpm) and its cost (spend). Never waits.
+    pub fn ended(self: &Arc<Self>, key_id: &str, request_id: &str, tokens: u64, cost: f64) {
+        if tokens == 0 && cost <= 0.0 {
+            return;
+        }
+        let keys = keys_of(key_id);
+        let member = request_id.to_string();
+        let limits = Arc::clone(self);
+        self.rt.spawn(async move {
+            let mut inv = limits.ended.prepare_invoke();
+            inv.key(&keys[1]).key(&keys[2]).key(&keys[4]);
+            inv.arg(tokens).arg(member).arg(cost.max(0.0));
+            let mut c = limits.conn.clone();
+            if let Err(e) = inv.invoke_async::<i64>(&mut c).await {
+                limits.failed(&e);
+            }
+        });
+    }
+
+    /// Raises each key's spend in Redis to at least the store's total. Blocking: for a thread
+    /// that is not a runtime's.
+    pub fn reconcile(&self, totals: &std::collections::HashMap<String, f64>) {
+        let mut c = self.conn.clone();
+        let script = &self.reconcile;
+        let result: Result<(), redis::RedisError> = self.rt.block_on(async {
+            for (key, total) in totals {
+                let mut inv = script.prepare_invoke();
+                inv.key(&keys_of(key)[4]).arg(*total);
+                let _: i64 = inv.invoke_async(&mut c).await?;
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => self.answered(),
+            Err(e) => self.failed(&e),
+        }
+    }
+
+    /// Pushes the expiry of every lease this gateway holds (on Redis's clock).
+    async fn renew(&self) {
+        let members: Vec<(String, String)> = self
+            .leases
+            .iter()
+            .map(|e| (keys_of(e.value())[3].clone(), e.key().clone()))
+            .collect();
+        let mut c = self.conn.clone();
+        for (key, member) in members {
+            let mut inv = self.renew.prepare_invoke();
+            inv.key(key).arg(ms(LEASE)).arg(member);
+            if let Err(e) = inv.invoke_async::<i64>(&mut c).await {
+                self.failed(&e);
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! Limits shared through Redis (`[limits] redis`), against a real redis-server started by the
+//! test and two gateway processes: rpm exact across both, concurrency and tpm across both, a
+//! budget spent on one refused on the other and never overshot by more than the requests in
+//! flight, Redis killed (local limits or refusals per `on_redis_down`, counted) and back.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::redis::Redis;
+use common::{Gateway, Setup, chat_body, send, start_with};
+use redis::Commands;
+
+const FLEET_KEYS: &str = r#"
+[[keys]]
+id = "fleet-budget"
+secret = "sk-test-fleet-budget-0012"
+budget = 100.0
+"#;
+
+fn fleet(redis: &Redis, extra: &str) -> [Gateway; 2] {
+    let setup = || Setup {
+        limits_extra: format!(
+            "redis = \"{}\"\nredis_timeout_ms = 200\n{extra}",
+            redis.url()
+        ),
+        extra_keys: FLEET_KEYS.into(),
+        ..Setup::default()
+    };
+    [start_with(setup()), start_with(setup())]
+}
+
+async fn chat(base: &str, key: &str) -> reqwest::Response {
+    send(
+        base,
+        "/v1/chat/completions",
+        Some(key),
+        &chat_body("echo-1", false),
+        &[],
+    )
+    .await
+}
+
+async fn metric(g: &Gateway, name: &str) -> f64 {
+    let text = common::get(&g.admin, "/metrics", None)
+        .await
+        .text()
+        .await
+        .expect("metrics");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// `rpm = 100` admits exactly 100 across two gateways under concurrent load, and each 429 says
+/// when to come back.
+#[tokio::test(flavor = "multi_thread")]
+async fn rpm_holds_exactly_across_two_gateways() {
+    let redis = Redis::start();
+    let gs = fleet(&redis, "");
+    let mut tasks = Vec::new();
+    for i in 0..160 {
+        let base = gs[i % 2].direct.clone();
+        tasks.push(tokio::spawn(async move {
+            let r = chat(&base, common::RPM100_KEY).await;
+            let status = r.status().as_u16();
+            let retry = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap_or("").to_string());
+            let remaining = r.headers().get("x-ratelimit-remaining-requests").is_some();
+            (status, retry, remaining)
+        }));
+    }
+    let (mut ok, mut limited) = (0, 0);
+    for t in tasks {
+        let (status, retry, remaining) = t.await.expect("task");
+        assert!(remaining, "x-ratelimit-* on every reply");
+        match status {
+            200 => ok += 1,
+            429 => {
+                limited += 1;
+                let secs: u64 = retry.expect("Retry-After").parse().expect("seconds");
+                assert!((1..=60).contains(&secs), "Retry-After {secs}");
+            }
+            s => panic!("status {s}"),
+        }
+    }
+    assert_eq!((ok, limited), (100, 60));
+}
+
+/// `max_concurrent = 2` counts the requests in flight on both gateways; a slot frees when its
+/// request ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrency_is_counted_across_gateways() {
+    let redis = Redis::start();
+    let gs = fleet(&redis, "");
+    let slow = |base: String| {
+        tokio::spawn(async move {
+            let r = send(
+                &base,
+                "/v1/chat/completions",
+                Some(common::CONC_KEY),
+                &chat_body("echo-1", true),
+                &[("x-mock-delay-ms", "300")],
+            )
+            .await;
+            assert_eq!(r.status(), 200);
+            r.bytes().await.expect("stream");
+        })
+    };
+    let a = slow(gs[0].direct.clone());
+    let b = slow(gs[1].direct.clone());
+    // Both slots are taken once Redis holds both leases.
+    let mut c = redis.conn();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.zcard::<_, u64>("mg:{conc}:lease").expect("zcard") < 2 {
+        assert!(Instant::now() < deadline, "leases not taken");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for g in &gs {
+        let (status, e) = common::error_of(chat(&g.main, common::CONC_KEY).await).await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (429, Some("rate_limit_exceeded"))
+        );
+    }
+    a.await.expect("a");
+    b.await.expect("b");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.zcard::<_, u64>("mg:{conc}:lease").expect("zcard") > 0 {
+        assert!(Instant::now() < deadline, "leases not released");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(chat(&gs[1].main, common::CONC_KEY).await.status(), 200);
+}
+
+/// `tpm = 20`: the tokens of a reply on one gateway count on the other.
+#[tokio::test(flavor = "multi_thread")]
+async fn tokens_counted_on_one_gateway_limit_the_other() {
+    let redis = Redis::start();
+    let gs = fleet(&redis, "");
+    let mut c = redis.conn();
+    let mut used = 0u64;
+    // The mock's reply is 12 tokens: two replies reach 24 >= 20.
+    for g in &gs {
+        assert_eq!(chat(&g.direct, common::TPM_KEY).await.status(), 200);
+        used += 12;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c
+            .get::<_, Option<u64>>("mg:{tpm}:toksum")
+            .expect("get")
+            .unwrap_or(0)
+            < used
+        {
+            assert!(Instant::now() < deadline, "tokens not counted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let r = chat(&gs[0].direct, common::TPM_KEY).await;
+    assert_eq!(r.headers()["x-ratelimit-remaining-tokens"], "0");
+    let (status, e) = common::error_of(r).await;
+    assert_eq!(status, 429);
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("tokens per minute"),
+        "{e}"
+    );
+}
+
+/// A budget spent through one gateway is refused on the other; a burst across both overshoots
+/// it by at most the requests in flight.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_budget_holds_across_the_fleet() {
+    let redis = Redis::start();
+    let gs = fleet(&redis, "");
+    // priced-model: 0.5 a request + 1 per token (12 tokens): 12.5 a request; budget 100.
+    let body = chat_body("priced-model", false);
+    let key = "sk-test-fleet-budget-0012";
+    let mut c = redis.conn();
+    // Four requests in flight at a time, alternating gateways, until refusals come.
+    let mut ok = 0;
+    let mut refused = 0;
+    for round in 0..6 {
+        let tasks: Vec<_> = (0..4)
+            .map(|i| {
+                let base = gs[(round + i) % 2].direct.clone();
+                let body = body.clone();
+                tokio::spawn(async move {
+                    send(&base, "/v1/chat/completions", Some(key), &body, &[])
+                        .await
+                        .status()
+                        .as_u16()
+                })
+            })
+            .collect();
+        for t in tasks {
+            match t.await.expect("task") {
+                200 => ok += 1,
+                402 => refused += 1,
+                s => panic!("status {s}"),
+            }
+        }
+        // Let the round's costs reach Redis before the next round is admitted.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while c
+            .get::<_, Option<f64>>("mg:{fleet-budget}:spend")
+            .expect("get")
+            .unwrap_or(0.0)
+            < ok as f64 * 12.5 - 1e-9
+        {
+            assert!(Instant::now() < deadline, "spend not counted");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let spent: f64 = c.get("mg:{fleet-budget}:spend").expect("spend");
+    assert!(
+        ok >= 8,
+        "the budget admits at least 8 requests of 12.5: {ok}"
+    );
+    assert!(
+        spent <= 100.0 + 4.0 * 12.5,
+        "overshoot beyond the 4 in flight: {spent}"
+    );
+    assert!(refused > 0);
+    // Both gateways now refuse, whichever served the requests.
+    for g in &gs {
+        let (status, e) =
+            common::error_of(send(&g.main, "/v1/chat/completions", Some(key), &body, &[]).await)
+                .await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (402, Some("insufficient_balance"))
+        );
+    }
+}
+
+/// Redis killed: with `on_redis_down = "local"` requests go on under each gateway's own limits
+/// (counted in the metrics); Redis back: limits are shared again.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_down_falls_back_to_local_limits_and_recovers() {
+    let mut redis = Redis::start();
+    let gs = fleet(&redis, "on_redis_down = \"local\"\n");
+    assert_eq!(chat(&gs[0].direct, common::RPM100_KEY).await.status(), 200);
+    assert_eq!(metric(&gs[0], "modelgate_redis_up").await, 1.0);
+    redis.down();
+    for _ in 0..5 {
+        for g in &gs {
+            assert_eq!(chat(&g.direct, common::RPM100_KEY).await.status(), 200);
+        }
+    }
+    assert_eq!(metric(&gs[0], "modelgate_redis_up").await, 0.0);
+    assert!(metric(&gs[0], "modelgate_limits_fallback_total").await >= 5.0);
+    redis.up();
+    // Within a few retries the gateways count in Redis again.
+    let mut c = redis.conn();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        assert_eq!(chat(&gs[1].direct, common::RPM100_KEY).await.status(), 200);
+        if c.zcard::<_, u64>("mg:{rpm100}:req").expect("zcard") > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "limits not shared again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(metric(&gs[1], "modelgate_redis_up").await, 1.0);
+}
+
+/// `on_redis_down = "deny"`: keys with limits are refused with 503 and Retry-After while Redis
+/// is away; a key without limits is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_down_with_deny_refuses_limited_keys() {
+    let mut redis = Redis::start();
+    let gs = fleet(&redis, "on_redis_down = \"deny\"\n");
+    redis.down();
+    let r = chat(&gs[0].direct, common::RPM100_KEY).await;
+    assert_eq!(r.headers()["retry-after"], "1");
+    let (status, e) = common::error_of(r).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (503, Some("rate_limiter_unavailable"))
+    );
+    assert_eq!(chat(&gs[0].direct, common::KEY).await.status(), 200);
+    redis.up();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while chat(&gs[0].direct, common::RPM100_KEY).await.status() != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "still refused after redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
