@@ -45,6 +45,11 @@ enum Command {
         #[command(subcommand)]
         command: KeyCommand,
     },
+    /// Keys kept in Postgres (`[keys] source = "postgres"`).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
     /// Read a password on stdin, print its argon2id hash for `[console] password_hash`.
     PasswordHash,
     /// Run the stand-in OpenAI-compatible model server.
@@ -64,6 +69,18 @@ enum Command {
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<String>,
     },
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Copy every key of a keys file into the Postgres keys table (a key with the same id is
+    /// replaced, others stay; secrets are stored as SHA-256 and hint only).
+    Import {
+        /// The keys file (default: `[keys] file` of the config).
+        file: Option<PathBuf>,
+    },
+    /// Print the Postgres keys table as a keys file.
+    Export,
 }
 
 #[derive(Subcommand)]
@@ -98,6 +115,7 @@ pub fn run() -> ExitCode {
                     append: Some(file),
                 },
         } => append_key(&id, &file),
+        Command::Keys { command } => keys_command(&cli.config, command),
         Command::PasswordHash => password_hash(),
         Command::MockUpstream {
             listen,
@@ -221,6 +239,9 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         },
         None => None,
     };
+    if let (Some(url), true) = (&c.postgres, c.keys_in_postgres) {
+        crate::config::keys_db::follow(url.expose().to_string(), live.clone());
+    }
     let spend_sync = (c.postgres.is_some() || shared_limits.is_some())
         .then(|| sync_spend(store.clone(), shared_limits.clone()));
     let shared = Arc::new(Shared {
@@ -394,4 +415,55 @@ fn sync_spend(store: Arc<Store>, limits: Option<Arc<SharedLimits>>) -> SpendSync
         tracing::error!("spend: starting the sync thread: {e}");
     }
     sync
+}
+
+/// `keys import` / `keys export`: between a keys file and the Postgres keys table named by the
+/// config's `[storage] postgres`.
+fn keys_command(config: &Path, command: KeysCommand) -> ExitCode {
+    let c = match Config::load(config) {
+        Ok(c) => c,
+        Err(p) => {
+            eprintln!("{p}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(url) = c.postgres.as_ref() else {
+        eprintln!(
+            "{}: keys import/export need [storage] postgres",
+            config.display()
+        );
+        return ExitCode::from(2);
+    };
+    match command {
+        KeysCommand::Export => match crate::config::keys_db::export(url.expose()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("keys export: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        KeysCommand::Import { file } => {
+            let file = file.unwrap_or_else(|| c.keys_file.clone());
+            let text = match std::fs::read_to_string(&file) {
+                Ok(t) => t,
+                Err(e) => {
+                    eprintln!("keys import: reading {}: {e}", file.display());
+                    return ExitCode::from(2);
+                }
+            };
+            match crate::config::keys_db::import(url.expose(), &text, &file.display().to_string()) {
+                Ok(n) => {
+                    eprintln!("imported {n} keys from {}", file.display());
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("keys import: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
 }

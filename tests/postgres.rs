@@ -522,3 +522,137 @@ async fn records_spooled_at_a_stop_are_written_at_the_next_start() {
     let _g = g.restart_stopped();
     await_rows(&pg, &ids, Duration::from_secs(15));
 }
+
+/// Keys kept in Postgres (`[keys] source = "postgres"`): a key imported from a file works on
+/// every gateway without its secret in the table; a key created in one gateway's console
+/// works on the other within a second, and so does its revocation; the audit log is shared.
+#[tokio::test(flavor = "multi_thread")]
+async fn keys_in_postgres_are_shared_by_the_fleet_within_a_second() {
+    let pg = Postgres::start();
+    let setup = || Setup {
+        extra_config: format!(
+            "{}\n[console]\nuser = \"admin\"\npassword = \"env:MG_TEST_CONSOLE_PW\"\n",
+            pg_config(&pg)
+        ),
+        keys_extra: "source = \"postgres\"\n".into(),
+        // Polling with a key not yet known must not trip the wrong-key throttle.
+        limits_extra: "auth_failures_per_minute = 0\n".into(),
+        env: vec![("MG_TEST_CONSOLE_PW".into(), "pw-fleet-2".into())],
+        ..Setup::default()
+    };
+    let a = start_with(setup());
+    let b = start_with(setup());
+    // The table starts empty: the harness's keys file is not read.
+    assert_eq!(
+        common::get(&b.direct, "/v1/models", Some(KEY))
+            .await
+            .status(),
+        401
+    );
+    // `keys import` from the file, as an operator moves a gateway's keys to the fleet.
+    let out = std::process::Command::new(common::bin())
+        .args(["keys", "import", "--config"])
+        .arg(a.dir.path().join("modelgate.toml"))
+        .env("MG_TEST_CONSOLE_PW", "pw-fleet-2")
+        .output()
+        .expect("keys import");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exported = std::process::Command::new(common::bin())
+        .args(["keys", "export", "--config"])
+        .arg(a.dir.path().join("modelgate.toml"))
+        .env("MG_TEST_CONSOLE_PW", "pw-fleet-2")
+        .output()
+        .expect("keys export");
+    let exported = String::from_utf8(exported.stdout).expect("utf-8");
+    assert!(exported.contains("id = \"full\"") && exported.contains("secret_sha256"));
+    assert!(!exported.contains(KEY), "a secret in clear in the table");
+    for g in [&a, &b] {
+        await_status(g, KEY, 200).await;
+    }
+    // A key made in a's console works on b within a second.
+    let console = |base: &str| {
+        let base = base.to_string();
+        async move {
+            let login = common::client()
+                .post(format!("{base}/console/login"))
+                .json(&serde_json::json!({"user": "admin", "password": "pw-fleet-2"}))
+                .send()
+                .await
+                .expect("login");
+            assert_eq!(login.status(), 204);
+            login.headers()["set-cookie"]
+                .to_str()
+                .expect("cookie")
+                .split(';')
+                .next()
+                .expect("pair")
+                .to_string()
+        }
+    };
+    let cookie = console(&a.main).await;
+    let made = common::client()
+        .post(format!("{}/console/api/keys", a.main))
+        .header("cookie", &cookie)
+        .header("origin", &a.main)
+        .json(&serde_json::json!({"id": "fleet-new", "rpm": 50}))
+        .send()
+        .await
+        .expect("create");
+    assert!(made.status().is_success(), "{}", made.status());
+    let secret = made.json::<serde_json::Value>().await.expect("json")["secret"]
+        .as_str()
+        .expect("secret")
+        .to_string();
+    let took = await_status(&b, &secret, 200).await;
+    assert!(took < Duration::from_secs(1), "seen on b after {took:?}");
+    // Revoked on b's console: refused on a within a second.
+    let cookie_b = console(&b.main).await;
+    let del = common::client()
+        .delete(format!("{}/console/api/keys/fleet-new", b.main))
+        .header("cookie", &cookie_b)
+        .header("origin", &b.main)
+        .send()
+        .await
+        .expect("delete");
+    assert!(del.status().is_success(), "{}", del.status());
+    let took = await_status(&a, &secret, 401).await;
+    assert!(
+        took < Duration::from_secs(1),
+        "still accepted on a after {took:?}"
+    );
+    // One audit log for the fleet: b lists a's create.
+    let audit: serde_json::Value = common::client()
+        .get(format!("{}/console/api/audit", b.main))
+        .header("cookie", &cookie_b)
+        .send()
+        .await
+        .expect("audit")
+        .json()
+        .await
+        .expect("json");
+    let text = audit.to_string();
+    assert!(
+        text.contains("fleet-new") && text.contains("create"),
+        "{text}"
+    );
+}
+
+/// Polls `GET /v1/models` with `key` until it answers `status`; how long that took.
+async fn await_status(g: &common::Gateway, key: &str, status: u16) -> Duration {
+    let start = Instant::now();
+    loop {
+        if common::get(&g.direct, "/v1/models", Some(key))
+            .await
+            .status()
+            == status
+        {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "never {status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

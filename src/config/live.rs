@@ -23,12 +23,14 @@ pub struct Live {
 }
 
 impl Live {
-    /// Loads the keys file and builds the router; every problem of both is reported.
+    /// Loads the keys (file or Postgres table) and builds the router; every problem of both is reported.
     pub fn load(config: Config) -> Result<Live, Problems> {
         let mut problems = Problems::default();
-        let keys = KeyTable::load(&config.keys_file)
-            .map_err(|p| problems.extend(p))
-            .ok();
+        let keys = match (&config.postgres, config.keys_in_postgres) {
+            (Some(url), true) => super::keys_db::load(url.expose()),
+            _ => KeyTable::load(&config.keys_file),
+        };
+        let keys = keys.map_err(|p| problems.extend(p)).ok();
         let router = Router::build(&config).map_err(|p| problems.extend(p)).ok();
         match (keys, router) {
             (Some(keys), Some(router)) => Ok(Live {

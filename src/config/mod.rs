@@ -3,6 +3,7 @@
 //! stops at the first one. Relative paths resolve against the config file's folder.
 
 pub mod keys;
+pub mod keys_db;
 pub mod keys_file;
 pub mod live;
 mod problem;
@@ -39,6 +40,9 @@ pub struct Config {
     pub path: PathBuf,
     pub listeners: Listeners,
     pub keys_file: PathBuf,
+    /// `[keys] source = "postgres"`: the keys live in the Postgres store's `keys` table
+    /// (`keys_file` is then only the default of `keys import`).
+    pub keys_in_postgres: bool,
     /// The usage store (default `usage.db` beside the config file).
     pub sqlite: PathBuf,
     /// The fleet's store instead of `sqlite`: a `postgres://…` URL or `key=value` settings.
@@ -261,7 +265,8 @@ struct RawListeners {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawKeysRef {
-    file: String,
+    file: Option<String>,
+    source: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -735,11 +740,30 @@ impl Config {
                 }
             },
         };
+        let keys_in_postgres = match &raw.keys.source {
+            None => false,
+            Some(v) => {
+                let bad = |m: &str| Problem::new(&file, at(v.span()), "keys.source", m);
+                match v.get_ref().as_str() {
+                    "file" => false,
+                    "postgres" if postgres.is_some() => true,
+                    "postgres" => {
+                        p.push(bad("\"postgres\" needs [storage] postgres"));
+                        false
+                    }
+                    _ => {
+                        p.push(bad("must be \"file\" or \"postgres\""));
+                        false
+                    }
+                }
+            }
+        };
         let threads_default = default_threads(listeners.main.is_some(), listeners.direct.is_some());
         let config = Config {
             path: path.to_path_buf(),
             listeners,
-            keys_file: dir.join(&raw.keys.file),
+            keys_file: dir.join(raw.keys.file.as_deref().unwrap_or("keys.toml")),
+            keys_in_postgres,
             sqlite: dir.join(
                 raw.storage
                     .as_ref()

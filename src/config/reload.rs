@@ -198,8 +198,12 @@ impl BackgroundService for KeysReloader {
                 _ = tick.tick() => false,
             };
             let why = if forced { "SIGHUP" } else { "file changed" };
+            // Keys kept in Postgres are followed by `keys_db::follow`, not here.
             let now = fingerprint(&self.path);
-            if (forced || now != seen) && self.reload_and_report(why) {
+            if !self.live.config.keys_in_postgres
+                && (forced || now != seen)
+                && self.reload_and_report(why)
+            {
                 seen = now;
             }
             let now = fingerprint(&self.config);

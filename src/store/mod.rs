@@ -115,6 +115,11 @@ pub struct Store {
     batch_max: usize,
 }
 
+/// A Postgres connection on the store's schema (migrated first), for the keys kept there.
+pub fn postgres_client(url: &str) -> Result<::postgres::Client, String> {
+    postgres::migrated_client(url)
+}
+
 /// Whether `url` is Postgres connection settings the store can use (checked by `check`).
 pub fn check_postgres_url(url: &str) -> Result<(), String> {
     postgres::config(url).map(drop)

@@ -127,6 +127,8 @@ pub struct Setup {
     pub extra_keys: String,
     /// More `[limits]` lines.
     pub limits_extra: String,
+    /// More `[keys]` lines.
+    pub keys_extra: String,
 }
 
 impl Default for Setup {
@@ -140,6 +142,7 @@ impl Default for Setup {
             env: Vec::new(),
             extra_keys: String::new(),
             limits_extra: String::new(),
+            keys_extra: String::new(),
         }
     }
 }
@@ -185,6 +188,7 @@ admin = "127.0.0.1:{admin}"
 
 [keys]
 file = "keys.toml"
+{keys_extra}
 
 [limits]
 max_body_bytes = {max_body}
@@ -234,6 +238,7 @@ price = {{ prompt = 1000000.0, completion = 1000000.0, request = 0.5 }}
         grace = setup.grace_seconds,
         server_extra = setup.server_extra,
         limits_extra = setup.limits_extra,
+        keys_extra = setup.keys_extra,
         read_timeout = setup.read_timeout_ms,
         extra = setup
             .extra_config

@@ -102,6 +102,24 @@ CREATE TABLE console_audit (
 );
 CREATE INDEX console_audit_time ON console_audit (time_ms);
 ",
+    // 2: keys for a fleet (`[keys] source = "postgres"`): each key's `[[keys]]` table as in a
+    // keys file (never a secret in clear), and a notification to every gateway on any change,
+    // also one made by hand in SQL.
+    "
+CREATE TABLE keys (
+    id TEXT PRIMARY KEY,
+    entry TEXT NOT NULL,
+    updated_ms BIGINT NOT NULL
+);
+CREATE FUNCTION modelgate_keys_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('modelgate_keys', '');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER keys_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON keys
+    FOR EACH STATEMENT EXECUTE FUNCTION modelgate_keys_changed();
+",
 ];
 
 fn pg_err(what: &str, e: postgres::Error) -> String {
@@ -136,6 +154,13 @@ pub(super) fn config(url: &str) -> Result<Config, String> {
 
 pub(super) fn connect(c: &Config) -> Result<Client, String> {
     c.connect(NoTls).map_err(|e| pg_err("connecting", e))
+}
+
+/// A connection to an up-to-date schema (for the keys source and the `keys` commands).
+pub(in crate::store) fn migrated_client(url: &str) -> Result<Client, String> {
+    let mut c = connect(&config(url)?)?;
+    migrate(&mut c)?;
+    Ok(c)
 }
 
 /// Applies the migrations this database has not had yet.

@@ -1,7 +1,7 @@
 //! Console keys API: list (never a secret: its hint only), create (the secret is answered once;
 //! only its SHA-256 is kept), edit, disable, delete and rotate. Every change goes through the
-//! config stage's keys-file editor and is applied by a reload right away, so the file stays the
-//! one source of truth; each leaves an audit entry naming the fields it changed.
+//! config stage's keys editor (of the keys file, or of the Postgres keys table for a fleet) and
+//! is applied right away, so the file or table stays the one source of truth; each leaves an audit entry naming the fields it changed.
 
 use std::sync::Arc;
 
@@ -12,6 +12,7 @@ use super::super::summary::{key_json, local_time};
 use super::super::{Exchange, blocking, fail, store_failed};
 use super::login::SignedIn;
 use crate::config::keys::{Key, new_secret, secret_hint, sha256};
+use crate::config::keys_db;
 use crate::config::keys_file::{self, Edit, EditError};
 use crate::error::GatewayError;
 use crate::route::endpoint::Group;
@@ -101,11 +102,14 @@ async fn write(
     detail: Value,
     edit: Edit,
 ) -> Result<(), GatewayError> {
-    let path = shared.live.config.keys_file.clone();
-    let table = tokio::task::spawn_blocking(move || keys_file::apply(&path, &edit))
-        .await
-        .map_err(|e| GatewayError::Internal(format!("keys file edit: {e}")))?
-        .map_err(edit_error)?;
+    let config = shared.live.config.clone();
+    let table = tokio::task::spawn_blocking(move || match &config.postgres {
+        Some(url) if config.keys_in_postgres => keys_db::apply(url.expose(), &edit),
+        _ => keys_file::apply(&config.keys_file, &edit),
+    })
+    .await
+    .map_err(|e| GatewayError::Internal(format!("keys file edit: {e}")))?
+    .map_err(edit_error)?;
     // In force now, as written (the watcher's reload of the same file changes nothing).
     shared.live.set_keys(table);
     let store = shared.store.clone();

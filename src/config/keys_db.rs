@@ -1,0 +1,273 @@
+//! Config stage, keys kept in Postgres (`[keys] source = "postgres"`): one row per key in the
+//! store's `keys` table, holding the key's `[[keys]]` table as a keys file writes it (only the
+//! secret's SHA-256 and hint, never the secret). The table is read as one keys file and checked
+//! by the same parser; the console's edits go through the same editor, in a transaction that
+//! locks the table, so gateways editing at once never lose each other's changes. A trigger
+//! notifies every gateway of any change (also one made by hand in SQL); each reloads within
+//! moments, and checks the whole table every `FULL_CHECK` in case a notification was missed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use postgres::Client;
+use postgres::fallible_iterator::FallibleIterator;
+use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
+
+use super::keys::{KeyTable, secret_hint, sha256};
+use super::keys_file::{Edit, EditError, edit_text};
+use super::live::Live;
+use super::{Problem, Problems};
+
+/// The name problems and logs give the table.
+pub const SOURCE: &str = "postgres keys table";
+
+/// How often a gateway reads the whole table even without a notification.
+const FULL_CHECK: Duration = Duration::from_secs(30);
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn problem(m: String) -> Problems {
+    Problems::one(Problem::new(SOURCE, None, "keys", m))
+}
+
+/// The table as one keys file's text (keys in id order).
+fn text_of(c: &mut impl postgres::GenericClient) -> Result<String, String> {
+    let rows = c
+        .query("SELECT entry FROM keys ORDER BY id", &[])
+        .map_err(|e| format!("reading the keys table: {e}"))?;
+    let mut text = String::new();
+    for r in rows {
+        let entry: String = r.try_get(0).map_err(|e| format!("reading a key: {e}"))?;
+        text.push_str(&entry);
+        text.push('\n');
+    }
+    Ok(text)
+}
+
+/// Every key in the table, checked as a keys file is.
+pub fn load(url: &str) -> Result<KeyTable, Problems> {
+    let mut c = crate::store::postgres_client(url).map_err(problem)?;
+    let text = text_of(&mut c).map_err(problem)?;
+    KeyTable::parse(SOURCE, &text)
+}
+
+/// id → its `[[keys]]` table as text, for each key of a keys document.
+fn entries(doc_text: &str) -> Result<BTreeMap<String, String>, String> {
+    let doc: DocumentMut = doc_text
+        .parse()
+        .map_err(|e| format!("the keys do not parse: {e}"))?;
+    let mut out = BTreeMap::new();
+    let Some(keys) = doc.get("keys").and_then(Item::as_array_of_tables) else {
+        return Ok(out);
+    };
+    for t in keys.iter() {
+        let id = t
+            .get("id")
+            .and_then(Item::as_str)
+            .ok_or("a key without an id")?
+            .to_string();
+        let mut one = DocumentMut::new();
+        let mut arr = ArrayOfTables::new();
+        arr.push(t.clone());
+        one.insert("keys", Item::ArrayOfTables(arr));
+        out.insert(id, one.to_string().trim().to_string());
+    }
+    Ok(out)
+}
+
+/// Writes the rows that differ between `old` and `new` (inserts, updates, deletes).
+fn write_diff(
+    tx: &mut postgres::Transaction<'_>,
+    old: &BTreeMap<String, String>,
+    new: &BTreeMap<String, String>,
+) -> Result<(), String> {
+    let err = |e: postgres::Error| format!("writing the keys table: {e}");
+    let now = now_ms();
+    for (id, entry) in new {
+        if old.get(id) != Some(entry) {
+            tx.execute(
+                "INSERT INTO keys (id, entry, updated_ms) VALUES ($1, $2, $3) \
+                 ON CONFLICT (id) DO UPDATE SET entry = excluded.entry, \
+                 updated_ms = excluded.updated_ms",
+                &[id, entry, &now],
+            )
+            .map_err(err)?;
+        }
+    }
+    for id in old.keys().filter(|id| !new.contains_key(*id)) {
+        tx.execute("DELETE FROM keys WHERE id = $1", &[id])
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Applies a console edit to the table: nothing is written unless every key is valid after
+/// it. Returns the table now in force.
+pub fn apply(url: &str, edit: &Edit) -> Result<KeyTable, EditError> {
+    let io = |m: String| EditError::Io(m);
+    let mut c = crate::store::postgres_client(url).map_err(io)?;
+    let mut tx = c.transaction().map_err(|e| io(format!("begin: {e}")))?;
+    // One editor at a time across the fleet; readers are not blocked.
+    tx.batch_execute("LOCK TABLE keys IN EXCLUSIVE MODE")
+        .map_err(|e| io(format!("locking the keys table: {e}")))?;
+    let text = text_of(&mut tx).map_err(io)?;
+    let new_text = edit_text(&text, edit)?;
+    let table =
+        KeyTable::parse(SOURCE, &new_text).map_err(|p| EditError::Invalid(p.to_string()))?;
+    let (old, new) = (
+        entries(&text).map_err(EditError::Invalid)?,
+        entries(&new_text).map_err(EditError::Invalid)?,
+    );
+    write_diff(&mut tx, &old, &new).map_err(io)?;
+    tx.commit().map_err(|e| io(format!("commit: {e}")))?;
+    Ok(table)
+}
+
+/// A keys file's text with every secret in clear replaced by its SHA-256 and hint.
+fn without_secrets(text: &str) -> Result<String, String> {
+    let mut doc: DocumentMut = text
+        .parse()
+        .map_err(|e| format!("the keys file does not parse: {e}"))?;
+    if let Some(keys) = doc.get_mut("keys").and_then(Item::as_array_of_tables_mut) {
+        for t in keys.iter_mut() {
+            hash_secret(t);
+        }
+    }
+    Ok(doc.to_string())
+}
+
+fn hash_secret(t: &mut Table) {
+    let Some(secret) = t.get("secret").and_then(Item::as_str).map(str::to_string) else {
+        return;
+    };
+    // `env:NAME` secrets stay as they are: the table holds what the file held.
+    if secret.starts_with("env:") {
+        return;
+    }
+    t.remove("secret");
+    t.insert(
+        "secret_sha256",
+        toml_edit::value(hex::encode(sha256(secret.as_bytes()))),
+    );
+    t.insert("secret_hint", toml_edit::value(secret_hint(&secret)));
+}
+
+/// `modelgate keys import`: every key of the file into the table (a key with the same id is
+/// replaced; other keys stay), its secret stored as SHA-256 and hint only. Returns how many.
+pub fn import(url: &str, file_text: &str, file_name: &str) -> Result<usize, String> {
+    let text = without_secrets(file_text)?;
+    KeyTable::parse(file_name, &text).map_err(|p| p.to_string())?;
+    let incoming = entries(&text)?;
+    let mut c = crate::store::postgres_client(url)?;
+    let mut tx = c.transaction().map_err(|e| format!("begin: {e}"))?;
+    tx.batch_execute("LOCK TABLE keys IN EXCLUSIVE MODE")
+        .map_err(|e| format!("locking the keys table: {e}"))?;
+    let current = text_of(&mut tx)?;
+    let old = entries(&current)?;
+    let mut new = old.clone();
+    new.extend(incoming.clone());
+    let merged: String = new.values().map(|e| format!("{e}\n")).collect();
+    KeyTable::parse(SOURCE, &merged).map_err(|p| p.to_string())?;
+    write_diff(&mut tx, &old, &new)?;
+    tx.commit().map_err(|e| format!("commit: {e}"))?;
+    Ok(incoming.len())
+}
+
+/// `modelgate keys export`: the table as a keys file.
+pub fn export(url: &str) -> Result<String, String> {
+    let mut c = crate::store::postgres_client(url)?;
+    text_of(&mut c)
+}
+
+/// Follows the table: LISTENs for its notifications on a connection of its own and reloads
+/// on each (and every `FULL_CHECK`), putting a changed, valid table in force; a table that
+/// does not validate is refused whole (logged, counted) and the keys in force stay. Runs on
+/// its own thread for the life of the process; reconnects when the connection is lost.
+pub fn follow(url: String, live: Arc<Live>) {
+    let run = move || {
+        let mut loaded = String::new();
+        loop {
+            let mut c = match crate::store::postgres_client(&url) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("keys: {e}; trying again in a second");
+                    std::thread::sleep(Duration::from_secs(1));
+                    continue;
+                }
+            };
+            if let Err(e) = c.batch_execute("LISTEN modelgate_keys") {
+                tracing::warn!("keys: LISTEN: {e}");
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+            // A change may have come while no connection listened: read the table now.
+            if follow_once(&mut c, &live, &mut loaded).is_err() {
+                continue;
+            }
+            loop {
+                let woke = {
+                    let mut n = c.notifications();
+                    let first = n.timeout_iter(FULL_CHECK).next().map(drop);
+                    // A burst of changes: take them all, then read once.
+                    while let Ok(Some(_)) = n.iter().next() {}
+                    first
+                };
+                if let Err(e) = woke {
+                    tracing::warn!("keys: the notification connection: {e}; reconnecting");
+                    break;
+                }
+                if follow_once(&mut c, &live, &mut loaded).is_err() {
+                    break;
+                }
+            }
+        }
+    };
+    if let Err(e) = std::thread::Builder::new()
+        .name("keys-follow".into())
+        .spawn(run)
+    {
+        tracing::error!("keys: starting the follower: {e}");
+    }
+}
+
+/// Reads the table and puts it in force when it changed. Err: the connection failed.
+fn follow_once(c: &mut Client, live: &Live, loaded: &mut String) -> Result<(), ()> {
+    let text = match text_of(c) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!("keys: {e}");
+            return Err(());
+        }
+    };
+    if text == *loaded {
+        return Ok(());
+    }
+    match KeyTable::parse(SOURCE, &text) {
+        Ok(table) => {
+            let n = table.len();
+            live.set_keys(table);
+            *loaded = text;
+            tracing::info!(keys = n, "keys reloaded from the postgres keys table");
+            if let Some(m) = crate::metrics::get() {
+                m.keys.set(n as i64);
+                m.keys_reloads.inc();
+            }
+        }
+        Err(problems) => {
+            for p in &problems.0 {
+                tracing::error!("keys table rejected, previous keys stay in force: {p}");
+            }
+            if let Some(m) = crate::metrics::get() {
+                m.keys_reload_errors.inc();
+            }
+            // Not reported again until it changes.
+            *loaded = text;
+        }
+    }
+    Ok(())
+}
