@@ -107,8 +107,7 @@ fn limiter(url: &str, n: usize) {
         .enable_all()
         .build()
         .expect("runtime");
-    let shared =
-        SharedLimits::start(url, OnDown::Deny, Duration::from_millis(500)).expect("redis");
+    let shared = SharedLimits::start(url, OnDown::Deny, Duration::from_millis(500)).expect("redis");
     rt.block_on(async {
         // Warm up (the first call loads the script).
         for i in 0..1_000 {
@@ -117,7 +116,10 @@ fn limiter(url: &str, n: usize) {
         let mut us = Vec::with_capacity(n);
         for i in 0..n {
             let t = Instant::now();
-            let d = shared.admit(&key, &format!("one-{i}")).await.expect("redis answered");
+            let d = shared
+                .admit(&key, &format!("one-{i}"))
+                .await
+                .expect("redis answered");
             us.push(t.elapsed().as_secs_f64() * 1e6);
             drop(d);
         }
@@ -133,7 +135,10 @@ fn limiter(url: &str, n: usize) {
                     let mut us = Vec::with_capacity(n / 50);
                     for i in 0..n / 50 {
                         let s = Instant::now();
-                        let d = shared.admit(&key, &format!("many-{t}-{i}")).await.expect("redis");
+                        let d = shared
+                            .admit(&key, &format!("many-{t}-{i}"))
+                            .await
+                            .expect("redis");
                         us.push(s.elapsed().as_secs_f64() * 1e6);
                         drop(d);
                     }
@@ -161,7 +166,9 @@ fn main() {
         std::env::var("MODELGATE_BENCH_REDIS").ok(),
     );
     if pg.is_none() && redis.is_none() {
-        println!("fleet bench: set MODELGATE_BENCH_PG / MODELGATE_BENCH_REDIS (benches/fleet.sh does)");
+        println!(
+            "fleet bench: set MODELGATE_BENCH_PG / MODELGATE_BENCH_REDIS (benches/fleet.sh does)"
+        );
         return;
     }
     if let Some(url) = pg {

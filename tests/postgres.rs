@@ -656,3 +656,77 @@ async fn await_status(g: &common::Gateway, key: &str, status: u16) -> Duration {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A gateway whose Postgres cannot be reached at start exits at once (status 2) and says which
+/// store, without the connection string's password.
+#[test]
+fn a_gateway_whose_postgres_is_unreachable_does_not_start_and_says_why() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let dead = common::free_port();
+    let config = format!(
+        "[listeners]\nmain = \"127.0.0.1:{}\"\ndirect = \"127.0.0.1:{}\"\nadmin = \"127.0.0.1:{}\"\n\
+         [keys]\nfile = \"keys.toml\"\n[storage]\npostgres = \"postgres://mg:hunter2-secret@127.0.0.1:{dead}/mg\"\n\
+         [[pools]]\nname = \"p\"\nupstreams = [\"http://127.0.0.1:1\"]\n[[models]]\nname = \"m\"\npool = \"p\"\n",
+        common::free_port(),
+        common::free_port(),
+        common::free_port()
+    );
+    std::fs::write(dir.path().join("modelgate.toml"), config).expect("config");
+    std::fs::write(dir.path().join("keys.toml"), "").expect("keys");
+    let start = Instant::now();
+    let out = std::process::Command::new(common::bin())
+        .args(["serve", "--config"])
+        .arg(dir.path().join("modelgate.toml"))
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot open the usage store postgres") && err.contains("connecting"),
+        "{err}"
+    );
+    assert!(!err.contains("hunter2"), "the password in the log: {err}");
+}
+
+/// Without Redis, gateways sharing Postgres still share budgets: each raises its spend to the
+/// store's totals, so a budget spent on one is refused on the other within seconds.
+#[tokio::test(flavor = "multi_thread")]
+async fn without_redis_a_budget_spent_on_one_gateway_is_refused_on_the_other() {
+    let pg = Postgres::start();
+    let setup = || Setup {
+        extra_config: pg_config(&pg),
+        ..Setup::default()
+    };
+    let (a, b) = (start_with(setup()), start_with(setup()));
+    // priced-model costs 12.5 a request; "budgeted" has 10.
+    let r = send(
+        &a.direct,
+        "/v1/chat/completions",
+        Some(common::BUDGET_KEY),
+        &chat_body("priced-model", false),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let start = Instant::now();
+    loop {
+        let r = send(
+            &b.direct,
+            "/v1/chat/completions",
+            Some(common::BUDGET_KEY),
+            &chat_body("echo-1", false),
+            &[],
+        )
+        .await;
+        if r.status() == 402 {
+            break;
+        }
+        assert_eq!(r.status(), 200);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "b never saw a's spend"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

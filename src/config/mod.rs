@@ -1039,4 +1039,74 @@ price = { prompt = 1.0, completion = 2.0 }
         let e = Config::parse(Path::new("c.toml"), &bad_header).expect_err("auth_header");
         assert!(e.to_string().contains("auth_header"), "{e}");
     }
+
+    #[test]
+    fn fleet_settings_are_read_and_their_mistakes_named() {
+        let with = |extra: &str| Config::parse(Path::new("c.toml"), &format!("{GOOD}\n{extra}"));
+        let c = with(
+            "[storage]\npostgres = \"postgres://mg@db:5432/mg\"\n[limits]\nredis = \"redis://cache:6379\"\n\
+             on_redis_down = \"deny\"\nredis_timeout_ms = 50\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            c.postgres.as_ref().map(Secret::expose),
+            Some("postgres://mg@db:5432/mg")
+        );
+        assert_eq!(
+            c.redis.as_ref().map(Secret::expose),
+            Some("redis://cache:6379")
+        );
+        assert_eq!(c.on_redis_down, crate::limit::shared::OnDown::Deny);
+        assert_eq!(c.redis_timeout, Duration::from_millis(50));
+        assert!(!c.keys_in_postgres);
+        assert!(c.spool.ends_with("usage-spool.jsonl"));
+        // The secrets never show in Debug.
+        let dbg = format!("{c:?}");
+        assert!(
+            !dbg.contains("mg@db") && !dbg.contains("cache:6379"),
+            "{dbg}"
+        );
+        let keys_pg = GOOD.replace("[keys]", "[keys]\nsource = \"postgres\"");
+        let c = Config::parse(
+            Path::new("c.toml"),
+            &format!("{keys_pg}\n[storage]\npostgres = \"host=/tmp user=mg\"\n"),
+        )
+        .expect("key=value settings");
+        assert!(c.keys_in_postgres);
+        for (extra, field, says) in [
+            (
+                "[storage]\nsqlite = \"u.db\"\npostgres = \"postgres://db/mg\"\n",
+                "storage.postgres",
+                "not both",
+            ),
+            (
+                "[storage]\npostgres = \"postgres://db:notaport/mg\"\n",
+                "storage.postgres",
+                "connection string",
+            ),
+            (
+                "[storage]\npostgres = \"env:MG_TEST_UNSET_PG_VAR\"\n",
+                "storage.postgres",
+                "is not set",
+            ),
+            (
+                "[limits]\nredis = \"http://cache\"\n",
+                "limits.redis",
+                "redis://",
+            ),
+            (
+                "[limits]\non_redis_down = \"maybe\"\n",
+                "limits.on_redis_down",
+                "\"local\" or \"deny\"",
+            ),
+        ] {
+            let e = with(extra).expect_err(extra).to_string();
+            assert!(e.contains(field) && e.contains(says), "{extra}: {e}");
+        }
+        let e = Config::parse(Path::new("c.toml"), &keys_pg).expect_err("no postgres");
+        assert!(e.to_string().contains("needs [storage] postgres"), "{e}");
+        let bad = GOOD.replace("[keys]", "[keys]\nsource = \"etcd\"");
+        let e = Config::parse(Path::new("c.toml"), &bad).expect_err("unknown source");
+        assert!(e.to_string().contains("keys.source"), "{e}");
+    }
 }
