@@ -99,6 +99,9 @@ enum KeyCommand {
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
+    // One crypto provider for every TLS client that asks rustls for the process default
+    // (rediss:// connections); both providers are compiled into the tree.
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => serve(&cli.config, cli.upgrade),
         Command::Check => check(&cli.config),

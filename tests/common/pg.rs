@@ -43,6 +43,15 @@ fn is_root() -> bool {
 
 impl Postgres {
     pub fn start() -> Postgres {
+        Postgres::start_with(None)
+    }
+
+    /// A server that takes TLS connections only, with this certificate and key (PEM).
+    pub fn start_tls(cert: &Path, key: &Path) -> Postgres {
+        Postgres::start_with(Some((cert, key)))
+    }
+
+    fn start_with(tls: Option<(&Path, &Path)>) -> Postgres {
         let dir = tempfile::tempdir().expect("tempdir");
         let user = is_root().then(|| "postgres".to_string());
         if user.is_some() {
@@ -78,17 +87,39 @@ impl Postgres {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        std::fs::write(
-            data.join("postgresql.auto.conf"),
-            format!(
-                "listen_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
-                 fsync = off\nfull_page_writes = off\n\
-                 max_connections = 200\n",
-                pg.port,
-                pg.dir.path().display()
-            ),
-        )
-        .expect("postgresql.auto.conf");
+        let mut conf = format!(
+            "listen_addresses = '127.0.0.1'\nport = {}\nunix_socket_directories = '{}'\n\
+             fsync = off\nfull_page_writes = off\nmax_connections = 200\n",
+            pg.port,
+            pg.dir.path().display()
+        );
+        if let Some((cert, key)) = tls {
+            std::fs::copy(cert, data.join("server.crt")).expect("cert");
+            std::fs::copy(key, data.join("server.key")).expect("key");
+            conf.push_str("ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+            // TCP without TLS is refused: whoever gets in, got in over TLS.
+            let hba = std::fs::read_to_string(data.join("pg_hba.conf")).expect("pg_hba");
+            std::fs::write(
+                data.join("pg_hba.conf"),
+                format!("hostnossl all all all reject\n{hba}"),
+            )
+            .expect("pg_hba");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(
+                data.join("server.key"),
+                std::fs::Permissions::from_mode(0o600),
+            )
+            .expect("chmod");
+        }
+        std::fs::write(data.join("postgresql.auto.conf"), conf).expect("postgresql.auto.conf");
+        if pg.user.is_some() {
+            let st = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&data)
+                .status()
+                .expect("chown");
+            assert!(st.success());
+        }
         pg.up();
         pg
     }
@@ -145,7 +176,12 @@ impl Postgres {
             String::from_utf8_lossy(&out.stderr),
             std::fs::read_to_string(&log).unwrap_or_default()
         );
-        let url = self.url();
+        // Over the socket, which takes no TLS: the server is up whatever it asks of TCP.
+        let url = format!(
+            "host={} port={} user=postgres dbname=postgres",
+            self.dir.path().display(),
+            self.port
+        );
         off_runtime(move || {
             let deadline = Instant::now() + Duration::from_secs(30);
             while postgres::Client::connect(&url, postgres::NoTls).is_err() {

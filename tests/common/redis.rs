@@ -8,6 +8,8 @@ pub struct Redis {
     pub dir: tempfile::TempDir,
     pub port: u16,
     child: Option<Child>,
+    /// (cert, key, CA) when it takes TLS connections only.
+    tls: Option<(String, String, String)>,
 }
 
 impl Redis {
@@ -16,19 +18,52 @@ impl Redis {
             dir: tempfile::tempdir().expect("tempdir"),
             port: super::free_port(),
             child: None,
+            tls: None,
+        };
+        r.up();
+        r
+    }
+
+    /// A server that takes TLS connections only (`rediss://`), with this certificate, key and CA.
+    pub fn start_tls(cert: &str, key: &str, ca: &str) -> Redis {
+        let mut r = Redis {
+            dir: tempfile::tempdir().expect("tempdir"),
+            port: super::free_port(),
+            child: None,
+            tls: Some((cert.into(), key.into(), ca.into())),
         };
         r.up();
         r
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Starts the server (again) and waits until it answers PING.
     pub fn up(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+        let mut cmd = Command::new("redis-server");
+        match &self.tls {
+            None => cmd.args(["--port", &self.port.to_string()]),
+            Some((cert, key, ca)) => cmd
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .args([
+                    "--tls-cert-file",
+                    cert,
+                    "--tls-key-file",
+                    key,
+                    "--tls-ca-cert-file",
+                    ca,
+                ])
+                .args(["--tls-auth-clients", "no"]),
+        };
+        let child = cmd
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -39,10 +74,24 @@ impl Redis {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let pong = redis::Client::open(self.url())
-                .and_then(|c| c.get_connection())
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
-            if pong.is_ok() {
+            let pong = match &self.tls {
+                None => redis::Client::open(self.url())
+                    .and_then(|c| c.get_connection())
+                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                    .is_ok(),
+                Some((_, _, ca)) => Command::new("redis-cli")
+                    .args([
+                        "--tls",
+                        "--cacert",
+                        ca,
+                        "-p",
+                        &self.port.to_string(),
+                        "ping",
+                    ])
+                    .output()
+                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("PONG")),
+            };
+            if pong {
                 return;
             }
             assert!(Instant::now() < deadline, "redis-server did not answer");

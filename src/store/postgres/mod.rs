@@ -152,8 +152,39 @@ pub(super) fn config(url: &str) -> Result<Config, String> {
     Ok(c)
 }
 
+/// Connects over TLS unless the settings say `sslmode=disable`. The server's certificate is
+/// verified against the system's roots (or `SSL_CERT_FILE`), for `prefer` and `require` too:
+/// stricter than libpq, which only verifies for `verify-ca`/`verify-full`.
 pub(super) fn connect(c: &Config) -> Result<Client, String> {
-    c.connect(NoTls).map_err(|e| pg_err("connecting", e))
+    let result = match c.get_ssl_mode() {
+        postgres::config::SslMode::Disable => c.connect(NoTls),
+        _ => c.connect(tls()?),
+    };
+    result.map_err(|e| pg_err("connecting", e))
+}
+
+/// The TLS connector, built once (reading the system's roots takes milliseconds).
+fn tls() -> Result<tokio_postgres_rustls::MakeRustlsConnect, String> {
+    static TLS: std::sync::OnceLock<Result<rustls::ClientConfig, String>> =
+        std::sync::OnceLock::new();
+    let config = TLS.get_or_init(|| {
+        let mut roots = rustls::RootCertStore::empty();
+        let found = rustls_native_certs::load_native_certs();
+        for cert in found.certs {
+            // A certificate the store cannot use is skipped, as the system's own tools do.
+            let _ = roots.add(cert);
+        }
+        // No roots (no ca-certificates): a server without TLS is still reached in plain
+        // (sslmode=prefer); one with TLS fails its handshake and the error says so.
+        let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+            .map_err(|e| format!("usage store (postgres): TLS: {e}"))
+    });
+    config
+        .clone()
+        .map(tokio_postgres_rustls::MakeRustlsConnect::new)
 }
 
 /// A connection to an up-to-date schema (for the keys source and the `keys` commands).

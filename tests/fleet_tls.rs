@@ -1,0 +1,140 @@
+//! A fleet's servers over TLS: Postgres taking TLS connections only (`sslmode=require`) and
+//! Redis on `rediss://`, both with a certificate of a private CA the gateway trusts through
+//! `SSL_CERT_FILE`. Records reach Postgres and limits are counted in Redis, never in plain.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::pg::Postgres;
+use common::redis::Redis;
+use common::{KEY, Setup, chat_body, send, start_with};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+
+/// A private CA and a certificate for 127.0.0.1 signed by it: (dir, ca, cert, key) paths.
+fn pki() -> (tempfile::TempDir, String, String, String) {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ca_key = KeyPair::generate().expect("key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "modelgate fleet test CA");
+    let ca = ca_params.self_signed(&ca_key).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+        .expect("params")
+        .signed_by(&key, &ca, &ca_key)
+        .expect("cert");
+    let path = |n: &str| dir.path().join(n).to_string_lossy().to_string();
+    std::fs::write(path("ca.pem"), ca.pem()).expect("write");
+    std::fs::write(path("cert.pem"), cert.pem()).expect("write");
+    std::fs::write(path("key.pem"), key.serialize_pem()).expect("write");
+    // The servers run as other users (postgres): let them read their copies.
+    let (ca, cert, key) = (path("ca.pem"), path("cert.pem"), path("key.pem"));
+    (dir, ca, cert, key)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_and_redis_are_reached_over_tls_only() {
+    let (_pki, ca, cert, key) = pki();
+    let pg = Postgres::start_tls(std::path::Path::new(&cert), std::path::Path::new(&key));
+    let redis = Redis::start_tls(&cert, &key, &ca);
+    let g = start_with(Setup {
+        extra_config: format!(
+            "\n[storage]\npostgres = \"postgres://postgres@127.0.0.1:{}/postgres?sslmode=require\"\n",
+            pg.port
+        ),
+        limits_extra: format!("redis = \"{}\"\n", redis.url()),
+        env: vec![("SSL_CERT_FILE".into(), ca.clone())],
+        ..Setup::default()
+    });
+    // rpm2 is counted in Redis: two pass, the third is refused.
+    let statuses = [
+        send(
+            &g.direct,
+            "/v1/chat/completions",
+            Some(common::RPM2_KEY),
+            &chat_body("echo-1", false),
+            &[],
+        )
+        .await
+        .status()
+        .as_u16(),
+        send(
+            &g.direct,
+            "/v1/chat/completions",
+            Some(common::RPM2_KEY),
+            &chat_body("echo-1", false),
+            &[],
+        )
+        .await
+        .status()
+        .as_u16(),
+        send(
+            &g.direct,
+            "/v1/chat/completions",
+            Some(common::RPM2_KEY),
+            &chat_body("echo-1", false),
+            &[],
+        )
+        .await
+        .status()
+        .as_u16(),
+    ];
+    assert_eq!(statuses, [200, 200, 429]);
+    let metrics = common::get(&g.admin, "/metrics", None)
+        .await
+        .text()
+        .await
+        .expect("metrics");
+    assert!(
+        metrics.contains("modelgate_redis_up 1"),
+        "redis not answering over TLS"
+    );
+    assert!(
+        metrics.contains("modelgate_limits_fallback_total 0"),
+        "limits fell back"
+    );
+    // A record made it into Postgres over TLS and comes back through the usage API.
+    let r = send(
+        &g.direct,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", false),
+        &[],
+    )
+    .await;
+    let id = r.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page: serde_json::Value = common::get(&g.direct, "/api/usage?limit=100", Some(KEY))
+            .await
+            .json()
+            .await
+            .expect("json");
+        if page["data"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|r| r["request_id"] == id))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the record never reached postgres"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = common::get(&g.admin, "/metrics", None)
+        .await
+        .text()
+        .await
+        .expect("metrics");
+    assert!(
+        metrics.contains("modelgate_usage_spool_bytes 0"),
+        "records spooled: postgres unreachable"
+    );
+}
