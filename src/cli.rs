@@ -210,7 +210,9 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     };
     tracing::info!(
         main = ?c.listeners.main,
+        main_tls = c.listeners.main_tls.is_some(),
         direct = ?c.listeners.direct,
+        direct_tls = c.listeners.direct_tls.is_some(),
         admin = ?c.listeners.admin,
         store = %where_,
         keys = live.snapshot().keys.len(),
@@ -264,7 +266,15 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     if let Some(sync) = &spend_sync {
         sync.set_spend(Arc::downgrade(&shared));
     }
-    crate::server::build(shared, upgrade).run(pingora_core::server::RunArgs::default());
+    let server = match crate::server::build(shared, upgrade) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cannot start a listener: {e}");
+            store.close();
+            return ExitCode::from(2);
+        }
+    };
+    server.run(pingora_core::server::RunArgs::default());
     drop(spend_sync);
     // Every runtime has exited, so every request has handed over its record: write them all.
     store.close();

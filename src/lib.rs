@@ -22,5 +22,6 @@ pub mod server;
 pub mod state;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;
 pub mod web;

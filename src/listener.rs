@@ -56,6 +56,11 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
                 }
                 Err(_) => return None,
             }
+        } else if stream.selected_alpn_proto() == Some(ALPN::H2) {
+            // HTTP/2 (TLS listeners, by ALPN): its frames are not HTTP/1 text, so neither the
+            // header watch nor the bare-error rewrite applies; Pingora's h2 server bounds its
+            // streams itself.
+            stream
         } else {
             let mut stream = stream;
             // Wait for the request's first byte before the proxy sees the connection: Pingora

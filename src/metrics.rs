@@ -85,6 +85,8 @@ pub struct Metrics {
     /// Keys-file reloads refused because the file did not parse or validate.
     pub keys_reload_errors: IntCounter,
     pub config_reloads: IntCounter,
+    /// Listener certificate reloads, by listener and result (`ok`, `rejected`).
+    tls_reloads: IntCounterVec,
     /// Config-file reloads refused (the pools and models in force stay).
     pub config_reload_errors: IntCounter,
     pub keys: IntGauge,
@@ -243,6 +245,12 @@ impl Metrics {
                 "keys_reload_errors_total",
                 "Keys-file reloads rejected (the previous keys stay in force)",
             )?,
+            tls_reloads: counters(
+                "tls_certificate_reloads_total",
+                "Listener certificate reloads by listener and result: ok, or rejected (the \
+                 certificate in force stays)",
+                &["listener", "result"],
+            )?,
             config_reloads: counter(
                 "config_reloads_total",
                 "Config-file reloads applied (pools, models, prices, fallbacks)",
@@ -382,6 +390,14 @@ impl Metrics {
             None => "unknown".to_string(),
         };
         self.auth_failures.with_label_values(&[&label]).inc();
+    }
+
+    /// A listener's certificate files changed and were loaded (`ok`) or refused.
+    pub fn tls_reload(&self, listener: &str, ok: bool) {
+        let result = if ok { "ok" } else { "rejected" };
+        self.tls_reloads
+            .with_label_values(&[listener, result])
+            .inc();
     }
 
     pub fn redis_down(&self) {

@@ -17,8 +17,10 @@ use crate::proxy::Gateway;
 use crate::proxy::ctx::Listener;
 use crate::route::health::HealthChecker;
 use crate::state::Shared;
+use crate::tls::{CertReloader, ListenerCert};
 
-pub fn build(shared: Arc<Shared>, upgrade: bool) -> Server {
+/// The server, or why it cannot start (a listener's certificate that cannot be loaded).
+pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
     let config = shared.live.config.clone();
     let conf = ServerConf {
         threads: config.threads,
@@ -49,9 +51,18 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Server {
             Err(e) => tracing::error!("demo mock upstream not started on {addr}: {e}"),
         }
     }
-    for (listener, addr) in [
-        (Listener::Main, &config.listeners.main),
-        (Listener::Direct, &config.listeners.direct),
+    let mut certs = Vec::new();
+    for (listener, addr, tls) in [
+        (
+            Listener::Main,
+            &config.listeners.main,
+            &config.listeners.main_tls,
+        ),
+        (
+            Listener::Direct,
+            &config.listeners.direct,
+            &config.listeners.direct_tls,
+        ),
     ] {
         if let Some(addr) = addr {
             let name = format!("modelgate {}", listener.name());
@@ -64,9 +75,24 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Server {
                 limit: config.client_header_timeout,
             };
             let mut svc = Service::new(name, app);
-            svc.add_tcp(addr);
+            match tls {
+                None => svc.add_tcp(addr),
+                Some(files) => {
+                    // The config stage loaded this pair already; it can only fail here if the
+                    // files changed in between.
+                    let cert = ListenerCert::new(listener.name(), files.clone())?;
+                    svc.add_tls_with_settings(addr, None, cert.settings());
+                    certs.push(cert);
+                }
+            }
             server.add_service(svc);
         }
+    }
+    if !certs.is_empty() {
+        server.add_service(pingora_core::services::background::background_service(
+            "tls certificate reload",
+            CertReloader::new(certs),
+        ));
     }
     server.add_service(pingora_core::services::background::background_service(
         "keys reload",
@@ -87,5 +113,5 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Server {
     if let Some(addr) = &config.listeners.admin {
         server.add_service(admin::service(addr, shared.clone()));
     }
-    server
+    Ok(server)
 }

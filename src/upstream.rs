@@ -56,6 +56,9 @@ pub fn rewrite_request(
     for h in CLIENT_CREDENTIALS {
         req.remove_header(h);
     }
+    // Upstreams are spoken to in HTTP/1.1, whatever the client spoke (HTTP/2 on a TLS
+    // listener): the request line must say so.
+    req.set_version(http::Version::HTTP_11);
     if let Some((name, value)) = &up.authorization {
         req.insert_header(name.clone(), value.clone())?;
     }

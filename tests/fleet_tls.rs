@@ -7,32 +7,19 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::pg::Postgres;
+use common::pki::Pki;
 use common::redis::Redis;
 use common::{KEY, Setup, chat_body, send, start_with};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
 
-/// A private CA and a certificate for 127.0.0.1 signed by it: (dir, ca, cert, key) paths.
-fn pki() -> (tempfile::TempDir, String, String, String) {
-    let dir = tempfile::tempdir().expect("tmp");
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "modelgate fleet test CA");
-    let ca = ca_params.self_signed(&ca_key).expect("ca");
-    let key = KeyPair::generate().expect("key");
-    let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .expect("params")
-        .signed_by(&key, &ca, &ca_key)
-        .expect("cert");
-    let path = |n: &str| dir.path().join(n).to_string_lossy().to_string();
-    std::fs::write(path("ca.pem"), ca.pem()).expect("write");
-    std::fs::write(path("cert.pem"), cert.pem()).expect("write");
-    std::fs::write(path("key.pem"), key.serialize_pem()).expect("write");
-    // The servers run as other users (postgres): let them read their copies.
-    let (ca, cert, key) = (path("ca.pem"), path("cert.pem"), path("key.pem"));
-    (dir, ca, cert, key)
+/// A private CA and a certificate for 127.0.0.1 signed by it: (pki, ca, cert, key) paths.
+fn pki() -> (Pki, String, String, String) {
+    let pki = Pki::new("modelgate fleet test CA");
+    let (ca, cert, key) = (
+        pki.path("ca.pem"),
+        pki.path("cert.pem"),
+        pki.path("key.pem"),
+    );
+    (pki, ca, cert, key)
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -395,15 +395,7 @@ pool = "hanging"
 }
 
 async fn metric(g: &Gateway, name: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", g.admin))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0.0)
+    metric_value(g, name).await
 }
 
 #[tokio::test]

@@ -3,37 +3,12 @@
 
 mod common;
 
+use common::pki::Pki;
 use common::*;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn path(&self, name: &str) -> String {
-        self.dir.path().join(name).to_string_lossy().to_string()
-    }
-}
 
 /// A private CA and a server certificate for 127.0.0.1 and localhost, signed by it.
 fn pki() -> Pki {
-    let dir = tempfile::tempdir().expect("tmp");
-    let ca_key = KeyPair::generate().expect("key");
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "modelgate test CA");
-    let ca = ca_params.self_signed(&ca_key).expect("ca");
-    let key = KeyPair::generate().expect("key");
-    let params = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-        .expect("params");
-    let cert = params.signed_by(&key, &ca, &ca_key).expect("cert");
-    std::fs::write(dir.path().join("ca.pem"), ca.pem()).expect("write");
-    std::fs::write(dir.path().join("cert.pem"), cert.pem()).expect("write");
-    std::fs::write(dir.path().join("key.pem"), key.serialize_pem()).expect("write");
-    Pki { dir }
+    Pki::new("modelgate test CA")
 }
 
 fn tls_pool(port: u16) -> String {

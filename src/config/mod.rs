@@ -94,6 +94,10 @@ pub struct Listeners {
     pub main: Option<String>,
     pub direct: Option<String>,
     pub admin: Option<String>,
+    /// `[listeners.tls.main]`: `main` speaks TLS (HTTP/2 and HTTP/1.1) with these files.
+    pub main_tls: Option<crate::tls::TlsFiles>,
+    /// `[listeners.tls.direct]`.
+    pub direct_tls: Option<crate::tls::TlsFiles>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -260,6 +264,21 @@ struct RawListeners {
     main: Option<Spanned<String>>,
     direct: Option<Spanned<String>>,
     admin: Option<Spanned<String>>,
+    tls: Option<RawListenersTls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListenersTls {
+    main: Option<Spanned<RawTlsFiles>>,
+    direct: Option<Spanned<RawTlsFiles>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTlsFiles {
+    cert: String,
+    key: String,
 }
 
 #[derive(Deserialize)]
@@ -415,6 +434,42 @@ impl Config {
                 }
                 *slot = Some(v.get_ref().clone());
             }
+        }
+        let tls = raw.listeners.tls.as_ref();
+        for (name, raw_files, on, slot) in [
+            (
+                "main",
+                tls.and_then(|t| t.main.as_ref()),
+                listeners.main.is_some(),
+                &mut listeners.main_tls,
+            ),
+            (
+                "direct",
+                tls.and_then(|t| t.direct.as_ref()),
+                listeners.direct.is_some(),
+                &mut listeners.direct_tls,
+            ),
+        ] {
+            let Some(raw_files) = raw_files else { continue };
+            let field = format!("listeners.tls.{name}");
+            let line = at(raw_files.span());
+            if !on {
+                p.push(Problem::new(
+                    &file,
+                    line,
+                    &field,
+                    format!("there is no `listeners.{name}` to put TLS on"),
+                ));
+                continue;
+            }
+            let files = crate::tls::TlsFiles {
+                cert: dir.join(&raw_files.get_ref().cert),
+                key: dir.join(&raw_files.get_ref().key),
+            };
+            if let Err(e) = crate::tls::load(&files) {
+                p.push(Problem::new(&file, line, &field, e));
+            }
+            *slot = Some(files);
         }
         if listeners.main.is_none() && listeners.direct.is_none() {
             p.push(Problem::new(

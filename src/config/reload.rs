@@ -31,9 +31,9 @@ pub struct KeysReloader {
 
 /// What identifies a version of the file, following symlinks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Fingerprint(Option<(std::time::SystemTime, u64, u64)>);
+pub(crate) struct Fingerprint(Option<(std::time::SystemTime, u64, u64)>);
 
-fn fingerprint(path: &Path) -> Fingerprint {
+pub(crate) fn fingerprint(path: &Path) -> Fingerprint {
     use std::os::unix::fs::MetadataExt;
     Fingerprint(std::fs::metadata(path).ok().map(|m| {
         (

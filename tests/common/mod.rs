@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod pg;
+pub mod pki;
 pub mod redis;
 
 use std::io::Read;
@@ -489,10 +490,23 @@ pub fn start_mock_at(port: u16, extra_args: &[&str]) -> MockProcess {
 /// The record of a request, found by its `x-request-id` on the usage API (records are written
 /// in batches: this waits for it, up to 5 s).
 pub async fn await_record(g: &Gateway, request_id: &str) -> serde_json::Value {
+    await_record_via(&client(), &g.direct, request_id).await
+}
+
+/// `await_record` through a given client and `direct` base URL (an HTTPS one, say).
+pub async fn await_record_via(
+    client: &reqwest::Client,
+    direct: &str,
+    request_id: &str,
+) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let page: serde_json::Value = get(&g.direct, "/api/usage?limit=1000", Some(KEY))
+        let page: serde_json::Value = client
+            .get(format!("{direct}/api/usage?limit=1000"))
+            .bearer_auth(KEY)
+            .send()
             .await
+            .expect("usage")
             .json()
             .await
             .expect("json");
@@ -505,6 +519,20 @@ pub async fn await_record(g: &Gateway, request_id: &str) -> serde_json::Value {
         assert!(Instant::now() < deadline, "no record {request_id}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The value of the first series on the admin listener's `/metrics` whose line starts with
+/// `prefix` (name and labels), or 0.
+pub async fn metric_value(g: &Gateway, prefix: &str) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", g.admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// A pool of two upstreams that refuse connections (health checks off), for `all-dead-model`.

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -89,9 +90,10 @@ class Gateway:
     process: subprocess.Popen
     ports: dict  # main, direct, admin, mock -> port
     stderr_path: Path
+    scheme: str = "http"
 
     def base_url(self, listener: str) -> str:
-        return f"http://127.0.0.1:{self.ports[listener]}/v1"
+        return f"{self.scheme}://127.0.0.1:{self.ports[listener]}/v1"
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")[-8000:]
@@ -109,6 +111,28 @@ def free_ports(n: int) -> list:
     finally:
         for s in sockets:
             s.close()
+
+
+def make_certificate(workdir: Path) -> dict:
+    """A private CA and a server certificate for 127.0.0.1 and localhost signed by it, made with
+    the openssl command: {"ca", "cert", "key"} -> path."""
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=workdir, check=True, capture_output=True)
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "ca-key.pem", "-out", "ca.pem", "-days", "2", "-subj", "/CN=modelgate SDK test CA")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+        "-keyout", "key.pem", "-out", "server.csr", "-subj", "/CN=localhost")
+    (workdir / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    run("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem",
+        "-CAcreateserial", "-out", "cert.pem", "-days", "2", "-extfile", "san.ext")
+    return {name: workdir / f"{name}.pem" for name in ("ca", "cert", "key")}
+
+
+def tls_config(tls: dict) -> str:
+    return "".join(
+        f'\n[listeners.tls.{listener}]\ncert = "{tls["cert"]}"\nkey = "{tls["key"]}"\n'
+        for listener in ("main", "direct")
+    )
 
 
 def gateway_config(ports: dict) -> str:
@@ -148,10 +172,10 @@ upstreams = ["http://127.0.0.1:{ports['mock']}"]
 {models}"""
 
 
-def http_get(url: str):
+def http_get(url: str, context=None):
     """(status, headers) of a GET, or None when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
             return response.status, response.headers
     except urllib.error.HTTPError as e:
         return e.code, e.headers
@@ -159,15 +183,18 @@ def http_get(url: str):
         return None
 
 
-def is_ready(ports: dict) -> bool:
+def is_ready(ports: dict, tls=None) -> bool:
     """/healthz says 200, the mock answers, and `main` and `direct` answer a keyless request
     as the gateway does (401 with an x-request-id), not as some other process on the port."""
     health = http_get(f"http://127.0.0.1:{ports['admin']}/healthz")
     mock = http_get(f"http://127.0.0.1:{ports['mock']}/v1/models")
     if not (health and health[0] == 200 and mock and mock[0] == 200):
         return False
+    scheme, context = "http", None
+    if tls:
+        scheme, context = "https", ssl.create_default_context(cafile=str(tls["ca"]))
     for listener in ("main", "direct"):
-        answer = http_get(f"http://127.0.0.1:{ports[listener]}/v1/models")
+        answer = http_get(f"{scheme}://127.0.0.1:{ports[listener]}/v1/models", context)
         if not (answer and answer[0] == 401 and answer[1].get("x-request-id")):
             return False
     return True
@@ -185,14 +212,15 @@ def stop(process: subprocess.Popen) -> None:
         process.wait(timeout=5)
 
 
-def start_gateway(binary: Path, workdir: Path):
-    """Starts the gateway on fresh free ports and waits until it is ready.
+def start_gateway(binary: Path, workdir: Path, tls=None):
+    """Starts the gateway on fresh free ports and waits until it is ready; with `tls` (see
+    make_certificate), both API listeners speak HTTPS.
     Returns (gateway, None), or (gateway, why) with the process stopped if startup failed,
     for example because another process took one of the ports in the meantime."""
     # `app` and `other_app`: two more origins for the CORS test (only `app` is allowed).
     ports = dict(zip(["main", "direct", "admin", "mock", "app", "other_app"], free_ports(6)))
     config = workdir / "modelgate.toml"
-    config.write_text(gateway_config(ports))
+    config.write_text(gateway_config(ports) + (tls_config(tls) if tls else ""))
     (workdir / "keys.toml").write_text(KEYS_TOML)
     stderr_path = workdir / "gateway.stderr"
     with open(stderr_path, "wb") as stderr, open(workdir / "gateway.stdout", "wb") as stdout:
@@ -204,12 +232,12 @@ def start_gateway(binary: Path, workdir: Path):
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"),
                  "MG_SDK_CONSOLE_PASSWORD": CONSOLE_PASSWORD},
         )
-    gateway = Gateway(process, ports, stderr_path)
+    gateway = Gateway(process, ports, stderr_path, "https" if tls else "http")
     deadline = time.monotonic() + STARTUP_DEADLINE_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             return gateway, f"exited with code {process.returncode}"
-        if is_ready(ports):
+        if is_ready(ports, tls):
             return gateway, None
         # Pingora keeps retrying a port that is taken instead of exiting: give up at once.
         if "is in use" in gateway.stderr():

@@ -1,0 +1,184 @@
+//! TLS on the `main` and `direct` listeners (`[listeners.tls.main]`, `[listeners.tls.direct]`):
+//! rustls through Pingora, HTTP/2 offered by ALPN beside HTTP/1.1.
+//!
+//! Each listener's certificate lives in a `ListenerCert`, the rustls certificate resolver of its
+//! listener: every handshake takes the certificate in force from it, so a reload swaps it for
+//! the handshakes that follow while connections already open keep theirs. `CertReloader`, a
+//! background service, looks at both files' identity (mtime, length, inode) every second; on a
+//! change it loads the pair, and only a pair that parses and whose key matches the certificate
+//! replaces the one in force. Anything else (half-written files, a certificate renewed before
+//! its key, a key of another certificate) is refused with a warning and counted, the old pair
+//! stays, and the next change is tried again.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
+use pingora_core::listeners::tls::TlsSettings;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+use crate::config::reload::{Fingerprint, fingerprint};
+
+/// A listener's certificate chain and private key files (PEM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TlsFiles {
+    fn fingerprint(&self) -> (Fingerprint, Fingerprint) {
+        (fingerprint(&self.cert), fingerprint(&self.key))
+    }
+}
+
+/// Reads and checks a certificate chain and its key: both parse, the chain is not empty, and
+/// the key is the certificate's.
+pub fn load(files: &TlsFiles) -> Result<Arc<CertifiedKey>, String> {
+    let chain = read_chain(&files.cert)?;
+    let key = read_key(&files.key)?;
+    let provider = CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
+    let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
+        format!(
+            "{} and {} do not make a usable pair: {e}",
+            files.cert.display(),
+            files.key.display()
+        )
+    })?;
+    Ok(Arc::new(certified))
+}
+
+fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let chain = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{} is not a PEM certificate chain: {e}", path.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{} holds no certificate", path.display()));
+    }
+    Ok(chain)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    PrivateKeyDer::from_pem_slice(&bytes)
+        .map_err(|e| format!("{} holds no PEM private key: {e}", path.display()))
+}
+
+/// The certificate a listener presents, swapped whole on reload.
+pub struct ListenerCert {
+    listener: &'static str,
+    files: TlsFiles,
+    current: ArcSwap<CertifiedKey>,
+}
+
+impl fmt::Debug for ListenerCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ListenerCert")
+            .field("listener", &self.listener)
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ListenerCert {
+    /// Loads the pair now (a listener never starts without a usable certificate).
+    pub fn new(listener: &'static str, files: TlsFiles) -> Result<Arc<ListenerCert>, String> {
+        let current = load(&files)?;
+        Ok(Arc::new(ListenerCert {
+            listener,
+            files,
+            current: ArcSwap::new(current),
+        }))
+    }
+
+    /// Pingora's TLS settings for this listener: this certificate, HTTP/2 and HTTP/1.1 by
+    /// ALPN.
+    pub fn settings(self: &Arc<Self>) -> TlsSettings {
+        // intermediate() with empty paths makes no file access: the resolver is used instead.
+        let mut settings = match TlsSettings::intermediate("", "") {
+            Ok(s) => s,
+            Err(e) => unreachable!("TlsSettings::intermediate does not fail: {e}"),
+        };
+        settings.set_cert_resolver(self.clone());
+        settings.enable_h2();
+        settings
+    }
+
+    /// Loads the files again; the pair in force changes only if the new one is usable.
+    fn reload(&self) -> Result<(), String> {
+        let new = load(&self.files)?;
+        self.current.store(new);
+        Ok(())
+    }
+}
+
+impl ResolvesServerCert for ListenerCert {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current.load_full())
+    }
+}
+
+/// Watches the listeners' certificate files and reloads them on change.
+pub struct CertReloader {
+    certs: Vec<Arc<ListenerCert>>,
+}
+
+impl CertReloader {
+    pub fn new(certs: Vec<Arc<ListenerCert>>) -> CertReloader {
+        CertReloader { certs }
+    }
+}
+
+/// How often the files' identity is looked at.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+
+#[async_trait]
+impl BackgroundService for CertReloader {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        // What each listener's files were when last looked at (a refused version is not
+        // retried until the files change again).
+        let mut seen: Vec<_> = self.certs.iter().map(|c| c.files.fingerprint()).collect();
+        let mut tick = tokio::time::interval(CHECK_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            for (cert, seen) in self.certs.iter().zip(seen.iter_mut()) {
+                let now = cert.files.fingerprint();
+                if now == *seen {
+                    continue;
+                }
+                *seen = now;
+                let result = cert.reload();
+                match &result {
+                    Ok(()) => tracing::info!(
+                        listener = cert.listener,
+                        "TLS certificate reloaded from {}",
+                        cert.files.cert.display()
+                    ),
+                    Err(e) => tracing::warn!(
+                        listener = cert.listener,
+                        "TLS certificate not reloaded, the one in force stays: {e}"
+                    ),
+                }
+                if let Some(m) = crate::metrics::get() {
+                    m.tls_reload(cert.listener, result.is_ok());
+                }
+            }
+        }
+    }
+}
