@@ -1,0 +1,719 @@
+//! The edge, attacked: wrong keys at volume (throttled, and no timing difference between an
+//! unknown key and a near miss), header injection through model names and query strings, path
+//! traversal and odd encodings on the page and console routes, request smuggling (CL+TE,
+//! duplicate or malformed lengths) that must never reach the upstream as two requests, and the
+//! client's key and the upstream credential absent from everything the gateway emits. Slow
+//! headers and bodies are in `client_timeouts.rs`.
+//!
+//! The upstream here is a byte recorder (`Recorder`): it keeps every request exactly as it
+//! arrived on the wire and answers a fixed chat completion, so a test can count and read what
+//! the gateway really sent.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const REPLY: &str = r#"{"id":"chatcmpl-rec","object":"chat.completion","created":0,"model":"echo-1","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}"#;
+
+/// One request as the upstream received it: the header bytes and the body.
+#[derive(Clone, Debug)]
+struct Seen {
+    head: String,
+    body: Vec<u8>,
+}
+
+/// An HTTP/1.1 upstream that records every request's bytes. It frames requests by
+/// Content-Length only: a request framed any other way is recorded with what follows it and
+/// shows up as a failure in the tests.
+struct Recorder {
+    port: u16,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    /// Every byte received, across connections.
+    wire: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Recorder {
+    async fn start() -> Recorder {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let wire: Arc<Mutex<Vec<u8>>> = Arc::default();
+        let (s, w) = (seen.clone(), wire.clone());
+        tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(Self::serve(conn, s.clone(), w.clone()));
+            }
+        });
+        Recorder { port, seen, wire }
+    }
+
+    async fn serve(
+        mut conn: tokio::net::TcpStream,
+        seen: Arc<Mutex<Vec<Seen>>>,
+        wire: Arc<Mutex<Vec<u8>>>,
+    ) {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 16384];
+        loop {
+            // A whole header, then Content-Length bytes of body.
+            let head_end = loop {
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break i + 4;
+                }
+                match conn.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        wire.lock().expect("lock").extend_from_slice(&chunk[..n]);
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                }
+            };
+            let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+            let length = head
+                .lines()
+                .find_map(|l| {
+                    let (name, value) = l.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            while buf.len() < head_end + length {
+                match conn.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        wire.lock().expect("lock").extend_from_slice(&chunk[..n]);
+                        buf.extend_from_slice(&chunk[..n]);
+                    }
+                }
+            }
+            let body = buf[head_end..head_end + length].to_vec();
+            buf.drain(..head_end + length);
+            seen.lock().expect("lock").push(Seen { head, body });
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{REPLY}",
+                REPLY.len()
+            );
+            if conn.write_all(reply.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("lock").clone()
+    }
+
+    fn wire(&self) -> Vec<u8> {
+        self.wire.lock().expect("lock").clone()
+    }
+
+    /// `[[pools]]` and `[[models]]` routing model `recorded` here.
+    fn config(&self) -> String {
+        format!(
+            "\n[[pools]]\nname = \"recorded\"\nupstreams = [\"http://127.0.0.1:{}\"]\n\
+             api_key = \"{POOL_KEY}\"\nhealth_interval_ms = 0\n\n\
+             [[models]]\nname = \"recorded\"\npool = \"recorded\"\nupstream_model = \"echo-1\"\n",
+            self.port
+        )
+    }
+}
+
+fn addr(base: &str) -> String {
+    base.trim_start_matches("http://").to_string()
+}
+
+/// Sends raw bytes on a new connection and reads until the gateway closes it (or 5 s pass).
+fn raw(base: &str, bytes: &[u8]) -> String {
+    let mut s = std::net::TcpStream::connect(addr(base)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The status codes of every response in a raw exchange, in order.
+fn statuses(raw: &str) -> Vec<u16> {
+    raw.match_indices("HTTP/1.1 ")
+        .filter_map(|(i, _)| raw.get(i + 9..i + 12)?.parse().ok())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// Wrong keys
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_wrong_keys_are_throttled_and_never_reach_the_upstream() {
+    let rec = Recorder::start().await;
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        ..Setup::default()
+    });
+    // Keep-alive connections from 127.0.0.1, 50 at a time; unknown keys and near misses of a
+    // real key (its last character changed) alternate.
+    let attacker = client();
+    let url = format!("{}/v1/chat/completions", g.direct);
+    let body = chat_body("recorded", false);
+    let near_miss = format!("{}X", &KEY[..KEY.len() - 1]);
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..50 {
+        let (c, url, body, near_miss) = (
+            attacker.clone(),
+            url.clone(),
+            body.clone(),
+            near_miss.clone(),
+        );
+        tasks.spawn(async move {
+            let mut counts = std::collections::BTreeMap::<u16, usize>::new();
+            for i in 0..200 {
+                let key = if i % 2 == 0 {
+                    format!("sk-guess-{t}-{i}")
+                } else {
+                    near_miss.clone()
+                };
+                let resp = c
+                    .post(&url)
+                    .bearer_auth(&key)
+                    .json(&body)
+                    .send()
+                    .await
+                    .expect("send");
+                let status = resp.status().as_u16();
+                if status == 429 {
+                    assert!(resp.headers().contains_key("retry-after"));
+                }
+                let text = resp.text().await.expect("body");
+                assert!(!text.contains(&key), "the key echoed: {text}");
+                *counts.entry(status).or_default() += 1;
+            }
+            counts
+        });
+    }
+    let mut counts = std::collections::BTreeMap::<u16, usize>::new();
+    while let Some(c) = tasks.join_next().await {
+        for (s, n) in c.expect("task") {
+            *counts.entry(s).or_default() += n;
+        }
+    }
+    // The default allowance is 10 wrong keys a minute per address: then 429, whatever key.
+    assert_eq!(
+        counts,
+        [(401, 10), (429, 9_990)].into_iter().collect(),
+        "{counts:?}"
+    );
+    assert!(rec.seen().is_empty(), "a wrong key reached the upstream");
+    let throttled = send(&g.direct, "/v1/chat/completions", Some(KEY), &body, &[]).await;
+    assert_eq!(
+        throttled.status(),
+        429,
+        "the address is throttled whatever key"
+    );
+
+    // Another address is not: the right key from 127.0.0.2 is served.
+    let other = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .expect("client");
+    let ok = other
+        .post(&url)
+        .bearer_auth(KEY)
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(ok.status(), 200);
+    assert_eq!(rec.seen().len(), 1);
+}
+
+/// The median of the differences of paired timings, in microseconds.
+fn median_difference(a: &[f64], b: &[f64]) -> f64 {
+    let mut d: Vec<f64> = a.iter().zip(b).map(|(x, y)| x - y).collect();
+    d.sort_by(f64::total_cmp);
+    d[d.len() / 2]
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_key_and_a_near_miss_of_a_real_key_take_the_same_time() {
+    let g = start_with(Setup {
+        limits_extra: "auth_failures_per_minute = 0".into(),
+        ..Setup::default()
+    });
+    let c = client();
+    let url = format!("{}/v1/models", g.main);
+    let near_miss = format!("{}X", &KEY[..KEY.len() - 1]);
+    let time = |key: String| {
+        let (c, url) = (c.clone(), url.clone());
+        async move {
+            let t = Instant::now();
+            let resp = c.get(&url).bearer_auth(key).send().await.expect("send");
+            assert_eq!(resp.status(), 401);
+            let _ = resp.bytes().await;
+            t.elapsed().as_secs_f64() * 1e6
+        }
+    };
+    // Warm the connection, then pairs in alternating order so drift hits both alike.
+    for _ in 0..200 {
+        time("sk-warm".into()).await;
+    }
+    let (mut unknown, mut near) = (Vec::new(), Vec::new());
+    for i in 0..2_000 {
+        let u = format!(
+            "sk-unknown-{i:012}-{}",
+            "z".repeat(KEY.len().saturating_sub(24))
+        );
+        if i % 2 == 0 {
+            unknown.push(time(u).await);
+            near.push(time(near_miss.clone()).await);
+        } else {
+            near.push(time(near_miss.clone()).await);
+            unknown.push(time(u).await);
+        }
+    }
+    let (mu, mn) = (median(&unknown), median(&near));
+    let diff = median_difference(&unknown, &near).abs();
+    // A key compared byte by byte would show in a difference proportional to the matched
+    // prefix; a lookup by SHA-256 shows none. Loopback noise is tens of microseconds.
+    assert!(
+        diff < 0.1 * mu.min(mn) + 15.0,
+        "unknown {mu:.1} µs, near miss {mn:.1} µs, paired difference {diff:.1} µs"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Injection
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn header_injection_through_model_names_and_query_strings_goes_nowhere() {
+    let rec = Recorder::start().await;
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        ..Setup::default()
+    });
+    for base in g.bases() {
+        for model in [
+            "echo-1\r\nX-Injected: 1",
+            "recorded\r\nX-Injected: 1",
+            "recorded\nX-Injected: 1",
+            "x\r\n\r\nHTTP/1.1 200 OK\r\nX-Injected: 1",
+            "recorded\u{0}X-Injected: 1",
+        ] {
+            let resp = post_json(
+                &base,
+                "/v1/chat/completions",
+                &json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+            assert!(
+                !resp.headers().keys().any(|k| k.as_str() == "x-injected"),
+                "{model:?}"
+            );
+            let (status, e) = error_of(resp).await;
+            assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")));
+            assert_eq!(e["param"], "model");
+        }
+        // Query strings with encoded CR LF on the usage API and its CSV.
+        for path in [
+            "/api/usage?model=x%0d%0aX-Injected:%201",
+            "/api/usage.csv?model=x%0d%0aX-Injected:%201&from=2026-01-01",
+            "/api/usage?cursor=%0d%0aX-Injected:%201",
+            "/api/usage.csv?from=2026%0d%0aX-Injected:%201",
+            "/v1/models?x=%0d%0aX-Injected:%201",
+        ] {
+            let resp = get(&base, path, Some(KEY)).await;
+            assert!(
+                !resp.headers().keys().any(|k| k.as_str() == "x-injected"),
+                "{path}"
+            );
+            for v in resp.headers().values() {
+                let v = v.as_bytes();
+                assert!(!v.contains(&b'\r') && !v.contains(&b'\n'), "{path}");
+            }
+        }
+    }
+    // The upstream got none of it.
+    let wire = String::from_utf8_lossy(&rec.wire()).to_ascii_lowercase();
+    assert!(!wire.contains("x-injected"), "{wire}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Paths
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn path_traversal_and_odd_encodings_on_the_page_and_console_routes_find_nothing() {
+    let g = start_with(Setup {
+        extra_config: "\n[console]\nuser = \"admin\"\npassword = \"env:MG_SEC_PW\"\n".into(),
+        env: vec![("MG_SEC_PW".into(), "a console password".into())],
+        ..Setup::default()
+    });
+    let targets = [
+        "/../../../../etc/passwd",
+        "/assets/../../../../etc/passwd",
+        "/assets/..%2f..%2f..%2f..%2fetc%2fpasswd",
+        "/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        "/%252e%252e/%252e%252e/etc/passwd",
+        "/assets/%c0%ae%c0%ae/%c0%ae%c0%ae/etc/passwd",
+        "/assets/..\\..\\..\\etc\\passwd",
+        "//etc/passwd",
+        "/console/../../../../etc/passwd",
+        "/console/..%2f..%2f..%2fCargo.toml",
+        "/console/%2e%2e/%2e%2e/Cargo.toml",
+        "/console/api/../../../../etc/passwd",
+        "/console/app.js%00.html",
+        "/app.js%00",
+        "/api/usage/../../../etc/passwd",
+        "/%ff%fe/..%u2216..%u2216etc/passwd",
+    ];
+    let mut all = 0;
+    for base in g.bases() {
+        for target in targets {
+            let reply = tokio::task::block_in_place(|| {
+                raw(
+                    &base,
+                    format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                        .as_bytes(),
+                )
+            });
+            let status = statuses(&reply).first().copied().unwrap_or(0);
+            assert!(
+                matches!(status, 400 | 401 | 404),
+                "{base}{target}: {status}\n{reply}"
+            );
+            assert!(
+                !reply.contains("root:") && !reply.contains("[package]"),
+                "{base}{target} leaked a file:\n{reply}"
+            );
+            if status != 401 {
+                // The contract's JSON error, never a page or a file.
+                let body = reply.split("\r\n\r\n").nth(1).unwrap_or("");
+                let v: Value = serde_json::from_str(body)
+                    .unwrap_or_else(|e| panic!("{base}{target}: {e}: {reply}"));
+                assert!(v["error"]["code"].is_string(), "{reply}");
+            }
+            all += 1;
+        }
+    }
+    assert_eq!(all, 2 * targets.len());
+}
+
+// ---------------------------------------------------------------------------------------
+// Smuggling
+// ---------------------------------------------------------------------------------------
+
+/// A request whose body or framing hides a second request (`POST /v1/embeddings`, which the
+/// upstream must never see).
+fn smuggled(framing: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\n{framing}\r\n{body}"
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smuggling_attempts_never_reach_the_upstream_as_two_requests() {
+    let rec = Recorder::start().await;
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        ..Setup::default()
+    });
+    let chat = r#"{"model":"recorded","messages":[{"role":"user","content":"hi"}]}"#;
+    let inner = format!(
+        "POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: 36\r\n\r\n\
+         {{\"model\":\"recorded\",\"input\":\"hi\"}} "
+    );
+    let chunked = format!("{:x}\r\n{chat}\r\n0\r\n\r\n", chat.len());
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        // CL.TE: the length covers the smuggled request, the chunked framing ends before it.
+        (
+            "CL+TE",
+            smuggled(
+                &format!(
+                    "Content-Length: {}\r\nTransfer-Encoding: chunked\r\n",
+                    chunked.len() + inner.len()
+                ),
+                &format!("{chunked}{inner}"),
+            ),
+        ),
+        // TE.CL: the chunked body holds the smuggled request, the length stops short.
+        (
+            "TE+CL",
+            smuggled(
+                "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n",
+                &format!(
+                    "{:x}\r\n{chat}{inner}\r\n0\r\n\r\n",
+                    chat.len() + inner.len()
+                ),
+            ),
+        ),
+        (
+            "two different lengths",
+            smuggled(
+                &format!(
+                    "Content-Length: {}\r\nContent-Length: {}\r\n",
+                    chat.len(),
+                    chat.len() + inner.len()
+                ),
+                &format!("{chat}{inner}"),
+            ),
+        ),
+        (
+            "a list of lengths",
+            smuggled(
+                &format!(
+                    "Content-Length: {}, {}\r\n",
+                    chat.len(),
+                    chat.len() + inner.len()
+                ),
+                &format!("{chat}{inner}"),
+            ),
+        ),
+        (
+            "obfuscated TE",
+            smuggled(
+                &format!(
+                    "Content-Length: {}\r\nTransfer-Encoding: xchunked\r\n",
+                    chat.len()
+                ),
+                &format!("{chat}{inner}"),
+            ),
+        ),
+        (
+            "TE with a space before the colon",
+            smuggled(
+                &format!(
+                    "Content-Length: {}\r\nTransfer-Encoding : chunked\r\n",
+                    chunked.len() + inner.len()
+                ),
+                &format!("{chunked}{inner}"),
+            ),
+        ),
+        (
+            "TE folded onto a second line",
+            smuggled(
+                &format!(
+                    "Content-Length: {}\r\nTransfer-Encoding:\r\n chunked\r\n",
+                    chunked.len() + inner.len()
+                ),
+                &format!("{chunked}{inner}"),
+            ),
+        ),
+        (
+            "a chunk size that overflows",
+            smuggled(
+                "Transfer-Encoding: chunked\r\n",
+                &format!("ffffffffffffffffffff1\r\n{chat}\r\n0\r\n\r\n{inner}"),
+            ),
+        ),
+        (
+            "a negative length",
+            smuggled("Content-Length: -1\r\n", &format!("{chat}{inner}")),
+        ),
+        (
+            "a length with a plus sign",
+            smuggled(
+                &format!("Content-Length: +{}\r\n", chat.len()),
+                &format!("{chat}{inner}"),
+            ),
+        ),
+    ];
+    for (name, bytes) in &cases {
+        let before = rec.seen().len();
+        let reply = tokio::task::block_in_place(|| raw(&g.main, bytes));
+        let answered = statuses(&reply);
+        let seen = rec.seen();
+        let new = &seen[before..];
+        // At most one request went up, and only the outer one, framed by an exact length.
+        assert!(new.len() <= 1, "{name}: {} upstream requests", new.len());
+        for s in new {
+            assert!(
+                s.head.starts_with("POST /v1/chat/completions HTTP/1.1\r\n"),
+                "{name}: {}",
+                s.head
+            );
+            let head = s.head.to_ascii_lowercase();
+            assert!(!head.contains("transfer-encoding"), "{name}: {head}");
+            assert!(head.contains(&format!("content-length: {}\r\n", s.body.len())));
+            // The outer body, its model spliced to the upstream's name.
+            assert_eq!(
+                String::from_utf8_lossy(&s.body),
+                chat.replace("\"recorded\"", "\"echo-1\""),
+                "{name}: the upstream got another body"
+            );
+        }
+        // The smuggled request was not answered either: one reply (a 4xx refusal, or the
+        // outer request's answer), never two.
+        assert!(answered.len() <= 1, "{name}: {answered:?}\n{reply}");
+        assert!(
+            answered
+                .first()
+                .is_none_or(|s| *s == 200 || (400..500).contains(s)),
+            "{name}: {answered:?}"
+        );
+        assert_eq!(answered.first() == Some(&200), new.len() == 1, "{name}");
+    }
+    let wire = String::from_utf8_lossy(&rec.wire()).into_owned();
+    assert!(
+        !wire.contains("/v1/embeddings"),
+        "smuggled upstream:\n{wire}"
+    );
+    // The gateway is still up and serves the next client.
+    let resp = post_json(
+        &g.main,
+        "/v1/chat/completions",
+        &chat_body("recorded", false),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+}
+
+// ---------------------------------------------------------------------------------------
+// Secrets
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_key_or_credential_in_logs_metrics_records_error_bodies_or_the_upstream_request() {
+    let rec = Recorder::start().await;
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        env: vec![("RUST_LOG".into(), "trace".into())],
+        server_extra: String::new(),
+        ..Setup::default()
+    });
+    let wrong = "sk-wrong-but-secret-998877";
+    let mut emitted = String::new();
+    let keep = |resp: reqwest::Response| async {
+        let mut text = format!("{:?}\n", resp.headers());
+        text.push_str(&resp.text().await.unwrap_or_default());
+        text
+    };
+    for base in g.bases() {
+        for (key, model, stream) in [
+            (KEY, "recorded", false),
+            (KEY, "recorded", true),
+            (wrong, "recorded", false),
+            (KEY, "no-such-model", false),
+            (ECHO_ONLY_KEY, "recorded", false),
+            (KEY, "gone-model", false),
+        ] {
+            let resp = send(
+                &base,
+                "/v1/chat/completions",
+                Some(key),
+                &chat_body(model, stream),
+                &[],
+            )
+            .await;
+            emitted += &keep(resp).await;
+        }
+        // A key in the URL is refused without being echoed.
+        emitted += &keep(get(&base, &format!("/api/usage?api_key={KEY}"), None).await).await;
+        emitted += &keep(
+            send(
+                &base,
+                "/v1/messages",
+                None,
+                &json!({"model": "recorded", "max_tokens": 5,
+                        "messages": [{"role": "user", "content": "hi"}]}),
+                &[("x-api-key", KEY), ("anthropic-version", "2023-06-01")],
+            )
+            .await,
+        )
+        .await;
+    }
+    // The records (JSON and CSV) and the metrics.
+    emitted += &get(&g.direct, "/api/usage?limit=1000", Some(KEY))
+        .await
+        .text()
+        .await
+        .expect("usage");
+    emitted += &get(&g.direct, "/api/usage.csv", Some(KEY))
+        .await
+        .text()
+        .await
+        .expect("csv");
+    emitted += &reqwest::get(format!("{}/metrics", g.admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(emitted.contains("recorded"), "the run was recorded");
+    let wire = String::from_utf8_lossy(&rec.wire()).into_owned();
+    assert!(
+        wire.contains(&format!("authorization: Bearer {POOL_KEY}"))
+            || wire.contains(&format!("Authorization: Bearer {POOL_KEY}")),
+        "the upstream got its credential:\n{wire}"
+    );
+    let (_, stderr) = tokio::task::block_in_place(|| g.terminate_and_stderr());
+    assert!(stderr.len() > 1_000, "trace output expected");
+    for secret in [KEY, ECHO_ONLY_KEY, wrong, POOL_KEY] {
+        for (what, text) in [
+            ("the log", &stderr),
+            ("replies, records or metrics", &emitted),
+        ] {
+            let hit = text.lines().find(|l| l.contains(secret));
+            assert!(hit.is_none(), "{secret} in {what}: {hit:?}");
+        }
+    }
+    for secret in [KEY, ECHO_ONLY_KEY, wrong] {
+        assert!(!wire.contains(secret), "{secret} sent upstream:\n{wire}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Packaging
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn the_docker_image_runs_as_a_non_root_user() {
+    let dockerfile = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/Dockerfile"))
+        .expect("Dockerfile");
+    let last_stage = dockerfile
+        .rsplit_once("\nFROM ")
+        .map(|(_, s)| s)
+        .expect("a run stage");
+    let users: Vec<&str> = last_stage
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("USER "))
+        .collect();
+    assert_eq!(
+        users.last().map(|u| u.trim()),
+        Some("modelgate"),
+        "{users:?}"
+    );
+    assert!(
+        last_stage.contains("useradd --system --uid 10001"),
+        "the service user has a fixed non-zero uid"
+    );
+    let user_at = last_stage.find("USER modelgate").expect("USER");
+    let entry_at = last_stage.find("ENTRYPOINT").expect("ENTRYPOINT");
+    assert!(
+        user_at < entry_at,
+        "the entry point runs as the service user"
+    );
+}
