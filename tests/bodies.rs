@@ -93,6 +93,48 @@ async fn bodies_over_the_limit_get_413_with_either_framing() {
     assert_eq!(resp.status(), 200);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_refused_mid_upload_reads_its_answer_instead_of_a_reset() {
+    // Bodies far over the socket buffers, eight clients at a time: the gateway answers before
+    // they are sent, then reads and drops the rest so each client can finish its upload and
+    // read the answer.
+    let g = start_with(Setup {
+        max_body_bytes: 1 << 20,
+        // Wrong keys are part of the test: no throttle for them.
+        limits_extra: "auth_failures_per_minute = 0".into(),
+        ..Setup::default()
+    });
+    let body = big_chat(3 << 20);
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..8 {
+        let (base, body) = (g.main.clone(), body.clone());
+        tasks.spawn(async move {
+            for round in 0..5 {
+                let chunked = (t + round) % 2 == 0;
+                let resp = send(&base, body.clone(), chunked).await;
+                let (status, e) = error_of(resp).await;
+                assert_eq!(
+                    (status, e["code"].as_str()),
+                    (413, Some("request_too_large")),
+                    "client {t}, round {round}, chunked {chunked}"
+                );
+                let resp = client()
+                    .post(format!("{base}/v1/chat/completions"))
+                    .bearer_auth("sk-not-a-key")
+                    .header("content-type", "application/json")
+                    .body(body[..(2 << 20)].to_vec())
+                    .send()
+                    .await
+                    .expect("the refusal is read, not reset");
+                assert_eq!(resp.status(), 401, "client {t}, round {round}");
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.expect("client");
+    }
+}
+
 /// A streamed chat body of about `size` bytes for `model`.
 fn big_stream(model: &str, size: usize) -> Vec<u8> {
     serde_json::to_vec(&serde_json::json!({

@@ -4,6 +4,8 @@
 //! When the upstream reports no usage, `estimate` counts with a tokenizer.
 
 pub mod estimate;
+#[cfg(test)]
+mod props;
 pub mod sse;
 
 use bytes::Bytes;

@@ -47,3 +47,32 @@ pub async fn read(
     }
     Ok(Ok(buf.freeze()))
 }
+
+/// After a refusal answered before the body was read (a 401, a 413 over the length limit…):
+/// reads and drops what the client is still sending, so that it can finish its upload and read
+/// the answer instead of meeting a reset (the kernel resets a connection closed with unread
+/// bytes). At most `cap` bytes within `within`; a client sending more, or slower, is closed.
+pub async fn linger(session: &mut Session, cap: usize, within: std::time::Duration) {
+    if session.is_body_done() {
+        return;
+    }
+    let drained = tokio::time::timeout(within, async {
+        let mut read = 0usize;
+        loop {
+            match session.read_request_body().await {
+                Ok(Some(chunk)) => {
+                    read += chunk.len();
+                    if read > cap {
+                        return false;
+                    }
+                }
+                Ok(None) => return true,
+                Err(_) => return false,
+            }
+        }
+    })
+    .await;
+    if drained != Ok(true) {
+        session.as_downstream_mut().set_keepalive(None);
+    }
+}

@@ -86,12 +86,17 @@ impl Gateway {
             Err(Stop::Answered) => Ok(true),
             Err(Stop::Refuse(e)) => {
                 respond::error(session, ctx, &e).await?;
+                let cap = self.shared.live.config.max_body_bytes.saturating_mul(2);
+                body::linger(session, cap, LINGER).await;
                 Ok(true)
             }
             Err(Stop::Io(e)) => Err(e),
         }
     }
 }
+
+/// How long a refused client may go on sending the body it had started.
+const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Gateway {
     /// Answers a CORS preflight: 204 with the allowed methods and headers for an allowed

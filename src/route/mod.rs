@@ -5,6 +5,8 @@ pub mod balance;
 pub mod body;
 pub mod endpoint;
 pub mod health;
+#[cfg(test)]
+mod props;
 pub mod stored;
 
 use std::collections::HashMap;
