@@ -17,7 +17,7 @@ COPY Cargo.toml Cargo.lock ./
 COPY .cargo .cargo
 RUN mkdir -p src benches \
  && echo 'fn main() {}' > src/main.rs \
- && for b in hot_paths store usage_scale; do echo 'fn main() {}' > benches/$b.rs; done \
+ && for b in $(grep -A1 '^\[\[bench\]\]' Cargo.toml | sed -n 's/^name = "\(.*\)"$/\1/p'); do echo 'fn main() {}' > benches/$b.rs; done \
  && touch src/lib.rs \
  && (cargo build --release --locked || echo "dependency pre-build skipped") \
  && rm -rf src benches

@@ -87,6 +87,8 @@ pub struct Metrics {
     pub config_reloads: IntCounter,
     /// Listener certificate reloads, by listener and result (`ok`, `rejected`).
     tls_reloads: IntCounterVec,
+    /// When each TLS listener's certificate expires (Unix seconds).
+    tls_expiry: IntGaugeVec,
     /// Config-file reloads refused (the pools and models in force stay).
     pub config_reload_errors: IntCounter,
     pub keys: IntGauge,
@@ -251,6 +253,11 @@ impl Metrics {
                  certificate in force stays)",
                 &["listener", "result"],
             )?,
+            tls_expiry: gauges(
+                "tls_certificate_expiry_timestamp_seconds",
+                "When the certificate each TLS listener presents expires (Unix seconds)",
+                &["listener"],
+            )?,
             config_reloads: counter(
                 "config_reloads_total",
                 "Config-file reloads applied (pools, models, prices, fallbacks)",
@@ -398,6 +405,12 @@ impl Metrics {
         self.tls_reloads
             .with_label_values(&[listener, result])
             .inc();
+    }
+
+    pub fn tls_expiry(&self, listener: &str, not_after: i64) {
+        self.tls_expiry
+            .with_label_values(&[listener])
+            .set(not_after);
     }
 
     pub fn redis_down(&self) {

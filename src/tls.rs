@@ -7,8 +7,9 @@
 //! background service, looks at both files' identity (mtime, length, inode) every second; on a
 //! change it loads the pair, and only a pair that parses and whose key matches the certificate
 //! replaces the one in force. Anything else (half-written files, a certificate renewed before
-//! its key, a key of another certificate) is refused with a warning and counted, the old pair
-//! stays, and the next change is tried again.
+//! its key, a key of another certificate, a certificate already expired) is refused with a
+//! warning and counted, the old pair stays, and the next change is tried again. Each
+//! listener's certificate expiry is on `/metrics` for alerting.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -41,10 +42,25 @@ impl TlsFiles {
     }
 }
 
+/// A usable pair, and when its certificate expires (Unix seconds).
+pub struct Loaded {
+    pub key: Arc<CertifiedKey>,
+    pub not_after: i64,
+}
+
 /// Reads and checks a certificate chain and its key: both parse, the chain is not empty, and
 /// the key is the certificate's.
-pub fn load(files: &TlsFiles) -> Result<Arc<CertifiedKey>, String> {
+pub fn load(files: &TlsFiles) -> Result<Loaded, String> {
     let chain = read_chain(&files.cert)?;
+    let not_after = match x509_parser::parse_x509_certificate(&chain[0]) {
+        Ok((_, leaf)) => leaf.validity().not_after.timestamp(),
+        Err(e) => {
+            return Err(format!(
+                "{}: the first certificate does not parse: {e}",
+                files.cert.display()
+            ));
+        }
+    };
     let key = read_key(&files.key)?;
     let provider = CryptoProvider::get_default()
         .cloned()
@@ -56,7 +72,16 @@ pub fn load(files: &TlsFiles) -> Result<Arc<CertifiedKey>, String> {
             files.key.display()
         )
     })?;
-    Ok(Arc::new(certified))
+    Ok(Loaded {
+        key: Arc::new(certified),
+        not_after,
+    })
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
 }
 
 fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
@@ -93,13 +118,22 @@ impl fmt::Debug for ListenerCert {
 }
 
 impl ListenerCert {
-    /// Loads the pair now (a listener never starts without a usable certificate).
+    /// Loads the pair now (a listener never starts without a usable certificate; an expired
+    /// one is served, with a warning, since there is no other).
     pub fn new(listener: &'static str, files: TlsFiles) -> Result<Arc<ListenerCert>, String> {
-        let current = load(&files)?;
+        let loaded = load(&files)?;
+        if loaded.not_after < now_unix() {
+            tracing::warn!(
+                listener,
+                "the TLS certificate {} has expired: clients will refuse it",
+                files.cert.display()
+            );
+        }
+        expiry(listener, loaded.not_after);
         Ok(Arc::new(ListenerCert {
             listener,
             files,
-            current: ArcSwap::new(current),
+            current: ArcSwap::new(loaded.key),
         }))
     }
 
@@ -116,11 +150,22 @@ impl ListenerCert {
         settings
     }
 
-    /// Loads the files again; the pair in force changes only if the new one is usable.
+    /// Loads the files again; the pair in force changes only if the new one is usable and
+    /// not expired.
     fn reload(&self) -> Result<(), String> {
         let new = load(&self.files)?;
-        self.current.store(new);
+        if new.not_after < now_unix() {
+            return Err(format!("{} has expired", self.files.cert.display()));
+        }
+        self.current.store(new.key);
+        expiry(self.listener, new.not_after);
         Ok(())
+    }
+}
+
+fn expiry(listener: &str, not_after: i64) {
+    if let Some(m) = crate::metrics::get() {
+        m.tls_expiry(listener, not_after);
     }
 }
 

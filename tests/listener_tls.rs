@@ -209,7 +209,19 @@ async fn a_renewed_certificate_is_used_at_once_without_dropping_connections_and_
         ..Setup::default()
     });
     let main = https(&g.main);
+    let expiry = "modelgate_tls_certificate_expiry_timestamp_seconds{listener=\"main\"}";
+    let far = metric_value(&g, expiry).await;
+    assert!(
+        far > 4.0e9,
+        "rcgen's default certificate expires far ahead: {far}"
+    );
     let new = Pki::new("new CA");
+    // The renewal is valid for 90 days.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64;
+    new.issue_until("", Some(now + 90 * 86_400));
     let (old_h2, old_h1, new_client) = (
         tls_client(&old, false),
         tls_client(&old, true),
@@ -245,6 +257,7 @@ async fn a_renewed_certificate_is_used_at_once_without_dropping_connections_and_
         &std::fs::read(new.path("key.pem")).expect("read"),
     );
     await_reloads(&g, "ok", 1).await;
+    assert_eq!(metric_value(&g, expiry).await, (now + 90 * 86_400) as f64);
     let resp = chat(&new_client, &main, false)
         .await
         .expect("new handshakes present the renewed certificate");
@@ -296,12 +309,28 @@ async fn a_renewed_certificate_is_used_at_once_without_dropping_connections_and_
             .status(),
         200
     );
+    // A certificate of the key in force, but expired: refused too.
+    let (expired_cert, _) = new.reissue("expired-", &old.path("key.pem"), Some(now - 86_400));
+    replace(
+        &old.path("cert.pem"),
+        &std::fs::read(&expired_cert).expect("read"),
+    );
+    await_reloads(&g, "rejected", 3).await;
+    assert_eq!(
+        chat(&tls_client(&new, false), &main, false)
+            .await
+            .expect("still served")
+            .status(),
+        200
+    );
+    assert_eq!(metric_value(&g, expiry).await, (now + 90 * 86_400) as f64);
     assert_eq!(reloads(&g, "ok").await, 1);
     let stderr = g.stop_and_stderr();
     assert!(
         stderr.contains("TLS certificate not reloaded, the one in force stays"),
         "{stderr}"
     );
+    assert!(stderr.contains("has expired"), "{stderr}");
 }
 
 #[test]

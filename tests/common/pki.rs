@@ -36,9 +36,36 @@ impl Pki {
     /// A server certificate and its key as `{prefix}cert.pem` and `{prefix}key.pem` (the
     /// first, `cert.pem` and `key.pem`, is made with the CA); returns (cert, key) paths.
     pub fn issue(&self, prefix: &str) -> (String, String) {
-        let key = KeyPair::generate().expect("key");
-        let cert = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
-            .expect("params")
+        self.issue_until(prefix, None)
+    }
+
+    /// `issue` with the certificate valid until `not_after` (Unix seconds; None: rcgen's
+    /// default, far in the future).
+    pub fn issue_until(&self, prefix: &str, not_after: Option<i64>) -> (String, String) {
+        self.issue_for(prefix, KeyPair::generate().expect("key"), not_after)
+    }
+
+    /// A certificate for the key already in `key_path` (a renewal that keeps its key).
+    pub fn reissue(
+        &self,
+        prefix: &str,
+        key_path: &str,
+        not_after: Option<i64>,
+    ) -> (String, String) {
+        let pem = std::fs::read_to_string(key_path).expect("key file");
+        self.issue_for(prefix, KeyPair::from_pem(&pem).expect("key"), not_after)
+    }
+
+    fn issue_for(&self, prefix: &str, key: KeyPair, not_after: Option<i64>) -> (String, String) {
+        let mut params =
+            CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+                .expect("params");
+        if let Some(t) = not_after {
+            params.not_before =
+                time::OffsetDateTime::from_unix_timestamp(t - 86_400 * 365).expect("time");
+            params.not_after = time::OffsetDateTime::from_unix_timestamp(t).expect("time");
+        }
+        let cert = params
             .signed_by(&key, &self.ca, &self.ca_key)
             .expect("cert");
         let (c, k) = (
