@@ -180,8 +180,20 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
         .filter(|m| !m.is_empty())
         .ok_or(GatewayError::MissingParameter("model"))?;
     check_model_len(&model)?;
-    let model_span = multipart_field_span(body, boundary, "model")
-        .ok_or_else(|| bad("cannot locate the model field".into()))?;
+    // The bytes spliced must be the value checked: every part that could name `model` (to
+    // any parser: a `name` parameter equal to it in any case, among other `name`s) is found
+    // by its own scan, and there must be one, holding exactly what multer read.
+    let spans = multipart_field_spans(body, boundary, "model");
+    let model_span = match spans.as_slice() {
+        [one] if body.get(one.0..one.1) == Some(model.as_bytes()) => *one,
+        [] | [_] => return Err(bad("cannot locate the model field".into())),
+        _ => {
+            return Err(GatewayError::InvalidParameter {
+                param: "model",
+                message: "The form has more than one 'model' field.".into(),
+            });
+        }
+    };
     Ok(Probe {
         model,
         stream: stream_flag,
@@ -192,10 +204,11 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
     })
 }
 
-/// Byte range of the content of the first part named exactly `name`. Parts are delimited by
-/// `\r\n--boundary` (the first may start the body), which by RFC 2046 never occurs inside a
-/// part; a part that cannot be read is skipped, not fatal.
-fn multipart_field_span(body: &[u8], boundary: &str, name: &str) -> Option<(usize, usize)> {
+/// Byte ranges of the content of every part whose Content-Disposition has a `name` parameter
+/// equal to `name` in any case (quoted or not), wherever it stands among the parameters. Parts
+/// are delimited by `\r\n--boundary` (the first may start the body), which by RFC 2046 never
+/// occurs inside a part; a part that cannot be read is skipped, not fatal.
+fn multipart_field_spans(body: &[u8], boundary: &str, name: &str) -> Vec<(usize, usize)> {
     let delim = format!("\r\n--{boundary}");
     let mut starts: Vec<usize> = Vec::new();
     if body.starts_with(&delim.as_bytes()[2..]) {
@@ -206,8 +219,11 @@ fn multipart_field_span(body: &[u8], boundary: &str, name: &str) -> Option<(usiz
         ends.push(at);
         starts.push(at + delim.len());
     }
-    let wanted = format!("name=\"{name}\"");
-    for (start, end) in starts.iter().zip(ends.iter().filter(|e| **e >= starts[0])) {
+    let mut spans = Vec::new();
+    let Some(first) = starts.first().copied() else {
+        return spans;
+    };
+    for (start, end) in starts.iter().zip(ends.iter().filter(|e| **e >= first)) {
         let Some(part) = body.get(*start..*end) else {
             continue;
         };
@@ -215,18 +231,23 @@ fn multipart_field_span(body: &[u8], boundary: &str, name: &str) -> Option<(usiz
             continue;
         };
         let head = String::from_utf8_lossy(&part[..head_end]);
-        let is_it = head.lines().any(|l| {
-            l.trim_start()
-                .to_ascii_lowercase()
-                .starts_with("content-disposition:")
-                && l.split(';').any(|p| p.trim() == wanted)
+        let names_it = head.lines().any(|l| {
+            let l = l.trim_start();
+            l.get(..20)
+                .is_some_and(|h| h.eq_ignore_ascii_case("content-disposition:"))
+                && l.split(';').any(|p| {
+                    p.split_once('=').is_some_and(|(k, v)| {
+                        k.trim().eq_ignore_ascii_case("name")
+                            && v.trim().trim_matches('"').eq_ignore_ascii_case(name)
+                    })
+                })
         });
-        if is_it {
+        if names_it {
             let content = start + head_end + 4;
-            return Some((content, (*end).max(content)));
+            spans.push((content, (*end).max(content)));
         }
     }
-    None
+    spans
 }
 
 /// The body as the upstream gets it: the model's value replaced by `upstream_model` (if
@@ -415,6 +436,45 @@ mod tests {
             probe_multipart(&upper, "XyZ").await,
             Err(GatewayError::MissingParameter("model"))
         );
+    }
+
+    /// Found by fuzzing (`fuzz/fuzz_targets/multipart_body.rs`): a part whose disposition has
+    /// an unreadable `name` before `name="model"` was not a model field to multer but was to
+    /// the splice, so the value checked and the value rewritten were in different parts.
+    #[tokio::test]
+    async fn a_part_naming_model_among_other_names_is_one_more_model_field() {
+        let crash = Bytes::from_static(b"--fuzzboundary\r\nContent-Disposition: form-data; name=\x8bta; name=\"model\"\r\n\r\nwhispe@r-1\r\n--fuzz\r\nwh\r\n--fuzzboundary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhispe@r-1\r\n--fuzzboundary--\r\n");
+        assert!(matches!(
+            probe_multipart(&crash, "fuzzboundary").await,
+            Err(GatewayError::InvalidParameter { param: "model", .. })
+        ));
+        // One part naming model twice over is read by multer as whichever name it takes; the
+        // bytes spliced must then be the value it read, or the form is refused.
+        for head in [
+            "name=\"file\"; name=\"model\"",
+            "name=\"model\"; name=\"file\"",
+            "name=model",
+            "name=\"Model\"",
+        ] {
+            let body = Bytes::from(format!(
+                "--XyZ\r\nContent-Disposition: form-data; {head}\r\n\r\nm-1\r\n--XyZ--\r\n"
+            ));
+            match probe_multipart(&body, "XyZ").await {
+                Ok(p) => {
+                    assert_eq!(&body[p.model_span.0..p.model_span.1], b"m-1", "{head}");
+                    let out = for_upstream(&body, &p, Some("up-2"), false);
+                    let again = probe_multipart(&out, "XyZ").await.expect("probes again");
+                    assert_eq!(again.model, "up-2", "{head}");
+                }
+                Err(e) => assert!(
+                    matches!(
+                        e,
+                        GatewayError::InvalidParameter { .. } | GatewayError::MissingParameter(_)
+                    ),
+                    "{head}: {e:?}"
+                ),
+            }
+        }
     }
 
     #[tokio::test]
