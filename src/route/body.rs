@@ -207,26 +207,27 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
 /// Byte ranges of the content of every part whose Content-Disposition has a `name` parameter
 /// equal to `name` in any case (quoted or not), wherever it stands among the parameters. Parts
 /// are delimited by `\r\n--boundary` (the first may start the body), which by RFC 2046 never
-/// occurs inside a part; a part that cannot be read is skipped, not fatal.
+/// occurs inside a part, and end at the close delimiter (the epilogue after it is no part); a
+/// part that cannot be read is skipped, not fatal. Where multer reads the form otherwise (it
+/// takes `--boundary` anywhere in the preamble as the first delimiter), the probe's checks
+/// (one model part, its bytes the value read) refuse the form.
 fn multipart_field_spans(body: &[u8], boundary: &str, name: &str) -> Vec<(usize, usize)> {
     let delim = format!("\r\n--{boundary}");
-    let mut starts: Vec<usize> = Vec::new();
+    // Each delimiter's (start, end); the first may open the body without its CR LF.
+    let mut marks: Vec<(usize, usize)> = Vec::new();
     if body.starts_with(&delim.as_bytes()[2..]) {
-        starts.push(delim.len() - 2);
+        marks.push((0, delim.len() - 2));
     }
-    let mut ends: Vec<usize> = Vec::new();
-    for at in memchr::memmem::find_iter(body, delim.as_bytes()) {
-        ends.push(at);
-        starts.push(at + delim.len());
-    }
+    marks
+        .extend(memchr::memmem::find_iter(body, delim.as_bytes()).map(|at| (at, at + delim.len())));
     let mut spans = Vec::new();
-    let Some(first) = starts.first().copied() else {
-        return spans;
-    };
-    for (start, end) in starts.iter().zip(ends.iter().filter(|e| **e >= first)) {
-        let Some(part) = body.get(*start..*end) else {
-            continue;
-        };
+    for pair in marks.windows(2) {
+        let ((_, start), (end, _)) = (pair[0], pair[1]);
+        // The close delimiter (`--boundary--`): what follows is the epilogue, not parts.
+        if body[start..].starts_with(b"--") {
+            break;
+        }
+        let part = &body[start..end];
         let Some(head_end) = memchr::memmem::find(part, b"\r\n\r\n") else {
             continue;
         };
@@ -244,7 +245,7 @@ fn multipart_field_spans(body: &[u8], boundary: &str, name: &str) -> Vec<(usize,
         });
         if names_it {
             let content = start + head_end + 4;
-            spans.push((content, (*end).max(content)));
+            spans.push((content, end.max(content)));
         }
     }
     spans
@@ -448,6 +449,19 @@ mod tests {
             probe_multipart(&crash, "fuzzboundary").await,
             Err(GatewayError::InvalidParameter { param: "model", .. })
         ));
+        // Found by fuzzing too: a form, closed, then an epilogue holding another model part,
+        // with a preamble only multer reads as a delimiter. The splice went into the epilogue,
+        // which an upstream ignores.
+        let crash = Bytes::from_static(b"-\xadfuzzboundary\r\nCon--fuzzboundary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhispe@r-0\r\n--fuzzboundary--\r\nzboundary\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhispe@r-0\r\n--fuzzboundary--\r\n");
+        assert!(probe_multipart(&crash, "fuzzboundary").await.is_err());
+        let epilogue = Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm-1\r\n--XyZ--\r\n\r\n--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm-1\r\n--XyZ--\r\n");
+        let p = probe_multipart(&epilogue, "XyZ").await.expect("ok");
+        let close = memchr::memmem::find(&epilogue, b"--XyZ--").expect("closed");
+        assert!(
+            p.model_span.1 <= close,
+            "{:?} is past the close",
+            p.model_span
+        );
         // One part naming model twice over is read by multer as whichever name it takes; the
         // bytes spliced must then be the value it read, or the form is refused.
         for head in [
