@@ -147,9 +147,12 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
     let stream = futures_util::stream::once(async move { Ok::<Bytes, std::io::Error>(chunk) });
     let mut form = multer::Multipart::new(stream, boundary);
     let mut model = None;
+    let mut model_index = 0;
+    let mut fields = 0;
     let mut model_fields = 0;
     let mut stream_flag = false;
     while let Some(field) = form.next_field().await.map_err(|e| bad(e.to_string()))? {
+        fields += 1;
         if field
             .name()
             .is_some_and(|n| n.eq_ignore_ascii_case("model"))
@@ -158,6 +161,7 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
         }
         match field.name() {
             Some("model") if model.is_none() => {
+                model_index = field.index();
                 model = Some(field.text().await.map_err(|e| bad(e.to_string()))?)
             }
             Some("stream") => {
@@ -180,12 +184,19 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
         .filter(|m| !m.is_empty())
         .ok_or(GatewayError::MissingParameter("model"))?;
     check_model_len(&model)?;
-    // The bytes spliced must be the value checked: every part that could name `model` (to
-    // any parser: a `name` parameter equal to it in any case, among other `name`s) is found
-    // by its own scan, and there must be one, holding exactly what multer read.
-    let spans = multipart_field_spans(body, boundary, "model");
+    // The bytes spliced must be the value checked: the form is cut into parts again by its
+    // own scan, which must see as many parts as multer and one part naming `model` (to any
+    // parser: a `name` parameter equal to it in any case, among other `name`s), the one multer
+    // read, holding exactly the bytes it read.
+    let (parts, spans) = multipart_field_spans(body, boundary, "model");
     let model_span = match spans.as_slice() {
-        [one] if body.get(one.0..one.1) == Some(model.as_bytes()) => *one,
+        [(at, span)]
+            if parts == fields
+                && *at == model_index
+                && body.get(span.0..span.1) == Some(model.as_bytes()) =>
+        {
+            *span
+        }
         [] | [_] => return Err(bad("cannot locate the model field".into())),
         _ => {
             return Err(GatewayError::InvalidParameter {
@@ -204,14 +215,19 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
     })
 }
 
-/// Byte ranges of the content of every part whose Content-Disposition has a `name` parameter
+/// The number of parts, and the ordinal and content's byte range of every part whose
+/// Content-Disposition has a `name` parameter
 /// equal to `name` in any case (quoted or not), wherever it stands among the parameters. Parts
 /// are delimited by `\r\n--boundary` (the first may start the body), which by RFC 2046 never
 /// occurs inside a part, and end at the close delimiter (the epilogue after it is no part); a
-/// part that cannot be read is skipped, not fatal. Where multer reads the form otherwise (it
-/// takes `--boundary` anywhere in the preamble as the first delimiter), the probe's checks
-/// (one model part, its bytes the value read) refuse the form.
-fn multipart_field_spans(body: &[u8], boundary: &str, name: &str) -> Vec<(usize, usize)> {
+/// part that cannot be read counts but is not looked into. Where multer reads the form
+/// otherwise (it takes `--boundary` anywhere in the preamble as the first delimiter, or reads
+/// a part's name another way), the probe's checks refuse the form.
+fn multipart_field_spans(
+    body: &[u8],
+    boundary: &str,
+    name: &str,
+) -> (usize, Vec<(usize, (usize, usize))>) {
     let delim = format!("\r\n--{boundary}");
     // Each delimiter's (start, end); the first may open the body without its CR LF.
     let mut marks: Vec<(usize, usize)> = Vec::new();
@@ -221,12 +237,15 @@ fn multipart_field_spans(body: &[u8], boundary: &str, name: &str) -> Vec<(usize,
     marks
         .extend(memchr::memmem::find_iter(body, delim.as_bytes()).map(|at| (at, at + delim.len())));
     let mut spans = Vec::new();
+    let mut parts = 0;
     for pair in marks.windows(2) {
         let ((_, start), (end, _)) = (pair[0], pair[1]);
         // The close delimiter (`--boundary--`): what follows is the epilogue, not parts.
         if body[start..].starts_with(b"--") {
             break;
         }
+        let ordinal = parts;
+        parts += 1;
         let part = &body[start..end];
         let Some(head_end) = memchr::memmem::find(part, b"\r\n\r\n") else {
             continue;
@@ -245,10 +264,10 @@ fn multipart_field_spans(body: &[u8], boundary: &str, name: &str) -> Vec<(usize,
         });
         if names_it {
             let content = start + head_end + 4;
-            spans.push((content, end.max(content)));
+            spans.push((ordinal, (content, end.max(content))));
         }
     }
-    spans
+    (parts, spans)
 }
 
 /// The body as the upstream gets it: the model's value replaced by `upstream_model` (if
@@ -462,6 +481,24 @@ mod tests {
             "{:?} is past the close",
             p.model_span
         );
+        // And a third: a part multer reads without a name, which the scan took for the model
+        // part, holding the same value as the model part multer read further on.
+        let crash = Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"file\"\r\n\r\nm-1\r\n--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm-1\r\n--XyZ--\r\n");
+        let p = probe_multipart(&crash, "XyZ").await.expect("ok");
+        assert!(p.model_span.0 > 60, "the second part's: {:?}", p.model_span);
+        let stray = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/fuzz/corpus/multipart_body/unnamed-part-same-value"
+        ))
+        .expect("the fuzz input");
+        let stray = Bytes::from(stray);
+        if let Ok(p) = probe_multipart(&stray, "fuzzboundary").await {
+            let out = for_upstream(&stray, &p, Some("whisper-up"), false);
+            let again = probe_multipart(&out, "fuzzboundary")
+                .await
+                .expect("probes again");
+            assert_eq!(again.model, "whisper-up");
+        }
         // One part naming model twice over is read by multer as whichever name it takes; the
         // bytes spliced must then be the value it read, or the form is refused.
         for head in [
