@@ -215,6 +215,9 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
     })
 }
 
+/// A byte range of the body, start and end.
+type Span = (usize, usize);
+
 /// The number of parts, and the ordinal and content's byte range of every part whose
 /// Content-Disposition has a `name` parameter
 /// equal to `name` in any case (quoted or not), wherever it stands among the parameters. Parts
@@ -227,7 +230,7 @@ fn multipart_field_spans(
     body: &[u8],
     boundary: &str,
     name: &str,
-) -> (usize, Vec<(usize, (usize, usize))>) {
+) -> (usize, Vec<(usize, Span)>) {
     let delim = format!("\r\n--{boundary}");
     // Each delimiter's (start, end); the first may open the body without its CR LF.
     let mut marks: Vec<(usize, usize)> = Vec::new();
