@@ -253,7 +253,10 @@ pub(super) fn backfill(conn: &mut Connection) -> Result<(), String> {
         return Ok(());
     }
     tracing::info!("usage store: building rollups from the existing records (once)");
-    let tx = conn.transaction().map_err(err)?;
+    // IMMEDIATE: it reads before it writes (see `sqlite::insert_batch`).
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(err)?;
     {
         let mut stmt = tx
             .prepare(&format!("SELECT {SELECT_COLUMNS} FROM usage"))

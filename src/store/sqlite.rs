@@ -241,8 +241,16 @@ fn int(v: u64) -> i64 {
 
 /// Inserts one batch, adds its cost per key to `spend` and its sums to the rollups, in a single
 /// transaction, so neither ever disagrees with the rows that were committed.
+///
+/// The transaction is IMMEDIATE: it takes the write lock at BEGIN, where a lock held by another
+/// connection (the console's) is waited for under `busy_timeout`. A deferred one would read
+/// `usage_seq` first and then find its snapshot stale when another connection had committed
+/// meanwhile: SQLite then fails the write at once (SQLITE_BUSY_SNAPSHOT, no busy wait), and a
+/// sign-in racing a batch cost that batch.
 pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Result<(), String> {
-    let tx = conn.transaction().map_err(|e| db_err("begin", e))?;
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(|e| db_err("begin", e))?;
     let mut spend: HashMap<&str, (f64, i64)> = HashMap::new();
     let mut seq = next_seq(&tx)?;
     {
@@ -506,6 +514,35 @@ mod tests {
         assert_eq!(page.records, sent);
         assert_eq!(page.next_cursor, None);
         assert_eq!(store.stats().written, 50);
+    }
+
+    /// Another connection commits between the batch's start and its first write: the batch
+    /// waits for the lock and commits rather than failing on a stale snapshot.
+    #[test]
+    fn a_batch_waits_for_a_write_by_another_connection_and_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.db");
+        let mut conn = open_writer(&path).unwrap();
+        insert_batch(&mut conn, &[sample_record(1, "k", 1_000)]).unwrap();
+        let other = Connection::open(&path).unwrap();
+        other
+            .execute_batch(
+                "CREATE TABLE side (x INTEGER); BEGIN IMMEDIATE; INSERT INTO side VALUES (1);",
+            )
+            .unwrap();
+        let (locked_tx, locked_rx) = std::sync::mpsc::channel();
+        let holder = std::thread::spawn(move || {
+            locked_tx.send(()).unwrap();
+            std::thread::sleep(Duration::from_millis(200));
+            other.execute_batch("COMMIT").unwrap();
+        });
+        locked_rx.recv().unwrap();
+        insert_batch(&mut conn, &[sample_record(2, "k", 2_000)]).unwrap();
+        holder.join().unwrap();
+        let n: i64 = conn
+            .query_row("SELECT COUNT(*) FROM usage", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 2);
     }
 
     #[test]
