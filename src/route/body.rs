@@ -226,11 +226,7 @@ type Span = (usize, usize);
 /// part that cannot be read counts but is not looked into. Where multer reads the form
 /// otherwise (it takes `--boundary` anywhere in the preamble as the first delimiter, or reads
 /// a part's name another way), the probe's checks refuse the form.
-fn multipart_field_spans(
-    body: &[u8],
-    boundary: &str,
-    name: &str,
-) -> (usize, Vec<(usize, Span)>) {
+fn multipart_field_spans(body: &[u8], boundary: &str, name: &str) -> (usize, Vec<(usize, Span)>) {
     let delim = format!("\r\n--{boundary}");
     // Each delimiter's (start, end); the first may open the body without its CR LF.
     let mut marks: Vec<(usize, usize)> = Vec::new();
