@@ -99,6 +99,41 @@ async fn a_client_waiting_for_100_continue_gets_it_and_then_its_reply() {
     assert!(String::from_utf8_lossy(&reply).contains("200 OK"));
 }
 
+/// Refused before its `100 Continue` (a wrong key), the client never sends its body: the
+/// answer comes at once, says `Connection: close` and the connection ends (its body would
+/// otherwise be read as the next request).
+#[tokio::test]
+async fn a_client_refused_before_its_100_continue_gets_the_answer_and_a_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start();
+    let addr = g.main.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\nContent-Type: application/json\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n";
+    s.write_all(head.as_bytes()).await.expect("head");
+    let asked = std::time::Instant::now();
+    let mut reply = Vec::new();
+    loop {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut chunk))
+            .await
+            .expect("the connection ends")
+            .expect("read");
+        if n == 0 {
+            break;
+        }
+        reply.extend_from_slice(&chunk[..n]);
+    }
+    // Not held open for the 2 s a refused upload is given to finish: there is nothing to drain.
+    assert!(asked.elapsed() < std::time::Duration::from_millis(1500));
+    let text = String::from_utf8_lossy(&reply).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 401"), "{text}");
+    assert!(!text.contains("100 continue"), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+    assert!(text.contains("invalid_api_key"), "{text}");
+}
+
 #[tokio::test]
 async fn unknown_model_is_404_model_not_found_on_both_listeners() {
     let g = start();

@@ -61,7 +61,7 @@ impl Gateway {
             Target::Proxy(ep) => ep,
             Target::StoredResponse(id) => {
                 permit_endpoint(&key, STORED_RESPONSE, ctx)?;
-                let body = read_body(session, &self.shared.live.config).await?;
+                let body = read_body(session, ctx, &self.shared.live.config).await?;
                 return route_stored(&self.shared.stored, &snapshot.router, &key, &id, ctx, body);
             }
             other => return Err(answer_models(session, ctx, &key, &snapshot.router, other).await),
@@ -74,7 +74,7 @@ impl Gateway {
         if exhausted {
             return Err(GatewayError::InsufficientBalance.into());
         }
-        let read = read_body(session, &self.shared.live.config).await?;
+        let read = read_body(session, ctx, &self.shared.live.config).await?;
         let probe = match probe(session, endpoint, &read).await {
             Ok(p) => p,
             // A path the contract does not name is only routed when its body names a model.
@@ -278,13 +278,9 @@ fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), S
 
 /// Reads the whole body before any upstream; a client waiting for `100 Continue` gets it now
 /// (only once its key, permission and budget have passed).
-async fn read_body(session: &mut Session, config: &Config) -> Result<Bytes, Stop> {
-    let expects_continue = session
-        .req_header()
-        .headers
-        .get(http::header::EXPECT)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-    if expects_continue {
+async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Result<Bytes, Stop> {
+    ctx.body_asked = true;
+    if body::expects_continue(session) {
         session
             .as_downstream_mut()
             .write_continue_response()

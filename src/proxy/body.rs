@@ -48,6 +48,15 @@ pub async fn read(
     Ok(Ok(buf.freeze()))
 }
 
+/// The client sent `Expect: 100-continue`: it holds its body back until a `100 Continue`.
+pub fn expects_continue(session: &Session) -> bool {
+    session
+        .req_header()
+        .headers
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+}
+
 /// After a refusal answered before the body was read (a 401, a 413 over the length limit…):
 /// reads and drops what the client is still sending, so that it can finish its upload and read
 /// the answer instead of meeting a reset (the kernel resets a connection closed with unread

@@ -64,6 +64,8 @@ pub struct Ctx {
     pub refusal: Option<&'static str>,
     /// The W3C trace context (set as the request is read).
     pub trace: Option<crate::telemetry::Trace>,
+    /// The body was asked for: a client waiting on `Expect: 100-continue` got its `100`.
+    pub body_asked: bool,
 }
 
 impl Ctx {
@@ -98,6 +100,7 @@ impl Ctx {
             upstream_time: std::time::Duration::ZERO,
             waited: std::time::Duration::ZERO,
             refusal: None,
+            body_asked: false,
             trace: None,
         }
     }

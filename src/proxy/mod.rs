@@ -85,9 +85,18 @@ impl Gateway {
             }
             Err(Stop::Answered) => Ok(true),
             Err(Stop::Refuse(e)) => {
+                // A client waiting for `100 Continue` that never came holds its body back (RFC
+                // 9110 §10.1.1): nothing to drain, and the connection cannot carry another
+                // request (its body would be read as one), so the answer closes it.
+                let held_back = !ctx.body_asked && body::expects_continue(session);
+                if held_back {
+                    session.as_downstream_mut().set_keepalive(None);
+                }
                 respond::error(session, ctx, &e).await?;
-                let cap = self.shared.live.config.max_body_bytes.saturating_mul(2);
-                body::linger(session, cap, LINGER).await;
+                if !held_back {
+                    let cap = self.shared.live.config.max_body_bytes.saturating_mul(2);
+                    body::linger(session, cap, LINGER).await;
+                }
                 Ok(true)
             }
             Err(Stop::Io(e)) => Err(e),
