@@ -262,6 +262,48 @@ async fn a_client_that_goes_away_mid_stream_is_recorded_as_499_with_the_tokens_s
     let (_, completion, _) = tokens(&r);
     assert!((1..40).contains(&completion), "tokens so far: {r}");
     assert_eq!(r["estimated"], true);
+    // A client going away is routine: its record says so, the error log does not.
+    let log = g.stop_and_stderr();
+    assert!(!log.contains("ERROR"), "{log}");
+}
+
+/// The same with a client that resets its connection (closed with unread data or SO_LINGER
+/// 0, as a killed process or a load balancer does): 499, and still no error line.
+#[tokio::test]
+async fn a_client_that_resets_mid_stream_is_recorded_as_499_without_an_error_line() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start();
+    let body = serde_json::to_vec(&chat_body("echo-1", true)).expect("json");
+    let addr = g.main.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nx-mock-chunks: 200000\r\nx-mock-delay-ms: 0\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(&body).await.expect("body");
+    let mut seen = String::new();
+    while !seen.contains("Hello") {
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk).await.expect("read");
+        assert!(n > 0, "closed early: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
+    }
+    let id = seen
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id: "))
+        .expect("x-request-id")
+        .trim()
+        .to_string();
+    s.set_linger(Some(std::time::Duration::ZERO))
+        .expect("linger");
+    drop(s);
+    let r = record_of(&g.main, KEY, &id).await;
+    assert_eq!(r["status"], 499, "{r}");
+    let log = g.stop_and_stderr();
+    assert!(!log.contains("ERROR"), "{log}");
 }
 
 #[tokio::test]

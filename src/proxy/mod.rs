@@ -298,8 +298,10 @@ impl ProxyHttp for Gateway {
     }
 
     /// A client that goes away is normal traffic, not an error worth a log line.
-    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, error: &Error) -> bool {
-        error.esource() == &ErrorSource::Downstream
+    /// A client that went away (its record says 499) is no error of the gateway's: Pingora's
+    /// error line for it would be one per cancelled stream.
+    fn suppress_error_log(&self, _session: &Session, ctx: &Ctx, error: &Error) -> bool {
+        error.esource() == &ErrorSource::Downstream || matches!(ctx.outcome, Outcome::ClientGone)
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
