@@ -297,8 +297,7 @@ async fn a_client_that_resets_mid_stream_is_recorded_as_499_without_an_error_lin
         .expect("x-request-id")
         .trim()
         .to_string();
-    s.set_linger(Some(std::time::Duration::ZERO))
-        .expect("linger");
+    s.set_zero_linger().expect("linger");
     drop(s);
     let r = record_of(&g.main, KEY, &id).await;
     assert_eq!(r["status"], 499, "{r}");
