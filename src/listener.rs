@@ -108,10 +108,12 @@ fn pingoras_bare_error(bytes: &[u8]) -> bool {
     else {
         return false;
     };
-    let client_error = status.first() == Some(&b'4');
+    // Every reply's header passes here: only a 4xx is looked into (no copy for the rest).
+    if status.first() != Some(&b'4') {
+        return false;
+    }
     let head = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).to_ascii_lowercase();
-    client_error
-        && head.contains("\r\ncache-control: private, no-store\r\n")
+    head.contains("\r\ncache-control: private, no-store\r\n")
         && head.contains("\r\ncontent-length: 0\r\n")
         && !head.contains("x-request-id")
 }

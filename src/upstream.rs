@@ -69,9 +69,16 @@ pub fn rewrite_request(
     // The body was read whole (and maybe rewritten): send it with an exact length.
     req.remove_header(&http::header::TRANSFER_ENCODING);
     req.remove_header(&http::header::EXPECT);
-    req.insert_header(http::header::CONTENT_LENGTH, body_len.to_string())?;
+    req.insert_header(
+        http::header::CONTENT_LENGTH,
+        http::HeaderValue::from(body_len),
+    )?;
     // Always origin-form (`/v1/...`): an absolute-form target from the client would name a
-    // host of its choosing, which a front end might route the pool's credential to.
+    // host of its choosing, which a front end might route the pool's credential to. An
+    // origin-form target to an upstream without a base path is already what goes up.
+    if up.cfg.base_path.is_empty() && req.uri.scheme().is_none() && req.uri.authority().is_none() {
+        return Ok(());
+    }
     let pq = req.uri.path_and_query().map_or("/", |p| p.as_str());
     let uri: http::Uri = format!("{}{}", up.cfg.base_path, pq).parse().map_err(|_| {
         pingora_error::Error::explain(pingora_error::ErrorType::InternalError, "bad upstream path")

@@ -205,13 +205,19 @@ pub fn write_headers(
     resp: &mut pingora_http::ResponseHeader,
 ) -> pingora_error::Result<()> {
     if let Some((limit, remaining, reset)) = head.requests {
-        resp.insert_header("x-ratelimit-limit-requests", limit.to_string())?;
-        resp.insert_header("x-ratelimit-remaining-requests", remaining.to_string())?;
+        resp.insert_header("x-ratelimit-limit-requests", http::HeaderValue::from(limit))?;
+        resp.insert_header(
+            "x-ratelimit-remaining-requests",
+            http::HeaderValue::from(remaining),
+        )?;
         resp.insert_header("x-ratelimit-reset-requests", reset_text(reset))?;
     }
     if let Some((limit, remaining, reset)) = head.tokens {
-        resp.insert_header("x-ratelimit-limit-tokens", limit.to_string())?;
-        resp.insert_header("x-ratelimit-remaining-tokens", remaining.to_string())?;
+        resp.insert_header("x-ratelimit-limit-tokens", http::HeaderValue::from(limit))?;
+        resp.insert_header(
+            "x-ratelimit-remaining-tokens",
+            http::HeaderValue::from(remaining),
+        )?;
         resp.insert_header("x-ratelimit-reset-tokens", reset_text(reset))?;
     }
     Ok(())
@@ -228,8 +234,13 @@ pub fn reset_text(d: Duration) -> String {
     if ms < 1000 {
         format!("{ms}ms")
     } else if ms < 60_000 {
-        let s = format!("{:.3}", ms as f64 / 1000.0);
-        format!("{}s", s.trim_end_matches('0').trim_end_matches('.'))
+        let (secs, frac) = (ms / 1000, ms % 1000);
+        if frac == 0 {
+            format!("{secs}s")
+        } else {
+            let digits = format!("{frac:03}");
+            format!("{secs}.{}s", digits.trim_end_matches('0'))
+        }
     } else {
         format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000)
     }
@@ -305,6 +316,9 @@ mod tests {
     fn reset_and_retry_after_formats() {
         assert_eq!(reset_text(Duration::from_millis(20)), "20ms");
         assert_eq!(reset_text(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(reset_text(Duration::from_millis(1000)), "1s");
+        assert_eq!(reset_text(Duration::from_millis(1050)), "1.05s");
+        assert_eq!(reset_text(Duration::from_millis(59_999)), "59.999s");
         assert_eq!(reset_text(Duration::from_secs(360)), "6m0s");
         assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
         assert_eq!(retry_after_secs(Duration::from_millis(29_100)), 30);

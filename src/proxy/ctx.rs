@@ -167,12 +167,39 @@ pub fn next_request_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let prefix = *PREFIX.get_or_init(rand::random::<u64>);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("req_{prefix:016x}{n:012x}")
+    // `req_` + 16 + 12 hex digits, written without the formatting machinery (every request).
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut id = String::with_capacity(32);
+    id.push_str("req_");
+    for shift in (0..16).rev() {
+        id.push(HEX[((prefix >> (shift * 4)) & 0xf) as usize] as char);
+    }
+    for shift in (0..12).rev() {
+        id.push(HEX[((n >> (shift * 4)) & 0xf) as usize] as char);
+    }
+    id
 }
 
 #[cfg(test)]
 mod tests {
     use super::Outcome;
+
+    #[test]
+    fn request_ids_are_req_and_28_hex_digits_each_new() {
+        let (a, b) = (super::next_request_id(), super::next_request_id());
+        assert_ne!(a, b);
+        for id in [&a, &b] {
+            let hex = id.strip_prefix("req_").expect("prefix");
+            assert_eq!(hex.len(), 28, "{id}");
+            assert!(
+                hex.bytes()
+                    .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+            );
+        }
+        let n = |id: &str| u64::from_str_radix(&id[id.len() - 12..], 16).expect("hex");
+        assert_eq!(n(&b), n(&a) + 1);
+        assert_eq!(a[..20], b[..20]);
+    }
 
     #[test]
     fn a_cut_names_who_cut_unless_a_failure_is_already_named() {
