@@ -41,6 +41,11 @@ pub(crate) trait BatchWriter: Send {
     /// Deletes at most one chunk of rows older than `cutoff_ms` (spend is kept); returns
     /// whether more may remain.
     fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError>;
+
+    /// The writer has been idle a while: give back memory kept to make batches fast (SQLite's
+    /// page cache), so RSS returns to its level before a burst. The next batch reads back the
+    /// few pages it needs.
+    fn release_memory(&mut self) {}
 }
 
 /// Reads, for the usage API, the page, the console and the start-up loads. Blocking: callers

@@ -326,6 +326,11 @@ impl Store {
         }
     }
 
+    /// Times the writer, idle for a second after writing, gave its page cache back.
+    pub fn memory_releases(&self) -> u64 {
+        self.shared.memory_releases.load(Ordering::Relaxed)
+    }
+
     /// Blocking (callers use spawn_blocking). One page ordered by (time_ms, seq).
     pub fn query(&self, q: &Query) -> Result<Page, StoreError> {
         self.engine.page(q)

@@ -43,6 +43,14 @@ impl BatchWriter for SqliteWriter {
     fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError> {
         Ok(sqlite::delete_expired(&self.conn, cutoff_ms).map(|n| n >= sqlite::RETENTION_CHUNK)?)
     }
+
+    /// Frees the writer connection's page cache (up to its 16 MiB), which a burst fills and
+    /// SQLite otherwise keeps for the connection's life.
+    fn release_memory(&mut self) {
+        if let Err(e) = self.conn.execute_batch("PRAGMA shrink_memory") {
+            tracing::debug!("usage store: shrink_memory: {e}");
+        }
+    }
 }
 
 pub(super) struct SqliteEngine {

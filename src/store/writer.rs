@@ -38,6 +38,8 @@ pub(super) struct Shared {
     pub dropped: AtomicU64,
     pub written: AtomicU64,
     pub write_errors: AtomicU64,
+    /// Times the idle writer gave its page cache back (`BatchWriter::release_memory`).
+    pub memory_releases: AtomicU64,
     /// Bytes of records waiting in the spool for the database to come back.
     pub spool_bytes: AtomicU64,
     /// The last batch failed to commit (cleared by the next that commits): `/readyz`.
@@ -118,6 +120,8 @@ pub(super) struct Writer {
     /// While the spool holds records: when the database is tried next, and the wait after.
     retry_at: Option<Instant>,
     retry_wait: Duration,
+    /// A batch committed since the engine last gave its memory back.
+    holds_memory: bool,
 }
 
 impl Writer {
@@ -140,6 +144,7 @@ impl Writer {
             spool: cfg.spool.clone().map(Spool::new),
             retry_at: None,
             retry_wait: RETRY_FIRST,
+            holds_memory: false,
             cfg,
         }
     }
@@ -185,6 +190,9 @@ impl Writer {
                         };
                         match self.rx.recv_timeout(wait) {
                             Ok(msg) => self.take(msg, &mut flush, &mut stop),
+                            Err(RecvTimeoutError::Timeout) if wait == IDLE_TICK => {
+                                self.release_memory()
+                            }
                             Err(RecvTimeoutError::Timeout) => {}
                             Err(RecvTimeoutError::Disconnected) => stop = true,
                         }
@@ -227,6 +235,15 @@ impl Writer {
             if self.batch.is_empty() {
                 self.retention_tick();
             }
+        }
+    }
+
+    /// A whole idle tick without a record: what the last batches left cached goes back.
+    fn release_memory(&mut self) {
+        if self.holds_memory {
+            self.conn.release_memory();
+            self.holds_memory = false;
+            self.shared.memory_releases.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -350,6 +367,7 @@ impl Writer {
         }
         match result {
             Ok(()) => {
+                self.holds_memory = true;
                 if let Some(m) = crate::metrics::get() {
                     m.batch(self.batch.len(), started.elapsed());
                 }
@@ -431,6 +449,7 @@ impl Writer {
             };
             match result {
                 Ok(()) => {
+                    self.holds_memory = true;
                     self.shared
                         .written
                         .fetch_add(records.len() as u64, Ordering::SeqCst);
@@ -550,6 +569,32 @@ mod tests {
                 ..StoreStats::default()
             }
         );
+    }
+
+    /// After a burst the idle writer gives its page cache back, once per burst, and the
+    /// records written before and after are all there.
+    #[test]
+    fn an_idle_writer_gives_its_memory_back_once_per_burst() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("u.db"), StoreOptions::default()).unwrap();
+        let released = |n: u64| {
+            let start = Instant::now();
+            while store.memory_releases() < n {
+                assert!(start.elapsed() < Duration::from_secs(10), "not released");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        };
+        for round in 0..2u64 {
+            for i in 0..5_000 {
+                store.record(sample_record(round * 5_000 + i, "k", i as i64));
+            }
+            assert!(store.flush(Duration::from_secs(10)));
+            released(round + 1);
+        }
+        // Idle without new records: nothing more to give back.
+        std::thread::sleep(Duration::from_millis(2_500));
+        assert_eq!(store.memory_releases(), 2);
+        assert_eq!(store.stats().written, 10_000);
     }
 
     #[test]
