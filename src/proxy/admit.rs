@@ -152,7 +152,9 @@ impl Gateway {
         // Anthropic's clients send the key in `x-api-key`.
         let token = auth::presented(&session.req_header().headers, true);
         let throttle = &self.shared.web.throttle;
-        let key = auth::authenticate_guarded(keys, throttle, client, token, now_unix())?;
+        // Key expiry is judged at the request's arrival (no second clock read).
+        let now_unix = ctx.time_ms.div_euclid(1000);
+        let key = auth::authenticate_guarded(keys, throttle, client, token, now_unix)?;
         ctx.key = Some(key.clone());
         Ok(key)
     }
@@ -376,11 +378,4 @@ fn prepare_upstream(
     ctx.route = Some(route);
     ctx.proxied = true;
     Ok(())
-}
-
-fn now_unix() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }

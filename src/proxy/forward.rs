@@ -142,7 +142,8 @@ async fn try_pool(
         let started = Instant::now();
         let span = ctx.trace.as_ref().map(|t| t.next_try());
         let tried_once = try_once(connector, session, ctx, pool, up, life, span).await;
-        ctx.upstream_time += started.elapsed();
+        let try_ended = Instant::now();
+        ctx.upstream_time += try_ended.saturating_duration_since(started);
         let outcome = outcome(&tried_once);
         if let Some(m) = crate::metrics::get() {
             m.attempt(&pool.name, &up.cfg.url, outcome, attempt > 1);
@@ -201,9 +202,8 @@ async fn try_pool(
                         }
                     }
                 }
-                let reply_started = Instant::now();
                 let sent = stream_reply(connector, session, ctx, pool, up, upstream, *resp).await;
-                ctx.upstream_time += reply_started.elapsed();
+                ctx.upstream_time += try_ended.elapsed();
                 note_try(ctx, span, started, pool, up, outcome);
                 return PoolEnd::Done(sent);
             }
@@ -404,13 +404,10 @@ async fn stream_reply(
     // within `request_timeout` of the start.
     let deadline = (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout);
     loop {
-        let limit = match deadline {
-            Some(d) => d
-                .saturating_duration_since(Instant::now())
-                .min(pool.cfg.idle_timeout),
-            None => pool.cfg.idle_timeout,
-        };
-        let read = tokio::time::timeout(limit, upstream.client.read_response_body());
+        // One clock read per piece: the idle limit from now, capped by the whole deadline.
+        let idle = Instant::now() + pool.cfg.idle_timeout;
+        let until = deadline.map_or(idle, |d| d.min(idle));
+        let read = tokio::time::timeout_at(until.into(), upstream.client.read_response_body());
         // The upstream's piece first: when one is already there, the client's connection is not
         // polled (a read that would only say EAGAIN) and the shutdown signal not looked at; a
         // client that left is still noticed while the upstream is quiet, or by the next write.

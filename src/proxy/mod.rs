@@ -212,7 +212,12 @@ fn trace(
 }
 
 /// The request's figures for the metrics.
-fn observe(m: &crate::metrics::Metrics, ctx: &Ctx, r: &crate::store::UsageRecord) {
+fn observe(
+    m: &crate::metrics::Metrics,
+    ctx: &Ctx,
+    r: &crate::store::UsageRecord,
+    ended: std::time::Instant,
+) {
     let ms = |v: u64| std::time::Duration::from_millis(v);
     m.request_end(&crate::metrics::RequestEnd {
         listener: ctx.listener.name(),
@@ -220,7 +225,7 @@ fn observe(m: &crate::metrics::Metrics, ctx: &Ctx, r: &crate::store::UsageRecord
         model: ctx.route.as_ref().map_or("", |r| r.model.name.as_str()),
         status: r.status,
         refusal: ctx.refusal,
-        total: ctx.started.elapsed(),
+        total: ended.saturating_duration_since(ctx.started),
         upstream: ctx
             .route
             .as_ref()
@@ -339,18 +344,19 @@ impl ProxyHttp for Gateway {
             ctx.outcome = ctx.outcome.cut(e.esource() == &ErrorSource::Downstream);
         }
         let key = ctx.key.clone();
-        let metering_started = std::time::Instant::now();
-        let r = record::build(ctx, key.as_ref().map_or("", |k| k.id.as_str()));
+        // One clock read for the request's end: its latency, its metrics, its tpm tokens.
+        let ended = std::time::Instant::now();
+        let r = record::build(ctx, key.as_ref().map_or("", |k| k.id.as_str()), ended);
         // Every request gets its access-log line, refused ones (no key) included.
         if let Some(log) = &self.shared.access_log {
             let req = session.req_header();
             log.log(&r, req.method.as_str(), req.uri.path());
         }
         if let Some(m) = crate::metrics::get() {
-            observe(m, ctx, &r);
+            observe(m, ctx, &r, ended);
         }
         if ctx.trace.as_ref().is_some_and(|t| t.recording()) {
-            trace(session, ctx, &r, metering_started);
+            trace(session, ctx, &r, ended);
         }
         let Some(key) = key else { return };
         if ctx.group == Group::Responses.name() && ctx.outcome.succeeded() {
@@ -358,9 +364,7 @@ impl ProxyHttp for Gateway {
         }
         ctx.slot = None;
         ctx.lease = None;
-        self.shared
-            .limiter
-            .add_tokens(&key, r.total_tokens, std::time::Instant::now());
+        self.shared.limiter.add_tokens(&key, r.total_tokens, ended);
         self.shared.spend.add(&key.id, r.cost);
         if let Some(shared) = &self.shared.shared_limits {
             let tokens = if key.tpm.is_some() { r.total_tokens } else { 0 };

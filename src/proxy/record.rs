@@ -8,7 +8,7 @@ use crate::meter::{Usage, estimate};
 use crate::store::UsageRecord;
 
 /// The record of a request that passed auth.
-pub fn build(ctx: &Ctx, key_id: &str) -> UsageRecord {
+pub fn build(ctx: &Ctx, key_id: &str, ended: std::time::Instant) -> UsageRecord {
     let ok = ctx.outcome.succeeded();
     let reported = ctx.meter.usage();
     let (usage, estimated) = match reported {
@@ -41,7 +41,7 @@ pub fn build(ctx: &Ctx, key_id: &str) -> UsageRecord {
         completion_tokens: usage.completion_tokens,
         total_tokens: usage.total_tokens,
         cost,
-        latency_ms: ctx.started.elapsed().as_millis() as u64,
+        latency_ms: ended.saturating_duration_since(ctx.started).as_millis() as u64,
         ttft_ms: ctx.ttft_ms,
         upstream,
         estimated,
