@@ -302,9 +302,8 @@ impl ProxyHttp for Gateway {
         ))
     }
 
-    /// A client that goes away is normal traffic, not an error worth a log line.
-    /// A client that went away (its record says 499) is no error of the gateway's: Pingora's
-    /// error line for it would be one per cancelled stream.
+    /// A client that goes away is normal traffic, not an error worth a log line: its record
+    /// says 499 (Pingora's line would come once per cancelled or reset stream).
     fn suppress_error_log(&self, _session: &Session, ctx: &Ctx, error: &Error) -> bool {
         error.esource() == &ErrorSource::Downstream || matches!(ctx.outcome, Outcome::ClientGone)
     }
