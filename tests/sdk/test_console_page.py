@@ -139,6 +139,11 @@ def test_usage_across_keys_and_models(console, gateway):
         assert sum(int(r.replace(",", "")) for r in rows) == int(total), table
     assert console.locator("#u-chart canvas").count() >= 1
     assert console.locator("#u-records tbody tr").count() >= 1
+    heads = console.locator("#u-records thead th").all_inner_texts()
+    assert heads[-2:] == ["Attempts", "Served model"], heads
+    widths = console.locator("#u-records tbody tr").evaluate_all(
+        "rows => rows.map(r => r.cells.length)")
+    assert widths and set(widths) == {len(heads)}, (widths, heads)
     console.screenshot(path=str(REPO_ROOT / "docs" / "console-usage.png"), full_page=True)
     console.get_by_label("Key", exact=True).select_option("full")
     console.get_by_role("button", name="Query").click()
