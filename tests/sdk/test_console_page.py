@@ -144,6 +144,7 @@ def test_usage_across_keys_and_models(console, gateway):
     widths = console.locator("#u-records tbody tr").evaluate_all(
         "rows => rows.map(r => r.cells.length)")
     assert widths and set(widths) == {len(heads)}, (widths, heads)
+    assert console.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     console.screenshot(path=str(REPO_ROOT / "docs" / "console-usage.png"), full_page=True)
     console.get_by_label("Key", exact=True).select_option("full")
     console.get_by_role("button", name="Query").click()

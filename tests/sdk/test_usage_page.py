@@ -95,6 +95,8 @@ def test_query_shows_the_key_totals_chart_models_and_every_record_field(page, se
     assert len(heads) == 18 and heads[-2:] == ["Attempts", "Served model"], heads
     for i in range(rows.count()):
         assert rows.nth(i).locator("td").count() == len(heads)
+    # A table wider than the window scrolls in its panel; the page itself never does.
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     ids = page.locator("#records tbody tr td:nth-child(2)").all_inner_texts()
     for r in seeded:
         assert r["request_id"] in ids
