@@ -181,7 +181,9 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     }
     let options = StoreOptions {
         retention: c.retention,
-        spool: c.postgres.is_some().then(|| c.spool.clone()),
+        // Postgres away, or SQLite's file locked by another process past its busy timeout:
+        // batches wait on disk (the file is made only then).
+        spool: Some(c.spool.clone()),
         ..StoreOptions::default()
     };
     let (store, where_) = match &c.postgres {

@@ -635,11 +635,13 @@ async fn readyz_is_503_while_the_store_cannot_write_and_200_again_after() {
         (resp.status().as_u16(), resp.text().await.expect("body"))
     };
     assert_eq!(readyz().await.0, 200);
-    let lock = rusqlite::Connection::open(g.dir.path().join("usage.db")).expect("open");
-    lock.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+    // The records' table taken away: every batch fails (not a lock, which only delays it).
+    let other = rusqlite::Connection::open(g.dir.path().join("usage.db")).expect("open");
+    other
+        .execute_batch("ALTER TABLE usage RENAME TO usage_away")
+        .expect("rename");
     let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
     assert_eq!(resp.status(), 200);
-    // The writer waits out its busy timeout (5 s) twice before it calls the batch failed.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let (status, body) = readyz().await;
@@ -650,8 +652,10 @@ async fn readyz_is_503_while_the_store_cannot_write_and_200_again_after() {
         assert!(std::time::Instant::now() < deadline, "still ready: {body}");
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    lock.execute_batch("COMMIT").expect("unlock");
-    drop(lock);
+    other
+        .execute_batch("ALTER TABLE usage_away RENAME TO usage")
+        .expect("rename back");
+    drop(other);
     let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
     let id = resp.headers()["x-request-id"]
         .to_str()
@@ -660,4 +664,30 @@ async fn readyz_is_503_while_the_store_cannot_write_and_200_again_after() {
     await_record(&g, &id).await;
     let (status, body) = readyz().await;
     assert_eq!(status, 200, "{body}");
+}
+
+/// Another process holding the database file past the writer's busy timeout (5 s) only delays
+/// the records: they wait in the spool, the gateway stays ready, and the record is there once
+/// the lock goes.
+#[tokio::test]
+async fn a_database_file_locked_by_another_process_delays_records_and_loses_none() {
+    let g = start();
+    let lock = rusqlite::Connection::open(g.dir.path().join("usage.db")).expect("open");
+    lock.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+    let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
+    assert_eq!(resp.status(), 200);
+    let id = request_id(&resp);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while metric_value(&g, "modelgate_usage_spool_bytes").await == 0.0 {
+        assert!(std::time::Instant::now() < deadline, "never spooled");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let ready = reqwest::get(format!("{}/readyz", g.admin))
+        .await
+        .expect("readyz");
+    assert_eq!(ready.status(), 200);
+    lock.execute_batch("COMMIT").expect("unlock");
+    drop(lock);
+    let r = await_record(&g, &id).await;
+    assert_eq!(r["status"], 200, "{r}");
 }

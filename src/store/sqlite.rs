@@ -247,10 +247,26 @@ fn int(v: u64) -> i64 {
 /// `usage_seq` first and then find its snapshot stale when another connection had committed
 /// meanwhile: SQLite then fails the write at once (SQLITE_BUSY_SNAPSHOT, no busy wait), and a
 /// sign-in racing a batch cost that batch.
-pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Result<(), String> {
+///
+/// The lock still held by another connection after `busy_timeout` (a backup, or someone's
+/// `sqlite3` shell in a write transaction) is a transient failure: the writer keeps the batch
+/// in the spool and tries again, so nothing is lost to it.
+pub(super) fn insert_batch(
+    conn: &mut Connection,
+    batch: &[UsageRecord],
+) -> Result<(), super::engine::WriteError> {
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(|e| db_err("begin", e))?;
+        .map_err(|e| {
+            let transient = matches!(
+                e.sqlite_error_code(),
+                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+            );
+            super::engine::WriteError {
+                msg: db_err("begin", e),
+                transient,
+            }
+        })?;
     let mut spend: HashMap<&str, (f64, i64)> = HashMap::new();
     let mut seq = next_seq(&tx)?;
     {
@@ -299,7 +315,7 @@ pub(super) fn insert_batch(conn: &mut Connection, batch: &[UsageRecord]) -> Resu
         .and_then(|mut s| s.execute(params![seq]))
         .map_err(|e| db_err("usage_seq", e))?;
     super::rollup::add_batch(&tx, batch)?;
-    tx.commit().map_err(|e| db_err("commit", e))
+    Ok(tx.commit().map_err(|e| db_err("commit", e))?)
 }
 
 /// Deletes at most one chunk of rows older than `cutoff_ms`; returns how many went. The
@@ -543,6 +559,42 @@ mod tests {
             .query_row("SELECT COUNT(*) FROM usage", [], |r| r.get(0))
             .unwrap();
         assert_eq!(n, 2);
+    }
+
+    /// Another process keeps the file locked past the busy timeout (5 s): the batch waits in
+    /// the spool, and once the lock goes every record is written, none lost.
+    #[test]
+    fn a_file_locked_past_the_busy_timeout_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.db");
+        let opts = StoreOptions {
+            spool: Some(dir.path().join("spool.jsonl")),
+            ..StoreOptions::default()
+        };
+        let store = Store::open(&path, opts).unwrap();
+        store.record(sample_record(0, "k", 1_000));
+        assert!(store.flush(Duration::from_secs(10)));
+        let other = Connection::open(&path).unwrap();
+        other
+            .execute_batch(
+                "BEGIN IMMEDIATE; CREATE TABLE side (x INTEGER); INSERT INTO side VALUES (1);",
+            )
+            .unwrap();
+        for i in 1..=100 {
+            store.record(sample_record(i, "k", 1_000 + i as i64));
+        }
+        let start = std::time::Instant::now();
+        while store.stats().spool_bytes == 0 {
+            assert!(start.elapsed() < Duration::from_secs(30), "never spooled");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        other.execute_batch("COMMIT").unwrap();
+        assert!(store.flush(Duration::from_secs(30)));
+        let stats = store.stats();
+        assert_eq!(
+            (stats.written, stats.write_errors, stats.spool_bytes),
+            (101, 0, 0)
+        );
     }
 
     #[test]

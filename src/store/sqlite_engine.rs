@@ -37,7 +37,7 @@ pub(super) struct SqliteWriter {
 
 impl BatchWriter for SqliteWriter {
     fn insert_batch(&mut self, batch: &[UsageRecord]) -> Result<(), WriteError> {
-        Ok(sqlite::insert_batch(&mut self.conn, batch)?)
+        sqlite::insert_batch(&mut self.conn, batch)
     }
 
     fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError> {
