@@ -46,11 +46,22 @@ impl Drop for Gateway {
     }
 }
 
+/// A loopback port nothing listens on now, and never one handed out before in this test
+/// process. Each port is released before its user binds it, so two picks can come back equal
+/// (the kernel may offer a just-released port again); a gateway whose `main` and mock ports
+/// were the same had its demo mock answer on `main` (a CI flake: 200 for an unknown model).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("free port");
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 pub fn bin() -> PathBuf {
