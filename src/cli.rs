@@ -172,13 +172,20 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         &c.listeners.admin,
         &c.demo_mock_upstream,
     ];
-    // An upgrade takes over sockets the running instance holds: they are busy by design.
+    // An upgrade takes over sockets the running instance holds: they are busy by design. Each
+    // is held until all are checked, so two of them naming one address fail here too (else
+    // one would answer on the other's port).
+    let mut held = Vec::with_capacity(addrs.len());
     for addr in addrs.into_iter().flatten().filter(|_| !upgrade) {
-        if let Err(e) = std::net::TcpListener::bind(addr) {
-            eprintln!("cannot listen on {addr}: {e}");
-            return ExitCode::from(2);
+        match std::net::TcpListener::bind(addr) {
+            Ok(l) => held.push(l),
+            Err(e) => {
+                eprintln!("cannot listen on {addr}: {e}");
+                return ExitCode::from(2);
+            }
         }
     }
+    drop(held);
     let options = StoreOptions {
         retention: c.retention,
         // Postgres away, or SQLite's file locked by another process past its busy timeout:

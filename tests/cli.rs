@@ -235,3 +235,26 @@ fn serve_exits_with_an_error_when_a_listen_port_is_taken() {
         "{err}"
     );
 }
+
+/// Two addresses of the config naming one port (here the demo mock and `main`) stop the start
+/// with the port named, instead of one answering on the other's port.
+#[test]
+fn serve_exits_with_an_error_when_two_addresses_are_one_port() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = format!(
+        "[listeners]\nmain = \"127.0.0.1:{port}\"\n[keys]\nfile = \"keys.toml\"\n[demo]\nmock_upstream = \"127.0.0.1:{port}\"\n"
+    );
+    std::fs::write(dir.path().join("c.toml"), config).expect("write");
+    std::fs::write(dir.path().join("keys.toml"), "").expect("write");
+    let path = dir.path().join("c.toml");
+    let (code, _, err) = run(&["serve", "--config", path.to_str().expect("utf-8")], None);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{err}"
+    );
+}
