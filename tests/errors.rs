@@ -65,11 +65,8 @@ async fn a_key_in_the_url_is_refused_even_with_a_good_header() {
 async fn a_client_waiting_for_100_continue_gets_it_and_then_its_reply() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let g = start();
-    let addr = g.main.trim_start_matches("http://").to_string();
     let body = serde_json::to_vec(&chat_body("echo-1", false)).expect("json");
-    let mut s = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("connect");
+    let mut s = raw_connect(&g.main).await;
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
         body.len()
@@ -106,10 +103,7 @@ async fn a_client_waiting_for_100_continue_gets_it_and_then_its_reply() {
 async fn a_client_refused_before_its_100_continue_gets_the_answer_and_a_close() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let g = start();
-    let addr = g.main.trim_start_matches("http://").to_string();
-    let mut s = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("connect");
+    let mut s = raw_connect(&g.main).await;
     let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\nContent-Type: application/json\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n";
     s.write_all(head.as_bytes()).await.expect("head");
     let asked = std::time::Instant::now();

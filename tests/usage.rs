@@ -274,10 +274,7 @@ async fn a_client_that_resets_mid_stream_is_recorded_as_499_without_an_error_lin
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let g = start();
     let body = serde_json::to_vec(&chat_body("echo-1", true)).expect("json");
-    let addr = g.main.trim_start_matches("http://").to_string();
-    let mut s = tokio::net::TcpStream::connect(&addr)
-        .await
-        .expect("connect");
+    let mut s = raw_connect(&g.main).await;
     let head = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nx-mock-chunks: 200000\r\nx-mock-delay-ms: 0\r\nContent-Length: {}\r\n\r\n",
         body.len()

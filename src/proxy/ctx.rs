@@ -167,17 +167,7 @@ pub fn next_request_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let prefix = *PREFIX.get_or_init(rand::random::<u64>);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    // `req_` + 16 + 12 hex digits, written without the formatting machinery (every request).
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut id = String::with_capacity(32);
-    id.push_str("req_");
-    for shift in (0..16).rev() {
-        id.push(HEX[((prefix >> (shift * 4)) & 0xf) as usize] as char);
-    }
-    for shift in (0..12).rev() {
-        id.push(HEX[((n >> (shift * 4)) & 0xf) as usize] as char);
-    }
-    id
+    format!("req_{prefix:016x}{n:012x}")
 }
 
 #[cfg(test)]

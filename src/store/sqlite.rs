@@ -532,6 +532,18 @@ mod tests {
         assert_eq!(store.stats().written, 50);
     }
 
+    /// Another connection in a write transaction (a write made, not committed): the file's
+    /// write lock is held until it sends `COMMIT`.
+    fn hold_write_lock(path: &Path) -> Connection {
+        let other = Connection::open(path).unwrap();
+        other
+            .execute_batch(
+                "BEGIN IMMEDIATE; CREATE TABLE side (x INTEGER); INSERT INTO side VALUES (1);",
+            )
+            .unwrap();
+        other
+    }
+
     /// Another connection commits between the batch's start and its first write: the batch
     /// waits for the lock and commits rather than failing on a stale snapshot.
     #[test]
@@ -540,12 +552,7 @@ mod tests {
         let path = dir.path().join("u.db");
         let mut conn = open_writer(&path).unwrap();
         insert_batch(&mut conn, &[sample_record(1, "k", 1_000)]).unwrap();
-        let other = Connection::open(&path).unwrap();
-        other
-            .execute_batch(
-                "CREATE TABLE side (x INTEGER); BEGIN IMMEDIATE; INSERT INTO side VALUES (1);",
-            )
-            .unwrap();
+        let other = hold_write_lock(&path);
         let (locked_tx, locked_rx) = std::sync::mpsc::channel();
         let holder = std::thread::spawn(move || {
             locked_tx.send(()).unwrap();
@@ -574,12 +581,7 @@ mod tests {
         let store = Store::open(&path, opts).unwrap();
         store.record(sample_record(0, "k", 1_000));
         assert!(store.flush(Duration::from_secs(10)));
-        let other = Connection::open(&path).unwrap();
-        other
-            .execute_batch(
-                "BEGIN IMMEDIATE; CREATE TABLE side (x INTEGER); INSERT INTO side VALUES (1);",
-            )
-            .unwrap();
+        let other = hold_write_lock(&path);
         for i in 1..=100 {
             store.record(sample_record(i, "k", 1_000 + i as i64));
         }

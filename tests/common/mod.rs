@@ -64,6 +64,14 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// A raw TCP connection to a gateway base URL (`http://127.0.0.1:PORT`), for requests an
+/// HTTP client will not send as they are.
+pub async fn raw_connect(base: &str) -> tokio::net::TcpStream {
+    tokio::net::TcpStream::connect(base.trim_start_matches("http://"))
+        .await
+        .expect("connect")
+}
+
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_modelgate"))
 }
