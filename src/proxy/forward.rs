@@ -18,6 +18,7 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
+use pingora_timeout::fast_timeout::fast_timeout;
 
 use super::ctx::{Ctx, Outcome};
 use super::{reply, respond};
@@ -342,7 +343,7 @@ async fn try_once(
         client.read_response_header().await?;
         Ok::<HttpSession, Box<Error>>(client)
     };
-    let timed = tokio::time::timeout(pool.cfg.first_byte_timeout, exchange);
+    let timed = fast_timeout(pool.cfg.first_byte_timeout, exchange);
     let result = tokio::select! {
         biased;
         r = timed => r,
@@ -404,10 +405,12 @@ async fn stream_reply(
     // within `request_timeout` of the start.
     let deadline = (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout);
     loop {
-        // One clock read per piece: the idle limit from now, capped by the whole deadline.
-        let idle = Instant::now() + pool.cfg.idle_timeout;
-        let until = deadline.map_or(idle, |d| d.min(idle));
-        let read = tokio::time::timeout_at(until.into(), upstream.client.read_response_body());
+        // One clock read per piece: the idle limit, capped by what is left of the whole deadline.
+        let limit = deadline.map_or(pool.cfg.idle_timeout, |d| {
+            d.saturating_duration_since(Instant::now())
+                .min(pool.cfg.idle_timeout)
+        });
+        let read = fast_timeout(limit, upstream.client.read_response_body());
         // The upstream's piece first: when one is already there, the client's connection is not
         // polled (a read that would only say EAGAIN) and the shutdown signal not looked at; a
         // client that left is still noticed while the upstream is quiet, or by the next write.
@@ -549,7 +552,7 @@ async fn pass_error(
         }
         Ok::<(), Box<Error>>(())
     };
-    let whole = match tokio::time::timeout(pool.cfg.idle_timeout, read).await {
+    let whole = match fast_timeout(pool.cfg.idle_timeout, read).await {
         Ok(Ok(())) => body.len() <= ERROR_BODY_MAX,
         _ => false,
     };
