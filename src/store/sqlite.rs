@@ -82,8 +82,8 @@ const SPEND_UPSERT: &str = "INSERT INTO spend (key_id, spend, last_used_ms) VALU
      last_used_ms = MAX(last_used_ms, excluded.last_used_ms)";
 
 /// A batch gives its core away (`sched_yield`) every this many rows: a request arriving while a
-/// large batch is written waits for at most ~0.1 ms of it (64 rows), not the whole batch.
-const YIELD_EVERY: i64 = 64;
+/// large batch is written waits for a few dozen µs of it (16 rows), not the whole batch.
+const YIELD_EVERY: i64 = 16;
 
 /// The writer's page cache, in KiB (SQLite's negative form).
 const WRITER_CACHE_KIB: i64 = -16_384;
