@@ -23,10 +23,8 @@ async fn a_stalled_body_gets_408_and_a_record_saying_so() {
         let mut s = TcpStream::connect(addr(&g.direct)).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(10)))
             .expect("timeout");
-        let head = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
-             Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"model\": \"ec"
-        );
+        // The body is cut short: 13 of its 100 bytes.
+        let head = chat_head(KEY, 100, "") + "{\"model\": \"ec";
         let started = Instant::now();
         s.write_all(head.as_bytes()).expect("write");
         let mut reply = Vec::new();

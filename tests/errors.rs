@@ -67,10 +67,7 @@ async fn a_client_waiting_for_100_continue_gets_it_and_then_its_reply() {
     let g = start();
     let body = serde_json::to_vec(&chat_body("echo-1", false)).expect("json");
     let mut s = raw_connect(&g.main).await;
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
-        body.len()
-    );
+    let head = chat_head(KEY, body.len(), "Expect: 100-continue\r\n");
     s.write_all(head.as_bytes()).await.expect("head");
     let mut buf = vec![0u8; 256];
     let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf))
@@ -104,7 +101,7 @@ async fn a_client_refused_before_its_100_continue_gets_the_answer_and_a_close() 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let g = start();
     let mut s = raw_connect(&g.main).await;
-    let head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-wrong\r\nContent-Type: application/json\r\nContent-Length: 100000\r\nExpect: 100-continue\r\n\r\n";
+    let head = chat_head("sk-wrong", 100_000, "Expect: 100-continue\r\n");
     s.write_all(head.as_bytes()).await.expect("head");
     let asked = std::time::Instant::now();
     let mut reply = Vec::new();

@@ -275,9 +275,10 @@ async fn a_client_that_resets_mid_stream_is_recorded_as_499_without_an_error_lin
     let g = start();
     let body = serde_json::to_vec(&chat_body("echo-1", true)).expect("json");
     let mut s = raw_connect(&g.main).await;
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Type: application/json\r\nx-mock-chunks: 200000\r\nx-mock-delay-ms: 0\r\nContent-Length: {}\r\n\r\n",
-        body.len()
+    let head = chat_head(
+        KEY,
+        body.len(),
+        "x-mock-chunks: 200000\r\nx-mock-delay-ms: 0\r\n",
     );
     s.write_all(head.as_bytes()).await.expect("head");
     s.write_all(&body).await.expect("body");

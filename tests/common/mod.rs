@@ -72,6 +72,14 @@ pub async fn raw_connect(base: &str) -> tokio::net::TcpStream {
         .expect("connect")
 }
 
+/// The head of a JSON chat completion request to send over `raw_connect`: `key` as the bearer,
+/// a body of `len` bytes, and `extra` header lines (each ending in `\r\n`).
+pub fn chat_head(key: &str, len: usize, extra: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {len}\r\n{extra}\r\n"
+    )
+}
+
 pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_modelgate"))
 }
