@@ -334,7 +334,10 @@ async fn try_once(
     }
     let body = ctx.body.clone();
     let exchange = async {
-        let (mut client, _reused) = connector.get_http_session(&*peer).await?;
+        // Boxed: Pingora's connect future is 8.8 KB (a new TLS connection's state) where a
+        // pooled connection needs little; inline it would size this request's future, copied
+        // on every try and held for the whole of a stream, by its largest state.
+        let (mut client, _reused) = Box::pin(connector.get_http_session(&*peer)).await?;
         client.set_read_timeout(peer.options.read_timeout);
         client.set_write_timeout(peer.options.write_timeout);
         client.write_request_header(Box::new(req)).await?;
