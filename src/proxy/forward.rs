@@ -340,9 +340,7 @@ async fn try_once(
         let (mut client, _reused) = Box::pin(connector.get_http_session(&*peer)).await?;
         client.set_read_timeout(peer.options.read_timeout);
         client.set_write_timeout(peer.options.write_timeout);
-        client.write_request_header(Box::new(req)).await?;
-        client.write_request_body(body, true).await?;
-        client.finish_request_body().await?;
+        let mut client = upstream::send(client, req, body, &peer).await?;
         client.read_response_header().await?;
         Ok::<HttpSession, Box<Error>>(client)
     };
