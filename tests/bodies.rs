@@ -31,6 +31,7 @@ async fn send(base: &str, body: Vec<u8>, chunked: bool) -> reqwest::Response {
     req.send().await.expect("send")
 }
 
+/// 60 KiB goes up in one write with its header, 65 KiB and more after it (the 64 KiB line).
 #[tokio::test]
 async fn bodies_of_every_size_and_framing_arrive_byte_exact() {
     let g = start();
@@ -55,6 +56,46 @@ async fn bodies_of_every_size_and_framing_arrive_byte_exact() {
             }
         }
     }
+}
+
+/// A request whose `Connection` header says more than keep-alive goes up the way Pingora sends
+/// it (header, then body) instead of in one write: `close` still gets the whole reply, the body
+/// byte-exact, one record, and the connection ends; the next request is served as usual.
+#[tokio::test]
+async fn a_client_asking_to_close_gets_its_reply_and_the_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start();
+    let body = big_chat(10);
+    let mut s = raw_connect(&g.main).await;
+    let head = chat_head(KEY, body.len(), "Connection: close\r\n");
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(&body).await.expect("body");
+    let mut reply = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        s.read_to_end(&mut reply),
+    )
+    .await
+    .expect("the connection ends")
+    .expect("read");
+    let text = String::from_utf8_lossy(&reply);
+    let lower = text.to_ascii_lowercase();
+    assert!(lower.starts_with("http/1.1 200"), "{text}");
+    assert!(
+        lower.contains(&format!("x-mock-body-sha256: {}", sha256_hex(&body))),
+        "{text}"
+    );
+    assert!(text.contains(MOCK_TEXT), "{text}");
+    let id = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id: "))
+        .expect("x-request-id")
+        .trim()
+        .to_string();
+    let record = await_record(&g, &id).await;
+    assert_eq!(record["status"], 200, "{record}");
+    let resp = send(&g.main, big_chat(10), false).await;
+    assert_eq!(resp.status(), 200);
 }
 
 #[tokio::test]
