@@ -105,8 +105,10 @@ pub async fn send(
     }
 }
 
-/// Whether [`send`] may write the request in one go: a body to send, not too large, and
-/// nothing in the header that Pingora's reply reading looks back at.
+/// Whether [`send`] may write the request in one go: a body to send, not too large, framed by
+/// its length (`rewrite_request` makes it so: a chunked header would have Pingora chunk the
+/// body, which one write does not), and nothing in the header that Pingora's reply reading
+/// looks back at.
 fn one_write(req: &RequestHeader, body_len: usize) -> bool {
     let keepalive = req
         .headers
@@ -117,6 +119,7 @@ fn one_write(req: &RequestHeader, body_len: usize) -> bool {
         && req.method != http::Method::HEAD
         && keepalive
         && !req.headers.contains_key(http::header::UPGRADE)
+        && !req.headers.contains_key(http::header::TRANSFER_ENCODING)
 }
 
 /// Rewrites the client's request header into the upstream's.
