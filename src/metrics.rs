@@ -82,6 +82,11 @@ pub struct Metrics {
     redis_down_total: IntCounter,
     /// Requests whose limits were decided without Redis (`on_redis_down`).
     pub limits_fallback: IntCounter,
+    /// Upstream connections opened (a request found no idle one to reuse).
+    pub upstream_connects: IntCounter,
+    /// Reused upstream connections found closed by the upstream as a request went on them
+    /// (the request went again on a new one).
+    pub upstream_stale: IntCounter,
     /// Keys-file reloads refused because the file did not parse or validate.
     pub keys_reload_errors: IntCounter,
     pub config_reloads: IntCounter,
@@ -242,6 +247,14 @@ impl Metrics {
             limits_fallback: counter(
                 "limits_fallback_total",
                 "Requests whose limits were decided without Redis (on_redis_down)",
+            )?,
+            upstream_connects: counter(
+                "upstream_connections_opened_total",
+                "Upstream connections opened (no idle one could be reused)",
+            )?,
+            upstream_stale: counter(
+                "upstream_connections_stale_total",
+                "Reused upstream connections the upstream had closed; the request went on a new one",
             )?,
             keys_reload_errors: counter(
                 "keys_reload_errors_total",

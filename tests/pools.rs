@@ -37,6 +37,7 @@ async fn a_dead_upstream_is_skipped_and_the_live_one_answers_every_request() {
 name = "mixed"
 upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:@MOCK@"]
 retry_base_ms = 10
+health_interval_ms = 0  # only requests find it dead (a check at start could be first)
 
 [[models]]
 name = "mixed-model"
@@ -631,4 +632,60 @@ upstream_model = "echo-1"
     // Waiting out the timeout is what is tested; nothing to await instead.
     tokio::time::sleep(std::time::Duration::from_millis(900)).await;
     assert_ne!(connection_of(&g, "short-model").await, a);
+}
+
+#[tokio::test]
+async fn a_reused_connection_the_upstream_closed_is_replaced_within_the_same_try() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[pools]]
+name = "once"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+health_interval_ms = 0
+max_attempts = 1
+
+[[models]]
+name = "once-model"
+pool = "once"
+upstream_model = "echo-1"
+"#
+        .into(),
+        ..Setup::default()
+    });
+    let ask = |close_next: bool| {
+        let base = g.main.clone();
+        async move {
+            let headers: &[(&str, &str)] = if close_next {
+                &[("x-mock-close-next", "1")]
+            } else {
+                &[]
+            };
+            let body = chat_body("once-model", false);
+            let resp = send(&base, "/v1/chat/completions", Some(KEY), &body, headers).await;
+            assert_eq!(resp.status(), 200);
+            let header = |name: &str| resp.headers()[name].to_str().expect("ascii").to_string();
+            (header("x-mock-peer"), header("x-request-id"))
+        }
+    };
+    // Answered, and the connection kept; the upstream will close it when the next request
+    // comes on it, as a server whose keep-alive ran out does.
+    let (first, _) = ask(true).await;
+    let stale = metric(&g, "modelgate_upstream_connections_stale_total").await;
+    // One try only: without the new connection within the try, this would be a 502.
+    let (second, id) = ask(false).await;
+    assert_ne!(second, first, "the closed connection was replaced");
+    let r = await_record(&g, &id).await;
+    assert_eq!(r["attempts"], 1, "{r}");
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(
+        metric(&g, "modelgate_upstream_connections_stale_total").await,
+        stale + 1.0
+    );
+    // Not the upstream's failure: it stays in rotation with nothing against it.
+    let view = upstreams(&g).await;
+    let up = &pool(&view, "once")[0];
+    assert_eq!(up["healthy"], true, "{view}");
+    assert_eq!(up["failures"], 0, "{view}");
+    // The new connection is the one kept now.
+    assert_eq!(ask(false).await.0, second);
 }

@@ -61,6 +61,9 @@ pub struct MockUpstream {
     seen: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     /// Stored responses of the Responses API.
     responses: apis::Stored,
+    /// `x-mock-close-next: 1`: the client addresses (connections) whose next request is read
+    /// and met with a close, no reply: an idle connection closed as a request came on it.
+    close_next: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl MockUpstream {
@@ -69,6 +72,7 @@ impl MockUpstream {
             opts,
             seen: Default::default(),
             responses: Default::default(),
+            close_next: Default::default(),
         }
     }
 
@@ -140,6 +144,16 @@ impl HttpServerApp for MockUpstream {
                 return None;
             }
         }
+        let connection = session.client_addr().map(|a| a.to_string());
+        if let Some(addr) = &connection {
+            let mut close_next = self.close_next.lock().unwrap_or_else(|e| e.into_inner());
+            if close_next.remove(addr) {
+                return None;
+            }
+            if request::header_flag(&session.req_header().headers, "x-mock-close-next") {
+                close_next.insert(addr.clone());
+            }
+        }
         let http10_close = {
             let req = session.req_header();
             req.version == http::Version::HTTP_10
@@ -196,9 +210,7 @@ impl HttpServerApp for MockUpstream {
             body_len: body.total_len,
             body_sha256: body.sha256_hex,
             path: path.clone(),
-            peer: session
-                .client_addr()
-                .map_or(String::new(), |a| a.to_string()),
+            peer: connection.unwrap_or_default(),
         };
 
         if overrides.garbage {

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
@@ -49,8 +48,8 @@ struct Upstreamed {
 
 impl Upstreamed {
     /// Returns the connection for reuse once its reply was read whole.
-    async fn release(self, connector: &Connector) {
-        crate::upstream::release(connector, *self.client, &self.peer).await;
+    async fn release(self, connections: &upstream::Connections) {
+        connections.release(*self.client, &self.peer).await;
     }
 }
 
@@ -74,7 +73,7 @@ enum PoolEnd {
 /// price). `Err` means the reply was cut after it began: Pingora then drops the client
 /// connection instead of ending the body cleanly.
 pub async fn run(
-    connector: &Connector,
+    connections: &upstream::Connections,
     session: &mut Session,
     ctx: &mut Ctx,
 ) -> pingora_error::Result<()> {
@@ -98,7 +97,7 @@ pub async fn run(
         }
         ctx.route = Some(next.clone());
         let more = n < routes.len();
-        match try_pool(connector, session, ctx, &next.pool, more).await {
+        match try_pool(connections, session, ctx, &next.pool, more).await {
             PoolEnd::Done(result) => return result,
             PoolEnd::CannotAnswer(e) => error = Some(e),
         }
@@ -112,7 +111,7 @@ pub async fn run(
 /// Tries the pool's upstreams. Unless `more` (a fallback follows), the last try's reply is
 /// passed on even when it is a 429 or 5xx.
 async fn try_pool(
-    connector: &Connector,
+    connections: &upstream::Connections,
     session: &mut Session,
     ctx: &mut Ctx,
     pool: &Pool,
@@ -142,7 +141,7 @@ async fn try_pool(
         let last = attempt == pool.cfg.max_attempts;
         let started = Instant::now();
         let span = ctx.trace.as_ref().map(|t| t.next_try());
-        let tried_once = try_once(connector, session, ctx, pool, up, life, span).await;
+        let tried_once = try_once(connections, session, ctx, pool, up, life, span).await;
         let try_ended = Instant::now();
         ctx.upstream_time += try_ended.saturating_duration_since(started);
         let outcome = outcome(&tried_once);
@@ -203,7 +202,7 @@ async fn try_pool(
                         }
                     }
                 }
-                let sent = stream_reply(connector, session, ctx, pool, up, upstream, *resp).await;
+                let sent = stream_reply(connections, session, ctx, pool, up, upstream, *resp).await;
                 ctx.upstream_time += try_ended.elapsed();
                 note_try(ctx, span, started, pool, up, outcome);
                 return PoolEnd::Done(sent);
@@ -313,7 +312,7 @@ fn retry_after(resp: &ResponseHeader) -> Option<Duration> {
 
 /// One try up to the reply header.
 async fn try_once(
-    connector: &Connector,
+    connections: &upstream::Connections,
     session: &mut Session,
     ctx: &mut Ctx,
     pool: &Pool,
@@ -332,17 +331,23 @@ async fn try_once(
             return Try::Failed(GatewayError::Internal(format!("upstream request: {e}")));
         }
     }
-    let body = ctx.body.clone();
+    let body = &ctx.body;
     let exchange = async {
-        // Boxed: Pingora's connect future is 8.8 KB (a new TLS connection's state) where a
-        // pooled connection needs little; inline it would size this request's future, copied
-        // on every try and held for the whole of a stream, by its largest state.
-        let (mut client, _reused) = Box::pin(connector.get_http_session(&*peer)).await?;
-        client.set_read_timeout(peer.options.read_timeout);
-        client.set_write_timeout(peer.options.write_timeout);
-        let mut client = upstream::send(client, req, body, &peer).await?;
-        client.read_response_header().await?;
-        Ok::<HttpSession, Box<Error>>(client)
+        let (client, reused) = connections.session(&peer).await?;
+        match exchange(client, &req, body, &peer).await {
+            // The upstream closed the idle connection as the request went out (its close was
+            // not seen yet when the connection was taken): nothing was answered, so the
+            // request goes again at once on a new connection, within this try.
+            Err(e) if reused && stale(&e) => {
+                tracing::debug!("a reused upstream connection was closed: {e}; on a new one");
+                if let Some(m) = crate::metrics::get() {
+                    m.upstream_stale.inc();
+                }
+                let client = connections.fresh(&peer).await?;
+                exchange(client, &req, body, &peer).await
+            }
+            done => done,
+        }
     };
     let timed = fast_timeout(pool.cfg.first_byte_timeout, exchange);
     let result = tokio::select! {
@@ -376,10 +381,34 @@ async fn try_once(
     }
 }
 
+/// Sends the request on `client` and reads the reply's header.
+async fn exchange(
+    mut client: HttpSession,
+    req: &pingora_http::RequestHeader,
+    body: &Bytes,
+    peer: &HttpPeer,
+) -> pingora_error::Result<HttpSession> {
+    client.set_read_timeout(peer.options.read_timeout);
+    client.set_write_timeout(peer.options.write_timeout);
+    let mut client = upstream::send(client, req, body.clone(), peer).await?;
+    client.read_response_header().await?;
+    Ok(client)
+}
+
+/// Whether a failed exchange on a reused connection met a connection the upstream had
+/// closed: refused as it was written to, or closed before a byte of the reply. Timeouts and
+/// bad replies are the upstream's answer, not a stale connection.
+fn stale(e: &Error) -> bool {
+    matches!(
+        e.etype(),
+        ErrorType::WriteError | ErrorType::ConnectionClosed | ErrorType::ReadError
+    )
+}
+
 /// Passes the reply on, metered. Errors before the header reached the client are answered in
 /// the contract's shape; after it, the reply is cut (`Err`).
 async fn stream_reply(
-    connector: &Connector,
+    connections: &upstream::Connections,
     session: &mut Session,
     ctx: &mut Ctx,
     pool: &Pool,
@@ -395,7 +424,7 @@ async fn stream_reply(
         return Ok(());
     }
     if !ctx.outcome.succeeded() {
-        return pass_error(connector, session, ctx, pool, upstream, resp).await;
+        return pass_error(connections, session, ctx, pool, upstream, resp).await;
     }
     if let Err(e) = session.write_response_header(Box::new(resp), false).await {
         ctx.outcome = Outcome::ClientGone;
@@ -479,7 +508,7 @@ async fn stream_reply(
             break;
         }
     }
-    upstream.release(connector).await;
+    upstream.release(connections).await;
     Ok(())
 }
 
@@ -535,7 +564,7 @@ const ERROR_BODY_MAX: usize = 1024 * 1024;
 /// An upstream's error reply (status kept): a JSON body passes unchanged; an empty or non-JSON
 /// one is wrapped in the contract's error shape, so clients always get `{"error": …}`.
 async fn pass_error(
-    connector: &Connector,
+    connections: &upstream::Connections,
     session: &mut Session,
     ctx: &mut Ctx,
     pool: &Pool,
@@ -584,7 +613,7 @@ async fn pass_error(
         return Err(e);
     }
     if whole && upstream.client.response_done() {
-        upstream.release(connector).await;
+        upstream.release(connections).await;
     }
     Ok(())
 }

@@ -15,7 +15,6 @@ pub mod respond;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use pingora_core::connectors::http::Connector;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType};
@@ -30,8 +29,8 @@ use ctx::{Ctx, Listener, Outcome};
 pub struct Gateway {
     shared: Arc<Shared>,
     listener: Listener,
-    /// The upstream client (connection pools per upstream) of `forward`.
-    connector: Connector,
+    /// The upstream connections (new, and idle ones kept for reuse) of `forward`.
+    connections: crate::upstream::Connections,
 }
 
 impl Gateway {
@@ -39,7 +38,7 @@ impl Gateway {
         Gateway {
             shared,
             listener,
-            connector: Connector::new(None),
+            connections: Default::default(),
         }
     }
 
@@ -80,7 +79,7 @@ impl Gateway {
         }
         match self.decide(session, ctx).await {
             Ok(()) => {
-                forward::run(&self.connector, session, ctx).await?;
+                forward::run(&self.connections, session, ctx).await?;
                 Ok(true)
             }
             Err(Stop::Answered) => Ok(true),

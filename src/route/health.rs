@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use pingora_core::connectors::http::Connector;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use pingora_http::RequestHeader;
@@ -33,7 +32,7 @@ impl HealthChecker {
 #[async_trait]
 impl BackgroundService for HealthChecker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let connector = Arc::new(Connector::new(None));
+        let connector = Arc::new(upstream::Connections::default());
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
         loop {
@@ -61,7 +60,7 @@ impl BackgroundService for HealthChecker {
 }
 
 /// One check of upstream `i` of `pool`; its verdict goes to the upstream's health.
-async fn check(connector: &Connector, pool: &Arc<Pool>, i: usize) {
+async fn check(connector: &upstream::Connections, pool: &Arc<Pool>, i: usize) {
     let Some(up) = pool.upstreams.get(i) else {
         return;
     };
@@ -94,12 +93,16 @@ async fn check(connector: &Connector, pool: &Arc<Pool>, i: usize) {
 }
 
 /// `GET /v1/models` with the upstream's credential; its status.
-async fn models(connector: &Connector, pool: &Pool, up: &Upstream) -> pingora_error::Result<u16> {
+async fn models(
+    connector: &upstream::Connections,
+    pool: &Pool,
+    up: &Upstream,
+) -> pingora_error::Result<u16> {
     let peer = upstream::peer(pool, up);
     let mut req = RequestHeader::build("GET", b"/v1/models", Some(4))?;
     upstream::rewrite_request(&mut req, up, 0, "health-check")?;
     req.remove_header(&http::header::CONTENT_LENGTH);
-    let (mut client, _) = connector.get_http_session(&*peer).await?;
+    let (mut client, _) = connector.session(&peer).await?;
     client.set_read_timeout(peer.options.read_timeout);
     client.write_request_header(Box::new(req)).await?;
     client.finish_request_body().await?;
@@ -107,6 +110,6 @@ async fn models(connector: &Connector, pool: &Pool, up: &Upstream) -> pingora_er
     let status = client.response_header().map_or(0, |r| r.status.as_u16());
     // Read the (small) list so the connection can be reused for the next check.
     while client.read_response_body().await?.is_some() {}
-    crate::upstream::release(connector, client, &peer).await;
+    connector.release(client, &peer).await;
     Ok(status)
 }

@@ -3,7 +3,6 @@
 //! of the client's, and exact framing for the (possibly rewritten) body.
 
 use bytes::Bytes;
-use pingora_core::connectors::http::Connector;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::protocols::http::v1::client::{HttpSession as Http1, http_req_header_to_wire};
 use pingora_core::upstreams::peer::HttpPeer;
@@ -12,6 +11,9 @@ use pingora_http::RequestHeader;
 use tokio::io::AsyncWriteExt;
 
 use crate::route::{Pool, Upstream};
+
+mod pool;
+pub use pool::Connections;
 
 /// Headers that may carry the client's gateway credential or session; none goes upstream.
 const CLIENT_CREDENTIALS: [&str; 7] = [
@@ -41,15 +43,6 @@ pub fn peer(pool: &Pool, up: &Upstream) -> Box<HttpPeer> {
     Box::new(peer)
 }
 
-/// Gives a connection whose reply was read whole back to the pool, to wait there at most the
-/// pool's `keepalive_timeout`; with a zero timeout it is closed now.
-pub async fn release(connector: &Connector, client: HttpSession, peer: &HttpPeer) {
-    match peer.options.idle_timeout {
-        Some(idle) if idle.is_zero() => drop(client),
-        idle => connector.release_http_session(client, peer, idle).await,
-    }
-}
-
 /// Bodies up to this size go up in the same write as the header (one copy, one send).
 const ONE_WRITE_MAX: usize = 64 * 1024;
 
@@ -61,14 +54,14 @@ const ONE_WRITE_MAX: usize = 64 * 1024;
 /// such requests take Pingora's path.
 pub async fn send(
     client: HttpSession,
-    req: RequestHeader,
+    req: &RequestHeader,
     body: Bytes,
     peer: &HttpPeer,
 ) -> pingora_error::Result<HttpSession> {
     match client {
-        HttpSession::H1(h1) if one_write(&req, body.len()) => {
+        HttpSession::H1(h1) if one_write(req, body.len()) => {
             let (read_timeout, write_timeout) = (h1.read_timeout, h1.write_timeout);
-            let mut wire = http_req_header_to_wire(&req).ok_or_else(|| {
+            let mut wire = http_req_header_to_wire(req).ok_or_else(|| {
                 Error::explain(ErrorType::InvalidHTTPHeader, "request line not writable")
             })?;
             wire.extend_from_slice(&body);
@@ -97,7 +90,7 @@ pub async fn send(
             Ok(HttpSession::H1(h1))
         }
         mut client => {
-            client.write_request_header(Box::new(req)).await?;
+            client.write_request_header(Box::new(req.clone())).await?;
             client.write_request_body(body, true).await?;
             client.finish_request_body().await?;
             Ok(client)
