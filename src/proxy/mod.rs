@@ -93,7 +93,8 @@ impl Gateway {
                 }
                 respond::error(session, ctx, &e).await?;
                 if !held_back {
-                    let cap = self.shared.live.config.max_body_bytes.saturating_mul(2);
+                    let max_body = self.shared.live.config.max_body_bytes;
+                    let cap = max_body.saturating_mul(2).max(LINGER_BYTES);
                     body::linger(session, cap, LINGER).await;
                 }
                 Ok(true)
@@ -105,6 +106,9 @@ impl Gateway {
 
 /// How long a refused client may go on sending the body it had started.
 const LINGER: std::time::Duration = std::time::Duration::from_secs(2);
+/// How much of it is read at least (else twice `max_body_bytes`): with a small limit, an
+/// upload a few times over it must still end in its answer, not a reset.
+const LINGER_BYTES: usize = 16 << 20;
 
 impl Gateway {
     /// Answers a CORS preflight: 204 with the allowed methods and headers for an allowed
