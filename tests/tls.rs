@@ -49,6 +49,7 @@ async fn an_https_upstream_is_reached_and_verified_against_the_system_roots() {
         )
         .await;
         assert_eq!(resp.status(), 200);
+        let connection = resp.headers()["x-mock-peer"].clone();
         assert_eq!(
             resp.headers()["x-mock-authorization"],
             format!("Bearer {POOL_KEY}")
@@ -62,6 +63,8 @@ async fn an_https_upstream_is_reached_and_verified_against_the_system_roots() {
             &chat_body("secure-model", true),
         )
         .await;
+        // The TLS connection was kept and carried the next request (no new handshake).
+        assert_eq!(streamed.headers()["x-mock-peer"], connection);
         let text = streamed.text().await.expect("body");
         assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     }
