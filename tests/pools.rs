@@ -688,4 +688,22 @@ upstream_model = "echo-1"
     assert_eq!(up["failures"], 0, "{view}");
     // The new connection is the one kept now.
     assert_eq!(ask(false).await.0, second);
+    // An upstream that takes the request and falls over 800 ms later (past the half second
+    // within which a close can only be a stale connection's) may have acted on it: not sent
+    // again. The one try failed: 502.
+    let body = chat_body("once-model", false);
+    let closes = [("x-mock-close-next", "800")];
+    let resp = send(&g.main, "/v1/chat/completions", Some(KEY), &body, &closes).await;
+    assert_eq!(resp.status(), 200);
+    let resp = send(&g.main, "/v1/chat/completions", Some(KEY), &body, &[]).await;
+    assert_eq!(resp.status(), 502);
+    let id = resp.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    assert_eq!(await_record(&g, &id).await["attempts"], 1);
+    assert_eq!(
+        metric(&g, "modelgate_upstream_connections_stale_total").await,
+        stale + 1.0
+    );
 }

@@ -61,9 +61,11 @@ pub struct MockUpstream {
     seen: std::sync::Mutex<std::collections::HashMap<String, u32>>,
     /// Stored responses of the Responses API.
     responses: apis::Stored,
-    /// `x-mock-close-next: 1`: the client addresses (connections) whose next request is read
-    /// and met with a close, no reply: an idle connection closed as a request came on it.
-    close_next: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// `x-mock-close-next: MS`: the client addresses (connections) whose next request is read
+    /// and, MS milliseconds later, met with a close and no reply: with a small MS, an idle
+    /// connection closed as a request came on it; with a large one, a server that fell over
+    /// while working on the request.
+    close_next: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl MockUpstream {
@@ -146,12 +148,21 @@ impl HttpServerApp for MockUpstream {
         }
         let connection = session.client_addr().map(|a| a.to_string());
         if let Some(addr) = &connection {
-            let mut close_next = self.close_next.lock().unwrap_or_else(|e| e.into_inner());
-            if close_next.remove(addr) {
+            let close = {
+                let mut close_next = self.close_next.lock().unwrap_or_else(|e| e.into_inner());
+                let close = close_next.remove(addr);
+                let next = request::header_parse::<u64>(
+                    &session.req_header().headers,
+                    "x-mock-close-next",
+                );
+                if let (None, Some(ms)) = (close, next) {
+                    close_next.insert(addr.clone(), ms);
+                }
+                close
+            };
+            if let Some(ms) = close {
+                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
                 return None;
-            }
-            if request::header_flag(&session.req_header().headers, "x-mock-close-next") {
-                close_next.insert(addr.clone());
             }
         }
         let http10_close = {

@@ -75,7 +75,7 @@ pub(super) fn header_parse<T: FromStr>(headers: &HeaderMap, name: &str) -> Optio
     headers.get(name)?.to_str().ok()?.trim().parse().ok()
 }
 
-pub(super) fn header_flag(headers: &HeaderMap, name: &str) -> bool {
+fn header_flag(headers: &HeaderMap, name: &str) -> bool {
     headers
         .get(name)
         .and_then(|v| v.to_str().ok())

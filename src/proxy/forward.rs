@@ -334,11 +334,12 @@ async fn try_once(
     let body = &ctx.body;
     let exchange = async {
         let (client, reused) = connections.session(&peer).await?;
+        let taken = reused.then(Instant::now);
         match exchange(client, &req, body, &peer).await {
             // The upstream closed the idle connection as the request went out (its close was
             // not seen yet when the connection was taken): nothing was answered, so the
             // request goes again at once on a new connection, within this try.
-            Err(e) if reused && stale(&e) => {
+            Err(e) if taken.is_some_and(|t| upstream::stale(&e, t)) => {
                 tracing::debug!("a reused upstream connection was closed: {e}; on a new one");
                 if let Some(m) = crate::metrics::get() {
                     m.upstream_stale.inc();
@@ -393,16 +394,6 @@ async fn exchange(
     let mut client = upstream::send(client, req, body.clone(), peer).await?;
     client.read_response_header().await?;
     Ok(client)
-}
-
-/// Whether a failed exchange on a reused connection met a connection the upstream had
-/// closed: refused as it was written to, or closed before a byte of the reply. Timeouts and
-/// bad replies are the upstream's answer, not a stale connection.
-fn stale(e: &Error) -> bool {
-    matches!(
-        e.etype(),
-        ErrorType::WriteError | ErrorType::ConnectionClosed | ErrorType::ReadError
-    )
 }
 
 /// Passes the reply on, metered. Errors before the header reached the client are answered in

@@ -21,17 +21,38 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub struct HealthChecker {
     live: Arc<Live>,
+    /// The demo upstream this process serves itself (`demo_mock_upstream`), if any.
+    demo: Option<String>,
 }
 
 impl HealthChecker {
-    pub fn new(live: Arc<Live>) -> HealthChecker {
-        HealthChecker { live }
+    pub fn new(live: Arc<Live>, demo: Option<String>) -> HealthChecker {
+        HealthChecker { live, demo }
+    }
+}
+
+/// Longest wait at start for the demo upstream to listen.
+const DEMO_START: Duration = Duration::from_secs(5);
+
+/// Waits until `addr` accepts connections (at most [`DEMO_START`]). Services start side by
+/// side: a check before the demo upstream's listener is up would find it refusing and take it
+/// out of rotation for a whole interval.
+async fn listening(addr: &str) {
+    let deadline = Instant::now() + DEMO_START;
+    while tokio::net::TcpStream::connect(addr).await.is_err() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 #[async_trait]
 impl BackgroundService for HealthChecker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        if let Some(addr) = &self.demo {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                () = listening(addr) => {}
+            }
+        }
         let connector = Arc::new(upstream::Connections::default());
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
@@ -102,14 +123,32 @@ async fn models(
     let mut req = RequestHeader::build("GET", b"/v1/models", Some(4))?;
     upstream::rewrite_request(&mut req, up, 0, "health-check")?;
     req.remove_header(&http::header::CONTENT_LENGTH);
-    let (mut client, _) = connector.session(&peer).await?;
-    client.set_read_timeout(peer.options.read_timeout);
-    client.write_request_header(Box::new(req)).await?;
-    client.finish_request_body().await?;
-    client.read_response_header().await?;
+    let (client, reused) = connector.session(&peer).await?;
+    let taken = reused.then(Instant::now);
+    let client = match ask(client, &req, &peer).await {
+        // A kept connection the upstream closed as the check went out says nothing of its
+        // health: the check goes again on a new one.
+        Err(e) if taken.is_some_and(|t| upstream::stale(&e, t)) => {
+            ask(connector.fresh(&peer).await?, &req, &peer).await?
+        }
+        asked => asked?,
+    };
     let status = client.response_header().map_or(0, |r| r.status.as_u16());
-    // Read the (small) list so the connection can be reused for the next check.
-    while client.read_response_body().await?.is_some() {}
     connector.release(client, &peer).await;
     Ok(status)
+}
+
+/// Sends the check on `client` and reads its reply whole (a small list), so that the
+/// connection can be reused for the next check.
+async fn ask(
+    mut client: pingora_core::protocols::http::client::HttpSession,
+    req: &RequestHeader,
+    peer: &pingora_core::upstreams::peer::HttpPeer,
+) -> pingora_error::Result<pingora_core::protocols::http::client::HttpSession> {
+    client.set_read_timeout(peer.options.read_timeout);
+    client.write_request_header(Box::new(req.clone())).await?;
+    client.finish_request_body().await?;
+    client.read_response_header().await?;
+    while client.read_response_body().await?.is_some() {}
+    Ok(client)
 }

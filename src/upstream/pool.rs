@@ -19,10 +19,13 @@ use pingora_core::connectors::TransportConnector;
 use pingora_core::protocols::Stream;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::protocols::http::v1::client::HttpSession as Http1;
+use pingora_core::protocols::l4::socket::SocketAddr;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
+use pingora_error::{Error, ErrorType, RetryType};
 use tokio::io::AsyncReadExt;
 
-/// Most idle connections kept, all upstreams together; past it a peer's oldest is closed.
+/// Most idle connections kept, all upstreams together; past it the one nearest its timeout
+/// is closed.
 const MAX_IDLE: usize = 4096;
 /// How often idle connections are looked over (timeouts are also checked when one is taken).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
@@ -37,9 +40,17 @@ pub struct Connections {
 
 #[derive(Default)]
 struct Idle {
-    /// By `HttpPeer::reuse_hash`: oldest at the front, the most recently released at the back.
-    by_peer: HashMap<u64, VecDeque<Kept>>,
+    /// Oldest at the front, the most recently released at the back.
+    by_peer: HashMap<Key, VecDeque<Kept>>,
     count: usize,
+}
+
+/// A peer: `HttpPeer::reuse_hash` (address, TLS, SNI, client certificate, …) and, so that no
+/// hash collision can send one upstream's request (and credential) to another, its address.
+type Key = (u64, SocketAddr);
+
+fn key(peer: &HttpPeer) -> Key {
+    (peer.reuse_hash(), peer._address.clone())
 }
 
 struct Kept {
@@ -63,7 +74,7 @@ impl Connections {
     /// An HTTP/1 session to `peer`: an idle connection if one is alive, else a new one.
     /// `true` with it when it was reused.
     pub async fn session(&self, peer: &HttpPeer) -> pingora_error::Result<(HttpSession, bool)> {
-        match self.take(peer.reuse_hash()) {
+        match self.take(&key(peer)) {
             Some(stream) => Ok((session(stream, peer), true)),
             None => Ok((self.fresh(peer).await?, false)),
         }
@@ -92,17 +103,17 @@ impl Connections {
         };
         h1.respect_keepalive();
         if let Some(stream) = h1.reuse().await {
-            self.put(peer.reuse_hash(), stream, idle);
+            self.put(key(peer), stream, idle);
         }
     }
 
-    fn take(&self, key: u64) -> Option<Stream> {
+    fn take(&self, key: &Key) -> Option<Stream> {
         let now = Instant::now();
         let mut closing = Vec::new();
         let found = {
             let mut idle = lock(&self.idle);
             let Idle { by_peer, count } = &mut *idle;
-            let list = by_peer.get_mut(&key)?;
+            let list = by_peer.get_mut(key)?;
             loop {
                 let Some(mut kept) = list.pop_back() else {
                     break None;
@@ -118,7 +129,7 @@ impl Connections {
         found
     }
 
-    fn put(&self, key: u64, stream: Stream, idle: Duration) {
+    fn put(&self, key: Key, stream: Stream, idle: Duration) {
         let kept = Kept {
             stream,
             until: Instant::now() + idle,
@@ -126,22 +137,53 @@ impl Connections {
         let evicted = {
             let mut idle = lock(&self.idle);
             let Idle { by_peer, count } = &mut *idle;
-            let list = by_peer.entry(key).or_default();
-            if *count < self.max_idle {
+            // Full: the connection nearest its timeout goes, whichever peer it is for.
+            let evicted = if *count < self.max_idle {
                 *count += 1;
-                list.push_back(kept);
                 None
-            } else if let Some(oldest) = list.pop_front() {
-                list.push_back(kept);
-                Some(oldest.stream)
             } else {
-                Some(kept.stream)
-            }
+                by_peer
+                    .values_mut()
+                    .filter(|list| !list.is_empty())
+                    .min_by_key(|list| list.front().map(|k| k.until))
+                    .and_then(|list| list.pop_front())
+                    .map(|oldest| oldest.stream)
+            };
+            by_peer.entry(key).or_default().push_back(kept);
+            evicted
         };
         drop(evicted);
         self.sweeping.call_once(|| {
             tokio::spawn(sweep(Arc::downgrade(&self.idle)));
         });
+    }
+}
+
+/// Within this long of a reused connection being taken, a close or reset before any reply is
+/// the upstream's close of the idle connection crossing the request (it arrives within a
+/// round trip); later, it is the upstream's doing with the request.
+const STALE_WITHIN: Duration = Duration::from_millis(500);
+
+/// Whether a request that failed on a connection reused since `taken` met a connection the
+/// upstream had already closed, so that it can go again at once on a new one: refused as it
+/// was written (the upstream had reset it), or closed or reset before a byte of the reply
+/// came, soon after. A TLS error, a reply begun, a timeout, or a close long after is the
+/// upstream's answer and is not redone.
+pub fn stale(e: &Error, taken: Instant) -> bool {
+    if taken.elapsed() > STALE_WITHIN {
+        return false;
+    }
+    match e.etype() {
+        ErrorType::WriteError => true,
+        // Pingora marks these retryable on a reused connection only for an OS error or a
+        // close (not TLS), and says how much of the reply had come.
+        ErrorType::ConnectionClosed | ErrorType::ReadError => {
+            matches!(e.retry, RetryType::ReusedOnly)
+                && e.context
+                    .as_ref()
+                    .is_some_and(|c| c.as_str().ends_with("bytes already read: 0"))
+        }
+        _ => false,
     }
 }
 
@@ -249,33 +291,33 @@ mod tests {
         let (a, _ta) = connected(&pool, &listener, &peer).await;
         let (b, _tb) = connected(&pool, &listener, &peer).await;
         let (a_id, b_id) = (a.id(), b.id());
-        let key = peer.reuse_hash();
-        pool.put(key, a, Duration::from_secs(60));
-        pool.put(key, b, Duration::from_secs(60));
+        let key = key(&peer);
+        pool.put(key.clone(), a, Duration::from_secs(60));
+        pool.put(key.clone(), b, Duration::from_secs(60));
         assert_eq!(count(&pool), 2);
-        assert_eq!(pool.take(key).map(|s| s.id()), Some(b_id));
-        assert_eq!(pool.take(key).map(|s| s.id()), Some(a_id));
-        assert!(pool.take(key).is_none());
+        assert_eq!(pool.take(&key).map(|s| s.id()), Some(b_id));
+        assert_eq!(pool.take(&key).map(|s| s.id()), Some(a_id));
+        assert!(pool.take(&key).is_none());
         assert_eq!(count(&pool), 0);
         // Another peer's connections are not this one's.
         let (c, _tc) = connected(&pool, &listener, &peer).await;
-        pool.put(key, c, Duration::from_secs(60));
+        pool.put(key.clone(), c, Duration::from_secs(60));
         let other = HttpPeer::new(
             "127.0.0.1:9".parse::<std::net::SocketAddr>().expect("addr"),
             false,
             String::new(),
         );
-        assert!(pool.take(other.reuse_hash()).is_none());
+        assert!(pool.take(&super::key(&other)).is_none());
         assert_eq!(count(&pool), 1);
     }
 
     #[tokio::test]
     async fn a_connection_the_server_closed_or_spoke_on_is_not_taken() {
         let (pool, listener, peer) = setup().await;
-        let key = peer.reuse_hash();
+        let key = key(&peer);
         for speak in [false, true] {
             let (ours, mut theirs) = connected(&pool, &listener, &peer).await;
-            pool.put(key, ours, Duration::from_secs(60));
+            pool.put(key.clone(), ours, Duration::from_secs(60));
             if speak {
                 theirs
                     .write_all(b"HTTP/1.1 408 Request Timeout\r\n\r\n")
@@ -287,9 +329,9 @@ mod tests {
             // Taken back (alive) until the close or the bytes reach this side; then refused.
             let refused = tokio::time::timeout(Duration::from_secs(5), async {
                 loop {
-                    match pool.take(key) {
+                    match pool.take(&key) {
                         None => break,
-                        Some(s) => pool.put(key, s, Duration::from_secs(60)),
+                        Some(s) => pool.put(key.clone(), s, Duration::from_secs(60)),
                     }
                     tokio::task::yield_now().await;
                 }
@@ -303,33 +345,67 @@ mod tests {
     #[tokio::test]
     async fn past_its_timeout_a_connection_is_not_taken_and_the_sweep_closes_it() {
         let (pool, listener, peer) = setup().await;
-        let key = peer.reuse_hash();
+        let key = key(&peer);
         let (a, _ta) = connected(&pool, &listener, &peer).await;
-        pool.put(key, a, Duration::from_millis(1));
+        pool.put(key.clone(), a, Duration::from_millis(1));
         tokio::time::sleep(Duration::from_millis(5)).await;
-        assert!(pool.take(key).is_none());
+        assert!(pool.take(&key).is_none());
         // Left in the pool, the sweep closes it (the server sees the close) within a second.
         let (b, mut tb) = connected(&pool, &listener, &peer).await;
-        pool.put(key, b, Duration::from_millis(1));
+        pool.put(key.clone(), b, Duration::from_millis(1));
         closed(&mut tb).await;
         assert_eq!(count(&pool), 0);
     }
 
     #[tokio::test]
-    async fn past_the_cap_the_peers_oldest_is_closed() {
+    async fn past_the_cap_the_one_nearest_its_timeout_is_closed_whatever_its_peer() {
         let (mut pool, listener, peer) = setup().await;
+        let (_, other_listener, other) = setup().await;
         pool.max_idle = 2;
-        let key = peer.reuse_hash();
+        let (key, other_key) = (key(&peer), key(&other));
         let (a, mut ta) = connected(&pool, &listener, &peer).await;
-        let (b, _tb) = connected(&pool, &listener, &peer).await;
+        let (b, _tb) = connected(&pool, &other_listener, &other).await;
         let (c, _tc) = connected(&pool, &listener, &peer).await;
         let (b_id, c_id) = (b.id(), c.id());
-        for s in [a, b, c] {
-            pool.put(key, s, Duration::from_secs(60));
-        }
+        pool.put(key.clone(), a, Duration::from_secs(60));
+        pool.put(other_key.clone(), b, Duration::from_secs(60));
+        pool.put(key.clone(), c, Duration::from_secs(60));
         assert_eq!(count(&pool), 2);
         closed(&mut ta).await;
-        assert_eq!(pool.take(key).map(|s| s.id()), Some(c_id));
-        assert_eq!(pool.take(key).map(|s| s.id()), Some(b_id));
+        assert_eq!(pool.take(&key).map(|s| s.id()), Some(c_id));
+        assert!(pool.take(&key).is_none());
+        assert_eq!(pool.take(&other_key).map(|s| s.id()), Some(b_id));
+    }
+
+    #[test]
+    fn only_a_close_before_any_reply_and_soon_after_is_stale() {
+        use ErrorType::*;
+        let now = Instant::now();
+        let failed = |etype: ErrorType, read: usize, retry: RetryType| {
+            let context = format!("while reading response headers, bytes already read: {read}");
+            let mut e = Error::explain(etype, context);
+            e.retry = retry;
+            e
+        };
+        assert!(stale(
+            &failed(ConnectionClosed, 0, RetryType::ReusedOnly),
+            now
+        ));
+        assert!(stale(&failed(ReadError, 0, RetryType::ReusedOnly), now));
+        assert!(stale(&Error::explain(WriteError, "while writing"), now));
+        // The reply had begun: the upstream took the request.
+        assert!(!stale(
+            &failed(ConnectionClosed, 12, RetryType::ReusedOnly),
+            now
+        ));
+        // A TLS error (Pingora does not mark it retryable).
+        assert!(!stale(&failed(ReadError, 0, false.into()), now));
+        // Long after the request went out.
+        let earlier = now - Duration::from_secs(1);
+        assert!(!stale(
+            &failed(ConnectionClosed, 0, RetryType::ReusedOnly),
+            earlier
+        ));
+        assert!(!stale(&Error::explain(ReadTimedout, "while reading"), now));
     }
 }
