@@ -108,7 +108,7 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
     ));
     server.add_service(pingora_core::services::background::background_service(
         "upstream health checks",
-        HealthChecker::new(shared.live.clone()),
+        HealthChecker::new(shared.live.clone(), config.demo_mock_upstream.clone()),
     ));
     if let Some(addr) = &config.listeners.admin {
         server.add_service(admin::service(addr, shared.clone()));
