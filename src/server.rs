@@ -31,7 +31,8 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
         // own grace period is only the backstop behind it.
         grace_period_seconds: Some(config.grace_period_seconds + 10),
         graceful_shutdown_timeout_seconds: Some(5),
-        // Idle upstream connections kept for reuse; more than any expected concurrency.
+        // Pingora's own upstream pool, for its proxy path; modelgate forwards through its
+        // own connections (upstream::pool), capped the same.
         upstream_keepalive_pool_size: 4096,
         upgrade_sock: config.upgrade_sock.display().to_string(),
         ..ServerConf::default()
