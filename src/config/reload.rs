@@ -6,6 +6,7 @@
 //! table first and then swaps it in one store; a file that does not parse or validate is
 //! rejected whole, the previous keys stay in force, and the error is logged and counted.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,9 +160,15 @@ impl BackgroundService for KeysReloader {
                 .unwrap_or_else(|| PathBuf::from("."))
         };
         let (keys_folder, config_folder) = (folder(&self.path), folder(&self.config));
+        let names: Vec<OsString> = [&self.path, &self.config]
+            .iter()
+            .filter_map(|p| p.file_name().map(OsString::from))
+            .collect();
         // Kept alive for the life of the service; without it the checks below still run.
-        let _watcher = notify::recommended_watcher(move |_event: notify::Result<notify::Event>| {
-            let _ = tx.send(());
+        let _watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            if event.as_ref().map_or(true, |e| touches(e, &names)) {
+                let _ = tx.send(());
+            }
         })
         .and_then(|mut w| {
             w.watch(&keys_folder, notify::RecursiveMode::NonRecursive)?;
@@ -212,5 +219,51 @@ impl BackgroundService for KeysReloader {
                 self.reload_router_and_report(why);
             }
         }
+    }
+}
+
+/// Whether a change in a watched folder may concern the keys or config file: an event that
+/// names one of them (written in place, or renamed over it), or names nothing (a rescan). The
+/// folder may hold other busy files (the usage database and its WAL beside the keys file):
+/// their writes do not wake the reloader.
+fn touches(event: &notify::Event, names: &[OsString]) -> bool {
+    event.paths.is_empty()
+        || event
+            .paths
+            .iter()
+            .any(|p| p.file_name().is_some_and(|n| names.iter().any(|m| m == n)))
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use super::*;
+    use notify::event::{EventKind, ModifyKind, RenameMode};
+
+    #[test]
+    fn only_changes_naming_the_keys_or_config_file_wake_the_reloader() {
+        let names = vec![
+            OsString::from("keys.toml"),
+            OsString::from("modelgate.toml"),
+        ];
+        let event = |kind, paths: &[&str]| {
+            let mut e = notify::Event::new(kind);
+            for p in paths {
+                e = e.add_path(PathBuf::from(p));
+            }
+            e
+        };
+        let write = EventKind::Modify(ModifyKind::Any);
+        assert!(touches(&event(write, &["/etc/mg/keys.toml"]), &names));
+        assert!(touches(&event(write, &["/etc/mg/modelgate.toml"]), &names));
+        // An editor's or a script's atomic save: a temporary file renamed over the keys file.
+        let rename = EventKind::Modify(ModifyKind::Name(RenameMode::Both));
+        assert!(touches(
+            &event(rename, &["/etc/mg/.keys.tmp", "/etc/mg/keys.toml"]),
+            &names
+        ));
+        assert!(touches(&event(EventKind::Any, &[]), &names));
+        // The usage database beside it, written on every batch.
+        assert!(!touches(&event(write, &["/etc/mg/usage.db-wal"]), &names));
+        assert!(!touches(&event(write, &["/etc/mg/usage.db"]), &names));
     }
 }
