@@ -86,12 +86,7 @@ async fn a_client_asking_to_close_gets_its_reply_and_the_close() {
         "{text}"
     );
     assert!(text.contains(MOCK_TEXT), "{text}");
-    let id = lower
-        .lines()
-        .find_map(|l| l.strip_prefix("x-request-id: "))
-        .expect("x-request-id")
-        .trim()
-        .to_string();
+    let id = request_id_in(&text);
     let record = await_record(&g, &id).await;
     assert_eq!(record["status"], 200, "{record}");
     let resp = send(&g.main, big_chat(10), false).await;

@@ -289,12 +289,7 @@ async fn a_client_that_resets_mid_stream_is_recorded_as_499_without_an_error_lin
         assert!(n > 0, "closed early: {seen}");
         seen.push_str(&String::from_utf8_lossy(&chunk[..n]));
     }
-    let id = seen
-        .lines()
-        .find_map(|l| l.strip_prefix("x-request-id: "))
-        .expect("x-request-id")
-        .trim()
-        .to_string();
+    let id = request_id_in(&seen);
     s.set_zero_linger().expect("linger");
     drop(s);
     let r = record_of(&g.main, KEY, &id).await;

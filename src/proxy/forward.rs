@@ -332,24 +332,7 @@ async fn try_once(
         }
     }
     let body = &ctx.body;
-    let exchange = async {
-        let (client, reused) = connections.session(&peer).await?;
-        let taken = reused.then(Instant::now);
-        match exchange(client, &req, body, &peer).await {
-            // The upstream closed the idle connection as the request went out (its close was
-            // not seen yet when the connection was taken): nothing was answered, so the
-            // request goes again at once on a new connection, within this try.
-            Err(e) if taken.is_some_and(|t| upstream::stale(&e, t)) => {
-                tracing::debug!("a reused upstream connection was closed: {e}; on a new one");
-                if let Some(m) = crate::metrics::get() {
-                    m.upstream_stale.inc();
-                }
-                let client = connections.fresh(&peer).await?;
-                exchange(client, &req, body, &peer).await
-            }
-            done => done,
-        }
-    };
+    let exchange = connections.exchange(&peer, |client| ask(client, &req, body, &peer));
     let timed = fast_timeout(pool.cfg.first_byte_timeout, exchange);
     let result = tokio::select! {
         biased;
@@ -383,7 +366,7 @@ async fn try_once(
 }
 
 /// Sends the request on `client` and reads the reply's header.
-async fn exchange(
+async fn ask(
     mut client: HttpSession,
     req: &pingora_http::RequestHeader,
     body: &Bytes,

@@ -53,7 +53,7 @@ impl BackgroundService for HealthChecker {
                 () = listening(addr) => {}
             }
         }
-        let connector = Arc::new(upstream::Connections::default());
+        let connections = Arc::new(upstream::Connections::default());
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
         loop {
@@ -72,8 +72,8 @@ impl BackgroundService for HealthChecker {
                 }
                 due.insert(pool.name.clone(), now + every);
                 for i in 0..pool.upstreams.len() {
-                    let (pool, connector) = (pool.clone(), connector.clone());
-                    tokio::spawn(async move { check(&connector, &pool, i).await });
+                    let (pool, connections) = (pool.clone(), connections.clone());
+                    tokio::spawn(async move { check(&connections, &pool, i).await });
                 }
             }
         }
@@ -81,7 +81,7 @@ impl BackgroundService for HealthChecker {
 }
 
 /// One check of upstream `i` of `pool`; its verdict goes to the upstream's health.
-async fn check(connector: &upstream::Connections, pool: &Arc<Pool>, i: usize) {
+async fn check(connections: &upstream::Connections, pool: &Arc<Pool>, i: usize) {
     let Some(up) = pool.upstreams.get(i) else {
         return;
     };
@@ -90,7 +90,7 @@ async fn check(connector: &upstream::Connections, pool: &Arc<Pool>, i: usize) {
         .health_interval
         .unwrap_or(Duration::from_secs(10))
         .min(pool.cfg.connect_timeout + Duration::from_secs(5));
-    let verdict = match tokio::time::timeout(deadline, models(connector, pool, up)).await {
+    let verdict = match tokio::time::timeout(deadline, models(connections, pool, up)).await {
         Ok(Ok(200..=299)) => Ok(()),
         Ok(Ok(status)) => Err(format!("GET /v1/models answered {status}")),
         Ok(Err(e)) => Err(format!("GET /v1/models failed: {}", e.etype().as_str())),
@@ -115,7 +115,7 @@ async fn check(connector: &upstream::Connections, pool: &Arc<Pool>, i: usize) {
 
 /// `GET /v1/models` with the upstream's credential; its status.
 async fn models(
-    connector: &upstream::Connections,
+    connections: &upstream::Connections,
     pool: &Pool,
     up: &Upstream,
 ) -> pingora_error::Result<u16> {
@@ -123,18 +123,13 @@ async fn models(
     let mut req = RequestHeader::build("GET", b"/v1/models", Some(4))?;
     upstream::rewrite_request(&mut req, up, 0, "health-check")?;
     req.remove_header(&http::header::CONTENT_LENGTH);
-    let (client, reused) = connector.session(&peer).await?;
-    let taken = reused.then(Instant::now);
-    let client = match ask(client, &req, &peer).await {
-        // A kept connection the upstream closed as the check went out says nothing of its
-        // health: the check goes again on a new one.
-        Err(e) if taken.is_some_and(|t| upstream::stale(&e, t)) => {
-            ask(connector.fresh(&peer).await?, &req, &peer).await?
-        }
-        asked => asked?,
-    };
+    // A kept connection the upstream closed as the check went out says nothing of its health:
+    // the check goes again on a new one.
+    let client = connections
+        .exchange(&peer, |client| ask(client, &req, &peer))
+        .await?;
     let status = client.response_header().map_or(0, |r| r.status.as_u16());
-    connector.release(client, &peer).await;
+    connections.release(client, &peer).await;
     Ok(status)
 }
 

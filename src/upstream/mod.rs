@@ -13,7 +13,7 @@ use tokio::io::AsyncWriteExt;
 use crate::route::{Pool, Upstream};
 
 mod pool;
-pub use pool::{Connections, stale};
+pub use pool::Connections;
 
 /// Headers that may carry the client's gateway credential or session; none goes upstream.
 const CLIENT_CREDENTIALS: [&str; 7] = [

@@ -11,6 +11,7 @@
 //! those the upstream closed meanwhile.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
@@ -71,17 +72,36 @@ impl Default for Connections {
 }
 
 impl Connections {
-    /// An HTTP/1 session to `peer`: an idle connection if one is alive, else a new one.
-    /// `true` with it when it was reused.
-    pub async fn session(&self, peer: &HttpPeer) -> pingora_error::Result<(HttpSession, bool)> {
-        match self.take(&key(peer)) {
-            Some(stream) => Ok((session(stream, peer), true)),
-            None => Ok((self.fresh(peer).await?, false)),
+    /// Runs `exchange` (the request sent, the reply's header read) on a connection to `peer`:
+    /// an idle one if one is alive, else a new one. When the idle one proves [`stale`] (the
+    /// upstream closed it as the request went out), the request goes again at once on a new
+    /// connection: not a failed try, nothing against the upstream's health.
+    pub async fn exchange<F, Fut>(
+        &self,
+        peer: &HttpPeer,
+        exchange: F,
+    ) -> pingora_error::Result<HttpSession>
+    where
+        F: Fn(HttpSession) -> Fut,
+        Fut: Future<Output = pingora_error::Result<HttpSession>>,
+    {
+        let Some((stream, taken)) = self.take(&key(peer)) else {
+            return exchange(self.fresh(peer).await?).await;
+        };
+        match exchange(session(stream, peer)).await {
+            Err(e) if stale(&e, taken) => {
+                tracing::debug!("a reused upstream connection was closed: {e}; on a new one");
+                if let Some(m) = crate::metrics::get() {
+                    m.upstream_stale.inc();
+                }
+                exchange(self.fresh(peer).await?).await
+            }
+            done => done,
         }
     }
 
     /// A session on a new connection.
-    pub async fn fresh(&self, peer: &HttpPeer) -> pingora_error::Result<HttpSession> {
+    async fn fresh(&self, peer: &HttpPeer) -> pingora_error::Result<HttpSession> {
         // Boxed: the connect future is 8.8 KB (a new TLS connection's state); inline it would
         // size the request's future, held for the whole of a stream, by its largest state.
         let stream = Box::pin(self.transport.new_stream(peer)).await?;
@@ -107,7 +127,8 @@ impl Connections {
         }
     }
 
-    fn take(&self, key: &Key) -> Option<Stream> {
+    /// The most recently kept live connection to the peer, and when it was taken.
+    fn take(&self, key: &Key) -> Option<(Stream, Instant)> {
         let now = Instant::now();
         let mut closing = Vec::new();
         let found = {
@@ -120,7 +141,7 @@ impl Connections {
                 };
                 *count -= 1;
                 if kept.until > now && alive(&mut kept.stream) {
-                    break Some(kept.stream);
+                    break Some((kept.stream, now));
                 }
                 closing.push(kept.stream);
             }
@@ -169,7 +190,7 @@ const STALE_WITHIN: Duration = Duration::from_millis(500);
 /// was written (the upstream had reset it), or closed or reset before a byte of the reply
 /// came, soon after. A TLS error, a reply begun, a timeout, or a close long after is the
 /// upstream's answer and is not redone.
-pub fn stale(e: &Error, taken: Instant) -> bool {
+fn stale(e: &Error, taken: Instant) -> bool {
     if taken.elapsed() > STALE_WITHIN {
         return false;
     }
@@ -295,8 +316,8 @@ mod tests {
         pool.put(key.clone(), a, Duration::from_secs(60));
         pool.put(key.clone(), b, Duration::from_secs(60));
         assert_eq!(count(&pool), 2);
-        assert_eq!(pool.take(&key).map(|s| s.id()), Some(b_id));
-        assert_eq!(pool.take(&key).map(|s| s.id()), Some(a_id));
+        assert_eq!(pool.take(&key).map(|(s, _)| s.id()), Some(b_id));
+        assert_eq!(pool.take(&key).map(|(s, _)| s.id()), Some(a_id));
         assert!(pool.take(&key).is_none());
         assert_eq!(count(&pool), 0);
         // Another peer's connections are not this one's.
@@ -331,7 +352,7 @@ mod tests {
                 loop {
                     match pool.take(&key) {
                         None => break,
-                        Some(s) => pool.put(key.clone(), s, Duration::from_secs(60)),
+                        Some((s, _)) => pool.put(key.clone(), s, Duration::from_secs(60)),
                     }
                     tokio::task::yield_now().await;
                 }
@@ -372,9 +393,9 @@ mod tests {
         pool.put(key.clone(), c, Duration::from_secs(60));
         assert_eq!(count(&pool), 2);
         closed(&mut ta).await;
-        assert_eq!(pool.take(&key).map(|s| s.id()), Some(c_id));
+        assert_eq!(pool.take(&key).map(|(s, _)| s.id()), Some(c_id));
         assert!(pool.take(&key).is_none());
-        assert_eq!(pool.take(&other_key).map(|s| s.id()), Some(b_id));
+        assert_eq!(pool.take(&other_key).map(|(s, _)| s.id()), Some(b_id));
     }
 
     #[test]

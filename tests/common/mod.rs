@@ -72,6 +72,17 @@ pub async fn raw_connect(base: &str) -> tokio::net::TcpStream {
         .expect("connect")
 }
 
+/// The `x-request-id` of a reply read off a `raw_connect` socket (its text as it came).
+pub fn request_id_in(raw: &str) -> String {
+    raw.lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("x-request-id")
+                .then(|| value.trim().to_string())
+        })
+        .expect("x-request-id")
+}
+
 /// The head of a JSON chat completion request to send over `raw_connect`: `key` as the bearer,
 /// a body of `len` bytes, and `extra` header lines (each ending in `\r\n`).
 pub fn chat_head(key: &str, len: usize, extra: &str) -> String {
