@@ -356,11 +356,27 @@ async fn keys_see_only_their_own_records() {
     }
 }
 
+/// Returns once the wall clock is in a later millisecond than when called.
+async fn next_millisecond() {
+    let ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    };
+    let start = ms();
+    while ms() == start {
+        tokio::task::yield_now().await;
+    }
+}
+
 #[tokio::test]
 async fn time_filters_and_cursor_pages_select_exactly_the_range() {
     let g = start();
     let mut ids = Vec::new();
     for _ in 0..5 {
+        // Records carry milliseconds, and five calls can fit in one: each starts in a
+        // millisecond of its own, so that the range `[.., t)` splits them where expected.
+        next_millisecond().await;
         ids.push(
             call(
                 &g.main,
