@@ -20,7 +20,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use pingora_core::apps::ServerApp;
+use pingora_core::apps::{HttpServerApp, ReusedHttpStream, ServerApp};
+use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::raw_connect::ProxyDigest;
 use pingora_core::protocols::tls::{SslDigest, TlsRef};
 use pingora_core::protocols::{
@@ -40,46 +41,54 @@ pub struct HeaderDeadline<A> {
 }
 
 #[async_trait]
-impl<A: ServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
+impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
     async fn process_new(
         self: &Arc<Self>,
         stream: Stream,
         shutdown: &ShutdownWatch,
     ) -> Option<Stream> {
-        // Called again for each request on a kept-alive connection, with the stream it
-        // returned: the deadline then starts at the next request's first byte.
-        let stream: Stream = if stream.as_any().is::<Deadlined>() {
-            match stream.into_any().downcast::<Deadlined>() {
-                Ok(mut d) => {
-                    d.next_request();
-                    d
-                }
-                Err(_) => return None,
-            }
-        } else if stream.selected_alpn_proto() == Some(ALPN::H2) {
+        let options = self.inner.server_options();
+        let h2c =
+            options.is_some_and(|o| o.h2c || o.force_custom) && stream.get_ssl_digest().is_none();
+        if h2c || stream.selected_alpn_proto().is_some_and(|p| p != ALPN::H1) {
             // HTTP/2 (TLS listeners, by ALPN): its frames are not HTTP/1 text, so neither the
             // header watch nor the bare-error rewrite applies; Pingora's h2 server bounds its
             // streams itself.
-            stream
-        } else {
-            let mut stream = stream;
-            // Wait for the request's first byte before the proxy sees the connection: Pingora
-            // drops a connection whose request has not arrived when a shutdown or upgrade
-            // begins, so one accepted just before SIGQUIT would be closed unanswered. With a
-            // byte in hand, its request is read first. A client that sends nothing within
-            // `client_header_timeout_ms` is closed, as before.
-            let mut first = [0u8; 1];
-            match tokio::time::timeout(self.limit, stream.try_peek(&mut first)).await {
-                Ok(Ok(_)) => {}
-                _ => return None,
+            return ServerApp::process_new(&self.inner, stream, shutdown).await;
+        }
+        let mut stream = stream;
+        // Wait for the request's first byte before the proxy sees the connection: Pingora
+        // drops a connection whose request has not arrived when a shutdown or upgrade begins,
+        // so one accepted just before SIGQUIT would be closed unanswered. With a byte in hand,
+        // its request is read first. A client that sends nothing within
+        // `client_header_timeout_ms` is closed, as before.
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(self.limit, stream.try_peek(&mut first)).await {
+            Ok(Ok(_)) => {}
+            _ => return None,
+        }
+        // The connection's requests, one after the other, as Pingora's own HTTP/1 loop runs
+        // them (`impl ServerApp for HttpServerApp`), with the deadline restarted for each:
+        // it starts at the next request's first byte. Run here rather than in that loop, the
+        // connection's future also holds no HTTP/2 handshake state (3.8 KB a connection).
+        let mut session = ServerSession::new_http1(Box::new(Deadlined::new(stream, self.limit)));
+        session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
+        session.set_keepalive_reuses_remaining(options.and_then(|o| o.keepalive_request_limit));
+        let mut reused = self.inner.process_new_http(session, shutdown).await;
+        while let Some((stream, settings)) = reused.map(ReusedHttpStream::consume) {
+            let mut deadlined = stream.into_any().downcast::<Deadlined>().ok()?;
+            deadlined.next_request();
+            let mut session = ServerSession::new_http1(deadlined);
+            if let Some(settings) = settings {
+                settings.apply_to_session(&mut session);
             }
-            Box::new(Deadlined::new(stream, self.limit))
-        };
-        self.inner.process_new(stream, shutdown).await
+            reused = self.inner.process_new_http(session, shutdown).await;
+        }
+        None
     }
 
     async fn cleanup(&self) {
-        self.inner.cleanup().await
+        self.inner.http_cleanup().await
     }
 }
 

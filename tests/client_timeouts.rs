@@ -100,29 +100,7 @@ async fn a_slow_header_is_cut_at_its_deadline_but_an_idle_keep_alive_is_not() {
     });
     let cut_after = tokio::task::block_in_place(|| {
         let mut s = TcpStream::connect(addr(&g.main)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_millis(100)))
-            .expect("timeout");
-        let started = Instant::now();
-        s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-            .expect("write");
-        let mut buf = [0u8; 1024];
-        loop {
-            assert!(started.elapsed() < Duration::from_secs(10), "never cut");
-            match s.read(&mut buf) {
-                Ok(0) => return started.elapsed(),
-                Ok(_) => return started.elapsed(),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
-                Err(_) => return started.elapsed(),
-            }
-            // One more byte of the header, never its end.
-            if s.write_all(b"a").is_err() {
-                return started.elapsed();
-            }
-        }
+        trickle_until_cut(&mut s, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
     });
     assert!(cut_after >= Duration::from_millis(450), "{cut_after:?}");
     assert!(cut_after < Duration::from_secs(3), "{cut_after:?}");
@@ -146,4 +124,54 @@ async fn a_slow_header_is_cut_at_its_deadline_but_an_idle_keep_alive_is_not() {
     });
     assert!(first.starts_with("HTTP/1.1 200"), "{first}");
     assert!(second.starts_with("HTTP/1.1 200"), "{second}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_header_of_a_later_request_on_a_kept_alive_connection_is_cut_too() {
+    let g = start_with(Setup {
+        server_extra: "client_header_timeout_ms = 500".into(),
+        ..Setup::default()
+    });
+    let (first, cut_after) = tokio::task::block_in_place(|| {
+        let mut s = TcpStream::connect(addr(&g.main)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let req =
+            format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+        s.write_all(req.as_bytes()).expect("write");
+        let mut buf = [0u8; 65536];
+        let n = s.read(&mut buf).expect("first reply");
+        let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+        // The same connection's next request never ends its header.
+        let cut = trickle_until_cut(&mut s, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ");
+        (first, cut)
+    });
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(cut_after >= Duration::from_millis(450), "{cut_after:?}");
+    assert!(cut_after < Duration::from_secs(3), "{cut_after:?}");
+}
+
+/// Sends `head`, then one more byte of the header every 100 ms, never its end; how long until
+/// the gateway closed the connection (or answered).
+fn trickle_until_cut(s: &mut TcpStream, head: &[u8]) -> Duration {
+    s.set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+    let started = Instant::now();
+    s.write_all(head).expect("write");
+    let mut buf = [0u8; 1024];
+    loop {
+        assert!(started.elapsed() < Duration::from_secs(10), "never cut");
+        match s.read(&mut buf) {
+            Ok(_) => return started.elapsed(),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return started.elapsed(),
+        }
+        if s.write_all(b"a").is_err() {
+            return started.elapsed();
+        }
+    }
 }
