@@ -70,7 +70,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
         // its request is read first. A client that sends nothing within
         // `client_header_timeout_ms` is closed, as before.
         let mut deadlined = Box::new(Deadlined::new(stream, self.limit));
-        if !arrived(&mut deadlined, self.limit).await {
+        if !arrived(&mut deadlined).await {
             return None;
         }
         // The connection's requests, one after the other, as Pingora's own HTTP/1 loop runs
@@ -84,7 +84,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
         let mut shutting_down = shutdown.clone();
         while let Some((stream, settings)) = reused.map(ReusedHttpStream::consume) {
             let mut deadlined = stream.into_any().downcast::<Deadlined>().ok()?;
-            deadlined.next_request();
+            deadlined.next_request(self.keepalive);
             // The next request is waited for here, not in the proxy (whose request future,
             // 15 KB, and header buffer, 4 KB, would be held all the while): an idle kept-alive
             // connection holds only its stream. It is closed after `keepalive_timeout_ms`, or
@@ -94,7 +94,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
             }
             let next = tokio::select! {
                 biased;
-                next = arrived(&mut deadlined, self.keepalive) => next,
+                next = arrived(&mut deadlined) => next,
                 _ = shutting_down.changed() => false,
             };
             if !next {
@@ -114,11 +114,10 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
     }
 }
 
-/// Whether bytes of a request arrived on the connection within `limit` (they are kept for the
-/// proxy's first read); false when it closed, failed or stayed silent.
-async fn arrived(stream: &mut Deadlined, limit: Duration) -> bool {
-    let arrival = std::future::poll_fn(|cx| stream.poll_arrival(cx));
-    matches!(tokio::time::timeout(limit, arrival).await, Ok(Ok(n)) if n > 0)
+/// Whether bytes of a request arrived on the connection before its wait ended (they are kept
+/// for the proxy's first read); false when it closed, failed or stayed silent.
+async fn arrived(stream: &mut Deadlined) -> bool {
+    matches!(std::future::poll_fn(|cx| stream.poll_arrival(cx)).await, Ok(n) if n > 0)
 }
 
 /// A connection's stream with a deadline on the current request's header.
@@ -126,11 +125,12 @@ async fn arrived(stream: &mut Deadlined, limit: Duration) -> bool {
 pub struct Deadlined {
     inner: Stream,
     limit: Duration,
-    /// While `armed`, the header must be complete when this fires (one timer per connection,
-    /// reset for each request).
+    /// While `armed`, the header must be complete when this fires; while
+    /// `awaiting_first_byte`, the wait for a request ends when it fires. One timer per
+    /// connection, reset for each wait and each header.
     timer: Pin<Box<tokio::time::Sleep>>,
     armed: bool,
-    /// Between requests: the timer starts with the next byte.
+    /// Waiting for a request: the header's deadline starts with its first byte.
     awaiting_first_byte: bool,
     /// How much of `HEADER_END` the bytes read so far end with.
     matched: usize,
@@ -207,25 +207,31 @@ impl Deadlined {
         Deadlined {
             inner,
             limit,
+            // A new connection's request must start within the header deadline too.
             timer: Box::pin(tokio::time::sleep(limit)),
-            armed: true,
-            awaiting_first_byte: false,
+            armed: false,
+            awaiting_first_byte: true,
             matched: 0,
             replacing: None,
             ahead: Bytes::new(),
         }
     }
 
-    fn next_request(&mut self) {
+    /// Between two requests: the next one must start within `idle`.
+    fn next_request(&mut self, idle: Duration) {
         self.armed = false;
         self.awaiting_first_byte = true;
         self.matched = 0;
+        self.timer
+            .as_mut()
+            .reset(tokio::time::Instant::now() + idle);
     }
 
     /// Waits until bytes of a request arrive and reads what has come (up to 4 KiB, what the
     /// proxy's own first read would take) into `ahead`, for the proxy's next reads. The space
     /// read into is on the stack while this runs: nothing is held while the connection is
-    /// idle. Ready(Ok(0)): the client closed the connection.
+    /// idle. Ready(Ok(0)): the client closed the connection, or the wait's time (the timer's)
+    /// ran out.
     fn poll_arrival(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if !self.ahead.is_empty() {
             return Poll::Ready(Ok(self.ahead.len()));
@@ -240,6 +246,7 @@ impl Deadlined {
                 Poll::Ready(Ok(got.len()))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending if self.timer.as_mut().poll(cx).is_ready() => Poll::Ready(Ok(0)),
             Poll::Pending => Poll::Pending,
         }
     }
