@@ -3,10 +3,8 @@
 //! a time could hold a connection forever. `HeaderDeadline` wraps the proxy app: each
 //! connection's stream is wrapped once in `Deadlined`, which ends the connection when a
 //! request's header is not complete within `client_header_timeout_ms` of its first byte (a new
-//! connection must send that byte within the same time). The body's time is
-//! `client_body_timeout_ms`'s business. Between requests a kept-alive connection waits here,
-//! not in the proxy, holding only its stream (21 KB of RSS an idle connection instead of 46),
-//! and is closed after `keepalive_timeout_ms` or when a shutdown begins.
+//! connection must send that byte within the same time). Idle time between requests is the keep-alive
+//! timeout's business, and the body's is `client_body_timeout_ms`'s.
 //!
 //! The same wrapper gives the requests Pingora cannot parse (a malformed request line or
 //! header) the contract's error: Pingora answers them itself, before any of our code runs,
@@ -16,14 +14,12 @@
 
 use std::future::Future;
 use std::io;
-use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
 use pingora_core::apps::{HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::raw_connect::ProxyDigest;
@@ -37,15 +33,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// The end of an HTTP/1 header.
 const HEADER_END: &[u8; 4] = b"\r\n\r\n";
-/// Most bytes read while waiting for a request: Pingora's first read of a request header.
-const ARRIVAL_READ: usize = 4096;
 
 /// A proxy app whose connections each get a header deadline.
 pub struct HeaderDeadline<A> {
     pub inner: Arc<A>,
     pub limit: Duration,
-    /// How long a kept-alive connection may wait for its next request (`keepalive_timeout_ms`).
-    pub keepalive: Duration,
 }
 
 #[async_trait]
@@ -64,42 +56,28 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
             // streams itself.
             return ServerApp::process_new(&self.inner, stream, shutdown).await;
         }
-        // Wait for the request's first bytes before the proxy sees the connection: Pingora
+        let mut stream = stream;
+        // Wait for the request's first byte before the proxy sees the connection: Pingora
         // drops a connection whose request has not arrived when a shutdown or upgrade begins,
-        // so one accepted just before SIGQUIT would be closed unanswered. With bytes in hand,
+        // so one accepted just before SIGQUIT would be closed unanswered. With a byte in hand,
         // its request is read first. A client that sends nothing within
         // `client_header_timeout_ms` is closed, as before.
-        let mut deadlined = Box::new(Deadlined::new(stream, self.limit));
-        if !arrived(&mut deadlined).await {
-            return None;
+        let mut first = [0u8; 1];
+        match tokio::time::timeout(self.limit, stream.try_peek(&mut first)).await {
+            Ok(Ok(_)) => {}
+            _ => return None,
         }
         // The connection's requests, one after the other, as Pingora's own HTTP/1 loop runs
         // them (`impl ServerApp for HttpServerApp`), with the deadline restarted for each:
         // it starts at the next request's first byte. Run here rather than in that loop, the
         // connection's future also holds no HTTP/2 handshake state (3.8 KB a connection).
-        let mut session = ServerSession::new_http1(deadlined);
+        let mut session = ServerSession::new_http1(Box::new(Deadlined::new(stream, self.limit)));
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
         session.set_keepalive_reuses_remaining(options.and_then(|o| o.keepalive_request_limit));
         let mut reused = self.inner.process_new_http(session, shutdown).await;
-        let mut shutting_down = shutdown.clone();
         while let Some((stream, settings)) = reused.map(ReusedHttpStream::consume) {
             let mut deadlined = stream.into_any().downcast::<Deadlined>().ok()?;
-            deadlined.next_request(self.keepalive);
-            // The next request is waited for here, not in the proxy (whose request future,
-            // 15 KB, and header buffer, 4 KB, would be held all the while): an idle kept-alive
-            // connection holds only its stream. It is closed after `keepalive_timeout_ms`, or
-            // when a shutdown begins, as Pingora closes one waiting in its loop.
-            if *shutdown.borrow() {
-                return None;
-            }
-            let next = tokio::select! {
-                biased;
-                next = arrived(&mut deadlined) => next,
-                _ = shutting_down.changed() => false,
-            };
-            if !next {
-                return None;
-            }
+            deadlined.next_request();
             let mut session = ServerSession::new_http1(deadlined);
             if let Some(settings) = settings {
                 settings.apply_to_session(&mut session);
@@ -114,31 +92,21 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
     }
 }
 
-/// Whether bytes of a request arrived on the connection before its wait ended (they are kept
-/// for the proxy's first read); false when it closed, failed or stayed silent.
-async fn arrived(stream: &mut Deadlined) -> bool {
-    matches!(std::future::poll_fn(|cx| stream.poll_arrival(cx)).await, Ok(n) if n > 0)
-}
-
 /// A connection's stream with a deadline on the current request's header.
 #[derive(Debug)]
 pub struct Deadlined {
     inner: Stream,
     limit: Duration,
-    /// While `armed`, the header must be complete when this fires; while
-    /// `awaiting_first_byte`, the wait for a request ends when it fires. One timer per
-    /// connection, reset for each wait and each header.
+    /// While `armed`, the header must be complete when this fires (one timer per connection,
+    /// reset for each request).
     timer: Pin<Box<tokio::time::Sleep>>,
     armed: bool,
-    /// Waiting for a request: the header's deadline starts with its first byte.
+    /// Between requests: the timer starts with the next byte.
     awaiting_first_byte: bool,
     /// How much of `HEADER_END` the bytes read so far end with.
     matched: usize,
     /// The reply being sent in place of Pingora's bare error, and how much of it went out.
     replacing: Option<(Vec<u8>, usize)>,
-    /// Bytes read while waiting for a request ([`Deadlined::poll_arrival`]), handed to the
-    /// proxy's next reads.
-    ahead: Bytes,
 }
 
 /// Whether `bytes` are the header of an error Pingora generated itself (see the module doc).
@@ -207,48 +175,18 @@ impl Deadlined {
         Deadlined {
             inner,
             limit,
-            // A new connection's request must start within the header deadline too.
             timer: Box::pin(tokio::time::sleep(limit)),
-            armed: false,
-            awaiting_first_byte: true,
+            armed: true,
+            awaiting_first_byte: false,
             matched: 0,
             replacing: None,
-            ahead: Bytes::new(),
         }
     }
 
-    /// Between two requests: the next one must start within `idle`.
-    fn next_request(&mut self, idle: Duration) {
+    fn next_request(&mut self) {
         self.armed = false;
         self.awaiting_first_byte = true;
         self.matched = 0;
-        self.timer
-            .as_mut()
-            .reset(tokio::time::Instant::now() + idle);
-    }
-
-    /// Waits until bytes of a request arrive and reads what has come (up to 4 KiB, what the
-    /// proxy's own first read would take) into `ahead`, for the proxy's next reads. The space
-    /// read into is on the stack while this runs: nothing is held while the connection is
-    /// idle. Ready(Ok(0)): the client closed the connection, or the wait's time (the timer's)
-    /// ran out.
-    fn poll_arrival(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        if !self.ahead.is_empty() {
-            return Poll::Ready(Ok(self.ahead.len()));
-        }
-        let mut space = [MaybeUninit::<u8>::uninit(); ARRIVAL_READ];
-        let mut buf = ReadBuf::uninit(&mut space);
-        match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
-            Poll::Ready(Ok(())) => {
-                let got = buf.filled();
-                self.saw(got);
-                self.ahead = Bytes::copy_from_slice(got);
-                Poll::Ready(Ok(got.len()))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending if self.timer.as_mut().poll(cx).is_ready() => Poll::Ready(Ok(0)),
-            Poll::Pending => Poll::Pending,
-        }
     }
 
     /// Watches the bytes just read for the header's end.
@@ -288,12 +226,6 @@ impl AsyncRead for Deadlined {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if !self.ahead.is_empty() {
-            // Already seen by the header watch when they were read.
-            let n = self.ahead.len().min(buf.remaining());
-            buf.put_slice(&self.ahead.split_to(n));
-            return Poll::Ready(Ok(()));
-        }
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
@@ -426,14 +358,6 @@ impl GetSocketDigest for Deadlined {
 #[async_trait]
 impl Peek for Deadlined {
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
-        if self.ahead.is_empty() {
-            return self.inner.try_peek(buf).await;
-        }
-        // Bytes read ahead are the stream's next: they are what a peek sees.
-        let whole = self.ahead.len() >= buf.len();
-        if whole {
-            buf.copy_from_slice(&self.ahead[..buf.len()]);
-        }
-        Ok(whole)
+        self.inner.try_peek(buf).await
     }
 }

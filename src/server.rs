@@ -74,7 +74,6 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
             let app = HeaderDeadline {
                 inner: Arc::new(proxy),
                 limit: config.client_header_timeout,
-                keepalive: config.keepalive_timeout,
             };
             let mut svc = Service::new(name, app);
             match tls {
