@@ -1,5 +1,6 @@
-//! Criterion benches of the per-request hot path: the JSON body probe, the model splice and
-//! the key lookup. Run: `cargo bench --bench hot_paths`.
+//! Criterion benches of the per-request hot path: the JSON body probe, the model splice, the
+//! key lookup and admission, the SSE meter and the metrics at a request's end. Run:
+//! `cargo bench --bench hot_paths`.
 
 use bytes::Bytes;
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
@@ -119,5 +120,32 @@ fn meter(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench, admit_path, meter);
+/// What a plain chat request's end costs in metrics: its counters and histograms, found by
+/// their labels.
+fn metrics(c: &mut Criterion) {
+    let m = modelgate::metrics::get().expect("metrics");
+    let end = modelgate::metrics::RequestEnd {
+        listener: "main",
+        endpoint: "chat",
+        model: "echo-1",
+        status: 200,
+        refusal: None,
+        total: std::time::Duration::from_micros(900),
+        upstream: Some(("mock", std::time::Duration::from_micros(700))),
+        waited: std::time::Duration::ZERO,
+        ttft: None,
+        prompt_tokens: 12,
+        completion_tokens: 30,
+        cost: 0.000_02,
+        key: Some("bench"),
+    };
+    c.bench_function("metrics: a plain request's end (+ one upstream try)", |b| {
+        b.iter(|| {
+            m.request_end(black_box(&end));
+            m.attempt("mock", "http://127.0.0.1:9", "ok", false);
+        })
+    });
+}
+
+criterion_group!(benches, bench, admit_path, meter, metrics);
 criterion_main!(benches);
