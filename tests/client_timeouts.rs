@@ -9,10 +9,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn addr(base: &str) -> String {
-    base.trim_start_matches("http://").to_string()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_body_gets_408_and_a_record_saying_so() {
     let g = start_with(Setup {
@@ -20,9 +16,7 @@ async fn a_stalled_body_gets_408_and_a_record_saying_so() {
         ..Setup::default()
     });
     let (status, body, took) = tokio::task::block_in_place(|| {
-        let mut s = TcpStream::connect(addr(&g.direct)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
+        let mut s = blocking_connect(&g.direct, Duration::from_secs(10));
         // The body is cut short: 13 of its 100 bytes.
         let head = chat_head(KEY, 100, "") + "{\"model\": \"ec";
         let started = Instant::now();
@@ -65,16 +59,10 @@ async fn an_idle_keep_alive_connection_is_closed_after_its_timeout() {
         ..Setup::default()
     });
     let (first, closed_after) = tokio::task::block_in_place(|| {
-        let mut s = TcpStream::connect(addr(&g.main)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(15)))
-            .expect("timeout");
-        let req =
-            format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
-        s.write_all(req.as_bytes()).expect("write");
-        let mut buf = [0u8; 65536];
-        let n = s.read(&mut buf).expect("reply");
-        let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let mut s = blocking_connect(&g.main, Duration::from_secs(15));
+        let first = models_over(&mut s);
         let idle = Instant::now();
+        let mut buf = [0u8; 65536];
         // Drain the rest of the reply if any, then wait for the close.
         loop {
             match s.read(&mut buf) {
@@ -99,7 +87,7 @@ async fn a_slow_header_is_cut_at_its_deadline_but_an_idle_keep_alive_is_not() {
         ..Setup::default()
     });
     let cut_after = tokio::task::block_in_place(|| {
-        let mut s = TcpStream::connect(addr(&g.main)).expect("connect");
+        let mut s = blocking_connect(&g.main, Duration::from_secs(10));
         trickle_until_cut(&mut s, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ")
     });
     assert!(cut_after >= Duration::from_millis(450), "{cut_after:?}");
@@ -108,19 +96,10 @@ async fn a_slow_header_is_cut_at_its_deadline_but_an_idle_keep_alive_is_not() {
     // A kept-alive connection idle longer than the header deadline still serves its next
     // request: the deadline starts with that request's first byte.
     let (first, second) = tokio::task::block_in_place(|| {
-        let mut s = TcpStream::connect(addr(&g.direct)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        let req =
-            format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
-        let mut buf = [0u8; 65536];
-        s.write_all(req.as_bytes()).expect("write");
-        let n = s.read(&mut buf).expect("first reply");
-        let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let mut s = blocking_connect(&g.direct, Duration::from_secs(10));
+        let first = models_over(&mut s);
         std::thread::sleep(Duration::from_millis(800));
-        s.write_all(req.as_bytes()).expect("write again");
-        let n = s.read(&mut buf).expect("second reply");
-        (first, String::from_utf8_lossy(&buf[..n]).into_owned())
+        (first, models_over(&mut s))
     });
     assert!(first.starts_with("HTTP/1.1 200"), "{first}");
     assert!(second.starts_with("HTTP/1.1 200"), "{second}");
@@ -133,15 +112,8 @@ async fn a_slow_header_of_a_later_request_on_a_kept_alive_connection_is_cut_too(
         ..Setup::default()
     });
     let (first, cut_after) = tokio::task::block_in_place(|| {
-        let mut s = TcpStream::connect(addr(&g.main)).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("timeout");
-        let req =
-            format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
-        s.write_all(req.as_bytes()).expect("write");
-        let mut buf = [0u8; 65536];
-        let n = s.read(&mut buf).expect("first reply");
-        let first = String::from_utf8_lossy(&buf[..n]).into_owned();
+        let mut s = blocking_connect(&g.main, Duration::from_secs(10));
+        let first = models_over(&mut s);
         // The same connection's next request never ends its header.
         let cut = trickle_until_cut(&mut s, b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ");
         (first, cut)

@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -18,19 +17,9 @@ async fn an_idle_gateway_exits_at_once_on_sigterm() {
     assert_eq!(get(&g.main, "/v1/models", Some(KEY)).await.status(), 200);
     // A kept-alive connection waiting for its next request (keep-alive 60 s) is not a request
     // in flight: it does not hold the exit back.
-    let mut idle =
-        std::net::TcpStream::connect(g.main.trim_start_matches("http://")).expect("connect");
-    idle.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let req = format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
-    idle.write_all(req.as_bytes()).expect("write");
-    let mut buf = [0u8; 65536];
-    let n = idle.read(&mut buf).expect("reply");
-    assert!(
-        buf[..n].starts_with(b"HTTP/1.1 200"),
-        "{}",
-        String::from_utf8_lossy(&buf[..n])
-    );
+    let mut idle = blocking_connect(&g.main, Duration::from_secs(20));
+    let first = models_over(&mut idle);
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
     let started = Instant::now();
     let status = tokio::task::block_in_place(|| g.terminate());
     assert!(status.success(), "{status}");

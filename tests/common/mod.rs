@@ -72,6 +72,25 @@ pub async fn raw_connect(base: &str) -> tokio::net::TcpStream {
         .expect("connect")
 }
 
+/// A blocking TCP connection to a gateway base URL, each read waiting at most `read_timeout`:
+/// for what an HTTP client's pool hides (a kept-alive connection's idle time, a trickled
+/// header).
+pub fn blocking_connect(base: &str, read_timeout: Duration) -> std::net::TcpStream {
+    let s = std::net::TcpStream::connect(base.trim_start_matches("http://")).expect("connect");
+    s.set_read_timeout(Some(read_timeout)).expect("timeout");
+    s
+}
+
+/// Sends `GET /v1/models` with the test key on `s` and returns the reply's first read as text,
+/// leaving the connection open.
+pub fn models_over(s: &mut std::net::TcpStream) -> String {
+    let req = format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+    std::io::Write::write_all(s, req.as_bytes()).expect("write");
+    let mut buf = [0u8; 65536];
+    let n = s.read(&mut buf).expect("reply");
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
 /// The `x-request-id` of a reply read off a `raw_connect` socket (its text as it came).
 pub fn request_id_in(raw: &str) -> String {
     raw.lines()
