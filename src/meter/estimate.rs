@@ -1,74 +1,187 @@
 //! Tokenizer fallback: when the upstream reports no usage, count the prompt and the output
 //! with tiktoken (o200k for the GPT-4o/4.1/5 and o-series families, cl100k otherwise). The
 //! record is then marked `estimated`.
+//!
+//! The counting runs on the estimator thread, never on a proxy thread: loading a tokenizer
+//! takes 25-90 ms of CPU and encoding a long text milliseconds, during which every other
+//! connection of that proxy thread would wait. The thread drops its tokenizers after
+//! `KEEP_LOADED` without an estimate: they hold 18 MB (cl100k) and 20-35 MB (o200k) of
+//! tables, and estimates are the exception (upstreams report usage).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock, mpsc};
+use std::time::Duration;
 
+use bytes::Bytes;
 use serde_json::Value;
 use tiktoken_rs::CoreBPE;
 
-fn bpe(model: &str) -> Option<&'static CoreBPE> {
-    static O200K: OnceLock<Option<CoreBPE>> = OnceLock::new();
-    static CL100K: OnceLock<Option<CoreBPE>> = OnceLock::new();
-    let m = model
-        .rsplit('/')
-        .next()
-        .unwrap_or(model)
-        .to_ascii_lowercase();
-    let o200k = [
-        "gpt-4o",
-        "gpt-4.1",
-        "gpt-4.5",
-        "gpt-5",
-        "o1",
-        "o3",
-        "o4",
-        "chatgpt-4o",
-        "gpt-oss",
-    ]
-    .iter()
-    .any(|p| m.starts_with(p));
-    if o200k {
-        O200K
-            .get_or_init(|| tiktoken_rs::o200k_base().ok())
-            .as_ref()
-    } else {
-        CL100K
-            .get_or_init(|| tiktoken_rs::cl100k_base().ok())
-            .as_ref()
-    }
+use super::Usage;
+
+/// How long the estimator thread keeps a tokenizer it has not used. Reloading one costs at
+/// most one proxy-free 25-90 ms load per this period.
+const KEEP_LOADED: Duration = Duration::from_secs(5);
+
+/// What an estimate counts, owned so that the estimator thread can count it.
+pub struct Job {
+    /// The model the upstream was asked for (it picks the tokenizer).
+    pub model: String,
+    /// The prompt tokens the upstream did report (a Messages stream cut after
+    /// `message_start`); else the request body is counted.
+    pub reported_prompt: Option<u64>,
+    pub body: Bytes,
+    pub output: Output,
 }
 
-/// Past this much text, count a prefix and scale by length: the count runs on the proxy's
-/// thread and must stay bounded whatever a client sends.
-const MAX_COUNTED: usize = 256 * 1024;
+/// The reply seen, to count as the output.
+pub enum Output {
+    Nothing,
+    /// A stream's text, as the meter collected it.
+    Text(String),
+    /// A plain reply's JSON body.
+    Reply(Vec<u8>),
+}
 
-pub fn count(model: &str, text: &str) -> u64 {
-    if text.is_empty() {
-        return 0;
-    }
-    if text.len() > MAX_COUNTED {
-        let mut cut = MAX_COUNTED;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
+impl Job {
+    /// The count, with the tokenizers at hand.
+    pub fn count(&self, t: &mut Tokenizers) -> Usage {
+        let model = self.model.as_str();
+        let prompt = self
+            .reported_prompt
+            .unwrap_or_else(|| t.prompt_tokens(model, &self.body));
+        let completion = match &self.output {
+            Output::Nothing => 0,
+            Output::Text(text) => t.count(model, text),
+            Output::Reply(body) => t.count(model, &reply_text(body)),
+        };
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt.saturating_add(completion),
         }
-        let head = count(model, &text[..cut]);
-        return (head as f64 * text.len() as f64 / cut as f64).round() as u64;
     }
-    bpe(model).map_or_else(
-        || text.len().div_ceil(4) as u64,
-        |b| b.encode_ordinary(text).len() as u64,
-    )
+
+    /// The count, made on the estimator thread while the caller's task waits (its proxy
+    /// thread goes on with other connections). Counted here if that thread is not there.
+    pub async fn count_off_thread(self) -> Usage {
+        let job = Arc::new(self);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if estimator().is_some_and(|e| e.send((job.clone(), tx)).is_ok()) {
+            if let Ok(u) = rx.await {
+                return u;
+            }
+        }
+        job.count(&mut Tokenizers::default())
+    }
 }
 
-/// Prompt tokens of a request body. A huge body is not parsed into a tree on the proxy's
-/// thread: about four bytes a token is close enough for an estimate of that size.
-pub fn prompt_tokens(model: &str, body: &[u8]) -> u64 {
-    if body.len() > 4 * MAX_COUNTED {
-        return body.len().div_ceil(4) as u64;
-    }
-    count(model, &prompt_text(body))
+type Request = (Arc<Job>, tokio::sync::oneshot::Sender<Usage>);
+
+/// The estimator thread's queue, started at the first estimate.
+fn estimator() -> Option<&'static mpsc::Sender<Request>> {
+    static TX: OnceLock<Option<mpsc::Sender<Request>>> = OnceLock::new();
+    TX.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let started = std::thread::Builder::new()
+            .name("estimator".into())
+            .spawn(move || estimate_loop(&rx, KEEP_LOADED));
+        match started {
+            Ok(_) => Some(tx),
+            Err(e) => {
+                tracing::warn!("no estimator thread ({e}): token estimates run inline");
+                None
+            }
+        }
+    })
+    .as_ref()
 }
+
+/// Counts each job sent; the tokenizers go when none came for `keep`.
+fn estimate_loop(rx: &mpsc::Receiver<Request>, keep: Duration) {
+    let mut tokenizers = Tokenizers::default();
+    loop {
+        match rx.recv_timeout(keep) {
+            Ok((job, reply)) => {
+                let _ = reply.send(job.count(&mut tokenizers));
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => tokenizers = Tokenizers::default(),
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+/// The tokenizers loaded so far, each at its first use.
+#[derive(Default)]
+pub struct Tokenizers {
+    o200k: Option<CoreBPE>,
+    cl100k: Option<CoreBPE>,
+}
+
+impl Tokenizers {
+    fn bpe(&mut self, model: &str) -> Option<&CoreBPE> {
+        let m = model
+            .rsplit('/')
+            .next()
+            .unwrap_or(model)
+            .to_ascii_lowercase();
+        let o200k = [
+            "gpt-4o",
+            "gpt-4.1",
+            "gpt-4.5",
+            "gpt-5",
+            "o1",
+            "o3",
+            "o4",
+            "chatgpt-4o",
+            "gpt-oss",
+        ]
+        .iter()
+        .any(|p| m.starts_with(p));
+        let slot = if o200k {
+            &mut self.o200k
+        } else {
+            &mut self.cl100k
+        };
+        if slot.is_none() {
+            *slot = if o200k {
+                tiktoken_rs::o200k_base().ok()
+            } else {
+                tiktoken_rs::cl100k_base().ok()
+            };
+        }
+        slot.as_ref()
+    }
+
+    pub fn count(&mut self, model: &str, text: &str) -> u64 {
+        if text.is_empty() {
+            return 0;
+        }
+        if text.len() > MAX_COUNTED {
+            let mut cut = MAX_COUNTED;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let head = self.count(model, &text[..cut]);
+            return (head as f64 * text.len() as f64 / cut as f64).round() as u64;
+        }
+        self.bpe(model).map_or_else(
+            || text.len().div_ceil(4) as u64,
+            |b| b.encode_ordinary(text).len() as u64,
+        )
+    }
+
+    /// Prompt tokens of a request body. A huge body is not parsed into a tree: about four
+    /// bytes a token is close enough for an estimate of that size.
+    pub fn prompt_tokens(&mut self, model: &str, body: &[u8]) -> u64 {
+        if body.len() > 4 * MAX_COUNTED {
+            return body.len().div_ceil(4) as u64;
+        }
+        self.count(model, &prompt_text(body))
+    }
+}
+
+/// Past this much text, count a prefix and scale by length: a count must stay bounded
+/// whatever a client sends (one thread serves every request's estimate).
+const MAX_COUNTED: usize = 256 * 1024;
 
 /// The text a request asks about: chat and Messages `messages` content (strings or text
 /// parts), a `system` prompt or Responses `instructions`, a completion `prompt`, or the
@@ -148,17 +261,53 @@ mod tests {
 
     #[test]
     fn huge_texts_are_counted_in_bounded_time_by_scaling_a_prefix() {
+        let mut t = Tokenizers::default();
         let text = "hello world ".repeat(100_000);
-        let n = count("gpt-4o", &text);
+        let n = t.count("gpt-4o", &text);
         assert!((190_000..=210_000).contains(&n), "{n}");
-        assert_eq!(prompt_tokens("gpt-4o", &vec![b'x'; 2_000_000]), 500_000);
+        assert_eq!(t.prompt_tokens("gpt-4o", &vec![b'x'; 2_000_000]), 500_000);
+    }
+
+    #[tokio::test]
+    async fn an_estimate_made_on_the_estimator_thread_is_the_count_made_here() {
+        let job = || Job {
+            model: "gpt-4o".into(),
+            reported_prompt: None,
+            body: Bytes::from_static(
+                br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hello world"}]}"#,
+            ),
+            output: Output::Reply(br#"{"choices":[{"message":{"content":"hi there"}}]}"#.to_vec()),
+        };
+        let here = job().count(&mut Tokenizers::default());
+        assert_eq!((here.prompt_tokens, here.completion_tokens), (2, 2));
+        for _ in 0..3 {
+            assert_eq!(job().count_off_thread().await, here);
+        }
+        let reported = Job {
+            reported_prompt: Some(7),
+            output: Output::Nothing,
+            ..job()
+        };
+        assert_eq!(reported.count_off_thread().await.total_tokens, 7);
+        // The thread drops its tokenizers after a quiet spell and loads them again.
+        let (tx, rx) = mpsc::channel();
+        let worker = std::thread::spawn(move || estimate_loop(&rx, Duration::from_millis(1)));
+        for _ in 0..2 {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            tx.send((Arc::new(job()), reply)).expect("send");
+            assert_eq!(answer.await.expect("answer"), here);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(tx);
+        worker.join().expect("the loop ends with its queue");
     }
 
     #[test]
     fn tokens_are_counted_with_the_family_tokenizer() {
-        assert_eq!(count("gpt-4o-mini", "hello world"), 2);
-        assert_eq!(count("some-local-model", "hello world"), 2);
-        assert_eq!(count("gpt-4o", ""), 0);
+        let mut t = Tokenizers::default();
+        assert_eq!(t.count("gpt-4o-mini", "hello world"), 2);
+        assert_eq!(t.count("some-local-model", "hello world"), 2);
+        assert_eq!(t.count("gpt-4o", ""), 0);
     }
 
     #[test]

@@ -200,12 +200,12 @@ impl Meter {
         }
     }
 
-    /// Output text seen, for estimating when there is no usage.
-    pub fn output_text(&self) -> Option<String> {
+    /// The reply seen, for estimating when there is no usage.
+    pub fn output(&self) -> estimate::Output {
         match self {
-            Meter::Sse(m) => Some(m.text()),
-            Meter::Json { buf, .. } => Some(estimate::reply_text(buf)),
-            Meter::None => None,
+            Meter::Sse(m) => estimate::Output::Text(m.text()),
+            Meter::Json { buf, .. } => estimate::Output::Reply(buf.clone()),
+            Meter::None => estimate::Output::Nothing,
         }
     }
 

@@ -348,7 +348,13 @@ impl ProxyHttp for Gateway {
         let key = ctx.key.clone();
         // One clock read for the request's end: its latency, its metrics, its tpm tokens.
         let ended = std::time::Instant::now();
-        let r = record::build(ctx, key.as_ref().map_or("", |k| k.id.as_str()), ended);
+        let tokens = record::Tokens::of(ctx).resolve().await;
+        let r = record::build(
+            ctx,
+            key.as_ref().map_or("", |k| k.id.as_str()),
+            ended,
+            tokens,
+        );
         // Every request gets its access-log line, refused ones (no key) included.
         if let Some(log) = &self.shared.access_log {
             let req = session.req_header();

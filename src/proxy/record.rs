@@ -7,19 +7,44 @@ use crate::config::Price;
 use crate::meter::{Usage, estimate};
 use crate::store::UsageRecord;
 
-/// The record of a request that passed auth.
-pub fn build(ctx: &Ctx, key_id: &str, ended: std::time::Instant) -> UsageRecord {
-    let ok = ctx.outcome.succeeded();
-    let reported = ctx.meter.usage();
-    let (usage, estimated) = match reported {
-        Some(u) => (complete(u), false),
-        // Estimate when the client got (some of) a reply the upstream did not account for:
-        // a success without usage, or a stream cut or abandoned after content.
-        None if ctx.meter.estimates() && (ok || ctx.ttft_ms.is_some()) => {
-            (estimated_usage(ctx), true)
+/// The request's tokens: the upstream's own figures, or a count to make.
+pub enum Tokens {
+    Reported(Usage),
+    /// Estimate when the client got (some of) a reply the upstream did not account for: a
+    /// success without usage, or a stream cut or abandoned after content.
+    Estimate(estimate::Job),
+    None,
+}
+
+impl Tokens {
+    pub fn of(ctx: &Ctx) -> Tokens {
+        match ctx.meter.usage() {
+            Some(u) => Tokens::Reported(complete(u)),
+            None if ctx.meter.estimates() && (ctx.outcome.succeeded() || ctx.ttft_ms.is_some()) => {
+                Tokens::Estimate(estimate_job(ctx))
+            }
+            None => Tokens::None,
         }
-        None => (Usage::default(), false),
-    };
+    }
+
+    /// The usage, and whether it is estimated; an estimate is counted off the proxy's thread.
+    pub async fn resolve(self) -> (Usage, bool) {
+        match self {
+            Tokens::Reported(u) => (u, false),
+            Tokens::Estimate(job) => (job.count_off_thread().await, true),
+            Tokens::None => (Usage::default(), false),
+        }
+    }
+}
+
+/// The record of a request that passed auth.
+pub fn build(
+    ctx: &Ctx,
+    key_id: &str,
+    ended: std::time::Instant,
+    (usage, estimated): (Usage, bool),
+) -> UsageRecord {
+    let ok = ctx.outcome.succeeded();
     let route = ctx.route.as_ref();
     let price = route.map(|r| r.model.price).unwrap_or_default();
     let cost = cost(&price, &usage, ok && ctx.proxied);
@@ -61,7 +86,7 @@ fn complete(mut u: Usage) -> Usage {
     u
 }
 
-fn estimated_usage(ctx: &Ctx) -> Usage {
+fn estimate_job(ctx: &Ctx) -> estimate::Job {
     let model = ctx
         .route
         .as_ref()
@@ -71,15 +96,11 @@ fn estimated_usage(ctx: &Ctx) -> Usage {
         crate::meter::Meter::Sse(m) => m.prompt_reported(),
         _ => None,
     };
-    let prompt = reported_prompt.unwrap_or_else(|| estimate::prompt_tokens(model, &ctx.body));
-    let completion = ctx
-        .meter
-        .output_text()
-        .map_or(0, |t| estimate::count(model, &t));
-    Usage {
-        prompt_tokens: prompt,
-        completion_tokens: completion,
-        total_tokens: prompt.saturating_add(completion),
+    estimate::Job {
+        model: model.to_string(),
+        reported_prompt,
+        body: ctx.body.clone(),
+        output: ctx.meter.output(),
     }
 }
 
