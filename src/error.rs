@@ -25,8 +25,11 @@ pub enum GatewayError {
     ResponseNotFound(String),
     /// Console: wrong user or password.
     BadCredentials,
-    /// Console: no live session.
-    NotSignedIn,
+    /// Console: no live session. `change`: the call would change something, which the
+    /// contract refuses with 403 (like a cross-site change), not 401.
+    NotSignedIn {
+        change: bool,
+    },
     /// Console: a state-changing call without a same-origin `Origin` or the page's CSRF token.
     CrossSite,
     /// Console: the thing to create exists already (a key id).
@@ -143,12 +146,19 @@ impl GatewayError {
                 None,
                 "Wrong user or password.".into(),
             ),
-            E::NotSignedIn => (
+            E::NotSignedIn { change: false } => (
                 401,
                 "invalid_request_error",
                 "not_signed_in",
                 None,
                 "Sign in to the console first.".into(),
+            ),
+            E::NotSignedIn { change: true } => (
+                403,
+                "permission_error",
+                "not_signed_in",
+                None,
+                "A change needs a signed-in console session (its cookie): sign in first.".into(),
             ),
             E::CrossSite => (
                 403,

@@ -224,6 +224,29 @@ async fn state_changes_need_the_same_origin_or_the_csrf_token() {
             "{origin:?} {token:?}"
         );
     }
+    // A change with no session cookie at all is refused with 403 too (a read is 401), the
+    // page's own origin notwithstanding; so is one after sign-out.
+    let origin = g.main.clone();
+    for (method, path) in [
+        ("POST", "/console/api/keys"),
+        ("PATCH", "/console/api/keys/demo"),
+        ("DELETE", "/console/api/keys/demo"),
+        ("POST", "/console/logout"),
+    ] {
+        let resp = client_no_cookies()
+            .request(method.parse().unwrap(), format!("{}{path}", g.main))
+            .header("origin", &origin)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let (status, e) = error_of(resp).await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (403, Some("not_signed_in")),
+            "{method} {path}"
+        );
+    }
     // A cross-site sign-in form is refused too.
     let resp = client_no_cookies()
         .post(format!("{}/console/login", g.main))

@@ -195,6 +195,22 @@ async fn bad_bodies_are_400_with_the_contract_codes() {
             (status, e["code"].as_str(), e["param"].as_str()),
             (400, Some("invalid_parameter"), Some("model"))
         );
+        // A chat completion names its conversation: `messages`, an array.
+        for (body, code) in [
+            (r#"{"model":"echo-1"}"#, "missing_required_parameter"),
+            (
+                r#"{"model":"echo-1","messages":null}"#,
+                "missing_required_parameter",
+            ),
+            (r#"{"model":"echo-1","messages":"hi"}"#, "invalid_parameter"),
+        ] {
+            let (status, e) = error_of(send_raw(body).await.expect("send")).await;
+            assert_eq!(
+                (status, e["code"].as_str(), e["param"].as_str()),
+                (400, Some(code), Some("messages")),
+                "{body}"
+            );
+        }
         // A multipart upload without a model field.
         let form = reqwest::multipart::Form::new().part(
             "file",

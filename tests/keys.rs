@@ -155,7 +155,30 @@ async fn max_concurrent_refuses_the_third_slow_stream_and_frees_slots_when_repli
     let headers = [("x-mock-chunks", "5"), ("x-mock-delay-ms", "200")];
     let a = send(&g.main, path, Some(CONC_KEY), &body, &headers).await;
     let b = send(&g.direct, path, Some(CONC_KEY), &body, &headers).await;
-    let (status, e) = error_of(chat(&g.main, CONC_KEY).await).await;
+    // Each answer says the limit and the slots left (OpenAI's `x-ratelimit-*` style).
+    assert_eq!(
+        header(&a, "x-ratelimit-limit-concurrency").as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        header(&a, "x-ratelimit-remaining-concurrency").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        header(&b, "x-ratelimit-remaining-concurrency").as_deref(),
+        Some("0")
+    );
+    let refused = chat(&g.main, CONC_KEY).await;
+    assert!(header(&refused, "retry-after").is_some());
+    assert_eq!(
+        header(&refused, "x-ratelimit-limit-concurrency").as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        header(&refused, "x-ratelimit-remaining-concurrency").as_deref(),
+        Some("0")
+    );
+    let (status, e) = error_of(refused).await;
     assert_eq!(
         (status, e["code"].as_str()),
         (429, Some("rate_limit_exceeded"))

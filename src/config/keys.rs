@@ -179,21 +179,24 @@ impl KeyTable {
             };
             let endpoints = match &rk.endpoints {
                 None => Group::ALL.iter().fold(0, |acc, g| acc | g.bit()),
-                Some(list) => list.iter().fold(0, |acc, e| match Group::parse(e.get_ref()) {
-                    Some(g) => acc | g.bit(),
-                    None => {
-                        p.push(Problem::new(
-                            file,
-                            at(e.span()),
-                            &f("endpoints"),
-                            format!(
-                                "unknown endpoint group '{}' (one of chat, embeddings, moderations, images, audio, models, usage)",
-                                e.get_ref()
-                            ),
-                        ));
-                        acc
-                    }
-                }),
+                Some(list) => list
+                    .iter()
+                    .fold(0, |acc, e| match Group::parse(e.get_ref()) {
+                        Some(g) => acc | g.bit(),
+                        None => {
+                            p.push(Problem::new(
+                                file,
+                                at(e.span()),
+                                &f("endpoints"),
+                                format!(
+                                    "unknown endpoint group '{}' (one of {})",
+                                    e.get_ref(),
+                                    Group::ALL.map(|g| g.name()).join(", ")
+                                ),
+                            ));
+                            acc
+                        }
+                    }),
             };
             let expires_at = rk
                 .expires_at

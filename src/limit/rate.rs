@@ -23,6 +23,8 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 pub struct Headroom {
     pub requests: Option<(u64, u64, Duration)>,
     pub tokens: Option<(u64, u64, Duration)>,
+    /// `max_concurrent` and the slots left after this request's own.
+    pub concurrency: Option<(u32, u32)>,
 }
 
 /// A refusal: which limit, and how long until a request would be admitted.
@@ -167,8 +169,10 @@ impl Limiter {
                 if before >= max {
                     counter.fetch_sub(1, Ordering::AcqRel);
                     refusal = Some(refusal_concurrency(max));
+                    head.concurrency = Some((max, 0));
                 } else {
                     slot = Some(Slot(counter));
+                    head.concurrency = Some((max, max - before - 1));
                 }
             }
         }
@@ -199,7 +203,8 @@ impl Limiter {
     }
 }
 
-/// Writes the `x-ratelimit-*` headers OpenAI sends, for the limits the key has.
+/// Writes the `x-ratelimit-*` headers OpenAI sends, for the limits the key has, and
+/// `x-ratelimit-{limit,remaining}-concurrency` for `max_concurrent`.
 pub fn write_headers(
     head: &Headroom,
     resp: &mut pingora_http::ResponseHeader,
@@ -219,6 +224,16 @@ pub fn write_headers(
             http::HeaderValue::from(remaining),
         )?;
         resp.insert_header("x-ratelimit-reset-tokens", reset_text(reset))?;
+    }
+    if let Some((limit, remaining)) = head.concurrency {
+        resp.insert_header(
+            "x-ratelimit-limit-concurrency",
+            http::HeaderValue::from(limit),
+        )?;
+        resp.insert_header(
+            "x-ratelimit-remaining-concurrency",
+            http::HeaderValue::from(remaining),
+        )?;
     }
     Ok(())
 }

@@ -332,9 +332,12 @@ impl SharedLimits {
             "" => None,
             "rpm" => Some(super::rate::refusal_rpm(key.rpm.unwrap_or(0), dur(retry))),
             "tpm" => Some(super::rate::refusal_tpm(key.tpm.unwrap_or(0), dur(retry))),
-            _ => Some(super::rate::refusal_concurrency(
-                key.max_concurrent.unwrap_or(0),
-            )),
+            _ => {
+                let max = key.max_concurrent.unwrap_or(0);
+                // The script tells how many slots are taken only by refusing.
+                headroom.concurrency = Some((max, 0));
+                Some(super::rate::refusal_concurrency(max))
+            }
         };
         let lease = (refusal.is_none() && key.max_concurrent.is_some()).then(|| {
             self.leases.insert(request_id.to_string(), key.id.clone());

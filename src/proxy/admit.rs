@@ -84,6 +84,9 @@ impl Gateway {
             }
             Err(e) => return Err(e.into()),
         };
+        if session.req_header().uri.path() == "/v1/chat/completions" {
+            route_body::require_messages(&probe)?;
+        }
         ctx.model = probe.model.clone();
         ctx.stream = probe.stream;
         let route = route_model(&snapshot.router, &key, &probe.model)?;
@@ -149,8 +152,10 @@ impl Gateway {
             .client_addr()
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
-        // Anthropic's clients send the key in `x-api-key`.
-        let token = auth::presented(&session.req_header().headers, true);
+        // Anthropic's clients send the key in `x-api-key`; elsewhere only `Authorization:
+        // Bearer` carries it (the contract).
+        let anthropic = ctx.shape == crate::error::ErrorShape::Anthropic;
+        let token = auth::presented(&session.req_header().headers, anthropic);
         let throttle = &self.shared.web.throttle;
         // Key expiry is judged at the request's arrival (no second clock read).
         let now_unix = ctx.time_ms.div_euclid(1000);

@@ -22,6 +22,8 @@ pub struct Probe {
     pub include_usage: bool,
     /// Byte range of the `stream_options` value, if present (JSON only).
     pub stream_options_span: Option<(usize, usize)>,
+    /// `messages`: None when absent (or null), else whether it is an array (JSON only).
+    pub messages: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -33,6 +35,8 @@ struct JsonProbe<'a> {
     /// Kept even when `null` (a plain Option would drop it), so it is replaced in place.
     #[serde(default, borrow, deserialize_with = "raw_even_null")]
     stream_options: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    messages: Option<&'a RawValue>,
 }
 
 fn raw_even_null<'de, D: serde::Deserializer<'de>>(
@@ -109,7 +113,25 @@ pub fn probe_json(body: &[u8]) -> Result<Probe, GatewayError> {
         multipart_boundary: None,
         include_usage,
         stream_options_span: p.stream_options.map(span),
+        messages: p
+            .messages
+            .filter(|m| m.get() != "null")
+            .map(|m| m.get().starts_with('[')),
     })
+}
+
+/// A chat completion names its conversation: `messages`, an array (the API's only required
+/// field besides `model`). Caught here, the client gets the contract's 400 instead of
+/// whatever the upstream makes of it.
+pub fn require_messages(p: &Probe) -> Result<(), GatewayError> {
+    match p.messages {
+        None => Err(GatewayError::MissingParameter("messages")),
+        Some(false) => Err(GatewayError::InvalidParameter {
+            param: "messages",
+            message: "'messages' must be an array.".into(),
+        }),
+        Some(true) => Ok(()),
+    }
 }
 
 /// Longest model name accepted: longer ones are refused rather than stored in every record.
@@ -212,6 +234,7 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
         multipart_boundary: Some(boundary.to_string()),
         include_usage: false,
         stream_options_span: None,
+        messages: None,
     })
 }
 

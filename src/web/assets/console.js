@@ -29,9 +29,11 @@
       throw new Error(`The request failed before the gateway answered (${e.message}).`);
     }
     if (res.ok) return res;
-    let detail = "";
-    try { const b = await res.json(); detail = (b.error && b.error.message) || ""; } catch (_) { /* empty */ }
-    if (res.status === 401 && path !== "/console/login") { showLogin("Your session has ended: sign in again."); }
+    let detail = "", code = "";
+    try { const b = await res.json(); detail = (b.error && b.error.message) || ""; code = (b.error && b.error.code) || ""; } catch (_) { /* empty */ }
+    // A read without a session is 401; a change without one is 403 `not_signed_in`.
+    const signedOut = res.status === 401 || code === "not_signed_in";
+    if (signedOut && path !== "/console/login") { showLogin("Your session has ended: sign in again."); }
     throw new Error(`${res.status}: ${detail || res.statusText}`);
   }
 

@@ -119,7 +119,12 @@ pub async fn serve(
     }
     let who = match login::current(shared, session, &console).await {
         Ok(Some(w)) => w,
-        Ok(None) => return fail(session, ex, &GatewayError::NotSignedIn).await,
+        Ok(None) => {
+            let e = GatewayError::NotSignedIn {
+                change: changes_state(&route),
+            };
+            return fail(session, ex, &e).await;
+        }
         Err(e) => return fail(session, ex, &e).await,
     };
     if changes_state(&route) {
