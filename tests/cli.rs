@@ -88,6 +88,34 @@ fn check_reports_an_unknown_field_with_its_line() {
     assert!(err.contains("c.toml:3") && err.contains("mian"), "{err}");
 }
 
+/// Unknown fields and values of the wrong type do not hide one another, nor the keys file's
+/// problems, nor the problems of the values that were right in shape.
+#[test]
+fn check_names_every_unknown_field_and_wrong_type_in_both_files() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = "[listeners]\nmian = \"127.0.0.1:1\"\nmain = \"127.0.0.1:1\"\n[keys]\nfile = \"k.toml\"\n\n\
+        [[pools]]\nname = \"p\"\nupstreams = [{ url = \"http://127.0.0.1:1\", wieght = 2 }]\n\
+        max_attempts = \"three\"\n\n[[models]]\nname = \"m\"\npool = \"nowhere\"\n";
+    std::fs::write(dir.path().join("c.toml"), config).expect("write");
+    let keys =
+        "[[keys]]\nid = \"a\"\nsecret = \"sk-aaaaaaaaaaa\"\nrpm = \"many\"\nmodles = [\"m\"]\n";
+    std::fs::write(dir.path().join("k.toml"), keys).expect("write");
+    let path = dir.path().join("c.toml");
+    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    assert!(!err.contains("missing field"), "{err}");
+    for needle in [
+        "c.toml:2: mian",
+        "c.toml:9: upstreams: an upstream is a URL string or a table",
+        "c.toml:10: max_attempts",
+        "c.toml:14: models[0].pool",
+        "k.toml:4: rpm",
+        "k.toml:5: modles",
+    ] {
+        assert!(err.contains(needle), "missing `{needle}` in:\n{err}");
+    }
+}
+
 #[test]
 fn check_refuses_a_console_password_hash_that_is_not_argon2id() {
     let (_, argon2id, _) = run(&["password-hash"], Some("pw\n"));

@@ -86,9 +86,9 @@ impl KeyTable {
     }
 
     pub fn parse(file: &str, text: &str) -> Result<KeyTable, Problems> {
-        let raw: RawKeysFile =
-            toml::from_str(text).map_err(|e| Problems::one(Problem::from_toml(file, text, &e)))?;
-        let mut p = Problems::default();
+        let (raw, mut p) = super::problem::deserialize_all::<RawKeysFile>(file, text);
+        let Some(raw) = raw else { return Err(p) };
+        let shape = p.0.len();
         let at = |span: std::ops::Range<usize>| Some(line_of(text, span.start));
         let mut by_hash = HashMap::with_capacity(raw.keys.len());
         let mut ids = HashSet::with_capacity(raw.keys.len());
@@ -252,7 +252,7 @@ impl KeyTable {
                 }
             }
         }
-        p.into_result(KeyTable { by_hash })
+        p.after_shape(shape).into_result(KeyTable { by_hash })
     }
 }
 

@@ -400,13 +400,15 @@ impl Config {
     }
 
     /// The typed config even when some values are invalid (their problems alongside), so that
-    /// `check` can go on to the keys file. Err only when the file does not deserialize.
+    /// `check` can go on to the keys file. An unknown field or a value of the wrong type is
+    /// named and left out (`problem::deserialize_all`); Err only when what remains does not
+    /// deserialize either (a syntax error, a missing field).
     pub fn parse_lenient(path: &Path, text: &str) -> Result<(Config, Problems), Problems> {
         let file = path.display().to_string();
-        let raw: RawConfig =
-            toml::from_str(text).map_err(|e| Problems::one(Problem::from_toml(&file, text, &e)))?;
+        let (raw, mut p) = problem::deserialize_all::<RawConfig>(&file, text);
+        let Some(raw) = raw else { return Err(p) };
+        let shape = p.0.len();
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let mut p = Problems::default();
         let at = |span: std::ops::Range<usize>| Some(problem::line_of(text, span.start));
 
         let mut listeners = Listeners::default();
@@ -903,7 +905,7 @@ impl Config {
                     .unwrap_or_else(|| "modelgate-upgrade.sock".into()),
             ),
         };
-        Ok((config, p))
+        Ok((config, p.after_shape(shape)))
     }
 }
 

@@ -1,6 +1,7 @@
 //! A config problem names file, line and field. Loading collects them all.
 
 use std::fmt;
+use std::ops::Range;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Problem {
@@ -34,7 +35,11 @@ impl Problem {
             .map(str::to_string)
             .or_else(|| e.span().and_then(|s| key_at(text, s.start)))
             .unwrap_or_default();
-        Problem::new(file, line, &field, e.message().trim().to_string())
+        let message = e.message().trim().replace(
+            "data did not match any variant of untagged enum RawUpstream",
+            "an upstream is a URL string or a table { url, weight, api_key }",
+        );
+        Problem::new(file, line, &field, message)
     }
 }
 
@@ -63,6 +68,20 @@ impl Problems {
     }
     pub fn extend(&mut self, other: Problems) {
         self.0.extend(other.0);
+    }
+    /// Drops the problems after the first `named` that fall on a line one of those names:
+    /// a value left out for its shape is not named again by the checks that follow.
+    pub fn after_shape(mut self, named: usize) -> Problems {
+        let lines: Vec<(String, Option<usize>)> = self.0[..named.min(self.0.len())]
+            .iter()
+            .map(|p| (p.file.clone(), p.line))
+            .collect();
+        let mut i = 0;
+        self.0.retain(|p| {
+            i += 1;
+            i <= named || !lines.contains(&(p.file.clone(), p.line))
+        });
+        self
     }
     pub fn into_result<T>(self, value: T) -> Result<T, Problems> {
         if self.0.is_empty() {
@@ -104,4 +123,225 @@ pub fn line_of(text: &str, offset: usize) -> usize {
         .filter(|b| **b == b'\n')
         .count()
         + 1
+}
+
+/// Deserializes a TOML file as far as it goes, naming every problem of shape rather than the
+/// first: an unknown field or a value of the wrong type is reported, blanked out of the text
+/// (spaces over the entry, so every later offset and line stays where it was) and the rest
+/// deserialized again. A syntax error, a missing field or a problem in no single entry (an
+/// unknown table, say) ends the search. The value is there when what remains deserializes;
+/// it is built from the blanked text, whose offsets are the original's.
+pub fn deserialize_all<T: serde::de::DeserializeOwned>(
+    file: &str,
+    text: &str,
+) -> (Option<T>, Problems) {
+    /// Far more than any file has; each round parses the file again.
+    const MAX_ROUNDS: usize = 100;
+    let mut problems = Problems::default();
+    let mut blanked = text.to_string();
+    // The keys blanked so far: a field found missing after that is no news.
+    let mut gone: Vec<String> = Vec::new();
+    for _ in 0..MAX_ROUNDS {
+        let e = match toml::from_str::<T>(&blanked) {
+            Ok(v) => return (Some(v), problems),
+            Err(e) => e,
+        };
+        let problem = Problem::from_toml(file, &blanked, &e);
+        let missing = e.message().starts_with("missing field");
+        if !(missing && gone.contains(&problem.field)) {
+            problems.push(problem);
+        }
+        // serde refuses a list of an untagged enum as a whole, naming no element.
+        let whole_list = e.message().contains("did not match any variant");
+        let entry = e.span().and_then(|span| {
+            let doc = toml_edit::ImDocument::parse(blanked.as_str()).ok()?;
+            entry_at(&blanked, doc.as_table(), &span, whole_list)
+        });
+        let Some((range, in_list)) = entry.filter(|_| !missing) else {
+            break;
+        };
+        if let Some(key) = key_at(&blanked, range.start) {
+            gone.push(key);
+        }
+        blank(&mut blanked, range, in_list);
+    }
+    (None, problems)
+}
+
+/// The byte range of the innermost entry (`key = value`, or an array element) holding
+/// `span`, and whether it sits in an inline list (an inline table or an array), where a
+/// comma goes with it.
+fn entry_at(
+    text: &str,
+    table: &toml_edit::Table,
+    span: &Range<usize>,
+    whole_list: bool,
+) -> Option<(Range<usize>, bool)> {
+    for (k, item) in table.iter() {
+        if let Some(t) = item.as_table() {
+            if let Some(found) = entry_at(text, t, span, whole_list) {
+                return Some(found);
+            }
+            continue;
+        }
+        if let Some(tables) = item.as_array_of_tables() {
+            if let Some(found) = tables
+                .iter()
+                .find_map(|t| entry_at(text, t, span, whole_list))
+            {
+                return Some(found);
+            }
+            continue;
+        }
+        let (Some(ks), Some(value)) = (table.key(k).and_then(|k| k.span()), item.as_value()) else {
+            continue;
+        };
+        if let Some(found) = in_value(value, span) {
+            return Some(found);
+        }
+        let vs = value.span()?;
+        // A list whose element serde refused without naming it (an untagged enum): the
+        // elements go, the key stays (an empty list is then the checks' to name).
+        if whole_list && value.is_array() && vs == *span && vs.len() > 2 {
+            let inner = vs.start + 1..vs.end - 1;
+            if !text_is_blank(text, &inner) {
+                return Some((inner, false));
+            }
+        }
+        let whole = ks.start..vs.end;
+        if contains(&whole, span) {
+            return Some((whole, false));
+        }
+    }
+    None
+}
+
+/// Inside a value: the entry of an inline table or the element of an array holding `span`.
+fn in_value(value: &toml_edit::Value, span: &Range<usize>) -> Option<(Range<usize>, bool)> {
+    match value {
+        toml_edit::Value::InlineTable(t) => t.iter().find_map(|(k, v)| {
+            if let Some(found) = in_value(v, span) {
+                return Some(found);
+            }
+            let whole = t.key(k)?.span()?.start..v.span()?.end;
+            contains(&whole, span).then_some((whole, true))
+        }),
+        toml_edit::Value::Array(a) => a.iter().find_map(|v| {
+            if let Some(found) = in_value(v, span) {
+                return Some(found);
+            }
+            let whole = v.span()?;
+            contains(&whole, span).then_some((whole, true))
+        }),
+        _ => None,
+    }
+}
+
+fn text_is_blank(text: &str, r: &Range<usize>) -> bool {
+    text.get(r.clone())
+        .is_none_or(|t| t.bytes().all(|b| b.is_ascii_whitespace()))
+}
+
+fn contains(outer: &Range<usize>, inner: &Range<usize>) -> bool {
+    outer.start <= inner.start && inner.end <= outer.end
+}
+
+/// Spaces over `range` (newlines kept); in an inline list, over one neighbouring comma too.
+fn blank(text: &mut String, range: Range<usize>, in_list: bool) {
+    let mut bytes = std::mem::take(text).into_bytes();
+    let mut comma = None;
+    if in_list {
+        let after = bytes[range.end..]
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .map(|i| range.end + i);
+        let before = bytes[..range.start]
+            .iter()
+            .rposition(|b| !b.is_ascii_whitespace());
+        comma = [after, before]
+            .into_iter()
+            .flatten()
+            .find(|&i| bytes[i] == b',');
+    }
+    for b in &mut bytes[range] {
+        if *b != b'\n' {
+            *b = b' ';
+        }
+    }
+    if let Some(i) = comma {
+        bytes[i] = b' ';
+    }
+    // Each byte of a character inside the range became a space, and a range starts and ends
+    // on character boundaries (the parser's spans): still UTF-8.
+    *text = String::from_utf8(bytes).unwrap_or_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Doc {
+        name: String,
+        #[serde(default)]
+        n: Option<u32>,
+        #[serde(default)]
+        list: Vec<u32>,
+        #[serde(default)]
+        items: Vec<Item>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Item {
+        a: u32,
+        #[serde(default)]
+        b: Option<u32>,
+    }
+
+    #[test]
+    fn every_unknown_field_and_wrong_type_is_named_at_its_line() {
+        let text = "name = \"x\"\nnmae = 1\nn = \"two\"\nlist = [1, \"z\", 3]\n\
+            [[items]]\na = 1\nc = { d = 2, e = 3 }\n[[items]]\na = 2\nb = [1]\n";
+        let (doc, p) = deserialize_all::<Doc>("f.toml", text);
+        let found: Vec<(Option<usize>, &str)> =
+            p.0.iter().map(|p| (p.line, p.field.as_str())).collect();
+        assert_eq!(
+            found,
+            [
+                (Some(2), "nmae"),
+                (Some(3), "n"),
+                (Some(4), "list"),
+                (Some(7), "c"),
+                (Some(10), "b"),
+            ],
+            "{p}"
+        );
+        let doc = doc.expect("what remains deserializes");
+        assert_eq!((doc.list, doc.items.len()), (vec![1, 3], 2));
+    }
+
+    #[test]
+    fn a_syntax_error_or_a_missing_field_ends_the_search() {
+        let (doc, p) = deserialize_all::<Doc>("f.toml", "name = \"x\"\nn = \n");
+        assert!(doc.is_none());
+        assert_eq!(p.0.len(), 1);
+        let (doc, p) = deserialize_all::<Doc>("f.toml", "nmae = \"x\"\n");
+        assert!(doc.is_none());
+        assert_eq!(p.0.len(), 2, "{p}");
+        assert!(p.0[1].message.contains("missing field"), "{p}");
+    }
+
+    #[test]
+    fn an_inline_entry_goes_with_its_comma() {
+        let mut t = "x = { a = 1, b = 2 }".to_string();
+        blank(&mut t, 6..11, true);
+        assert_eq!(t, format!("x = {{{}b = 2 }}", " ".repeat(8)));
+        let mut t = "x = [1, 2]".to_string();
+        blank(&mut t, 8..9, true);
+        assert_eq!(t, "x = [1   ]");
+    }
 }
