@@ -281,6 +281,51 @@ async fn unreachable_upstreams_are_502_then_503_while_every_one_is_out_of_rotati
     }
 }
 
+/// An upstream whose connect never completes (its accept queue is full, so the SYN is
+/// dropped, as by a firewall) is unreachable: 502 after `connect_timeout_ms`, not 504.
+#[tokio::test]
+async fn an_upstream_that_never_accepts_is_502_after_the_connect_timeout() {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("addr"))
+        .expect("bind");
+    let hole = socket.listen(0).expect("listen");
+    let addr = hole.local_addr().expect("addr");
+    // One connection fills a backlog of 0; the next connects hang.
+    let _filler = std::net::TcpStream::connect(addr).expect("filler");
+    let probe = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_millis(300));
+    assert!(probe.is_err(), "the backlog must be full for this test");
+    let g = start_with(Setup {
+        extra_config: format!(
+            "[[pools]]\nname = \"hole\"\nupstreams = [\"http://{addr}\"]\nhealth_interval_ms = 0\n\
+             connect_timeout_ms = 300\nmax_attempts = 1\n\n\
+             [[models]]\nname = \"hole-model\"\npool = \"hole\"\n"
+        ),
+        ..Setup::default()
+    });
+    let started = std::time::Instant::now();
+    let (status, e) = error_of(
+        post_json(
+            &g.main,
+            "/v1/chat/completions",
+            &chat_body("hole-model", false),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (502, Some("upstream_error")),
+        "{e}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(hole);
+}
+
 #[tokio::test]
 async fn upstream_401_and_403_become_502_upstream_error() {
     let g = start();

@@ -64,9 +64,15 @@ pub fn classify_failure(e: &Error) -> Option<GatewayError> {
         Custom(code @ (UPSTREAM_401 | UPSTREAM_403)) => GatewayError::UpstreamError(format!(
             "The upstream refused the gateway's credential ({code}); check the pool's api_key."
         )),
-        ConnectTimedout | ReadTimedout | WriteTimedout | TLSHandshakeTimedout
-            if e.esource() != &ErrorSource::Downstream =>
-        {
+        // No connection within `connect_timeout_ms` (a host that drops the SYN, a full
+        // backlog): the upstream is unreachable, 502 like a refused connect, not "too slow".
+        ConnectTimedout | TLSHandshakeTimedout if e.esource() != &ErrorSource::Downstream => {
+            GatewayError::UpstreamError(format!(
+                "The upstream could not be reached within its connect timeout ({}).",
+                e.etype().as_str()
+            ))
+        }
+        ReadTimedout | WriteTimedout if e.esource() != &ErrorSource::Downstream => {
             GatewayError::UpstreamTimeout(what())
         }
         HTTPStatus(413) => GatewayError::RequestTooLarge(0),
