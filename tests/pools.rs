@@ -707,3 +707,76 @@ upstream_model = "echo-1"
         stale + 1.0
     );
 }
+
+/// `idle_timeout_ms` ends a stream that goes quiet between events (the reply has begun: it is
+/// cut, never a [DONE]), and `request_timeout_ms` bounds the whole of a plain reply, its wait
+/// for the header included: 504 `upstream_timeout`, each within its own limit, not the
+/// other limits' (30 s and 5 s here).
+#[tokio::test]
+async fn idle_and_whole_request_timeouts_each_end_their_reply() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[pools]]
+name = "strict"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+health_interval_ms = 0
+first_byte_timeout_ms = 5000
+idle_timeout_ms = 300
+request_timeout_ms = 600
+max_attempts = 1
+
+[[models]]
+name = "strict-model"
+pool = "strict"
+upstream_model = "echo-1"
+"#
+        .into(),
+        ..Setup::default()
+    });
+    let started = std::time::Instant::now();
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("strict-model", true),
+        &[("x-mock-delay-ms", "2000"), ("x-mock-chunks", "3")],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let id = resp.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let text = resp.text().await.unwrap_or_default();
+    assert!(
+        !text.contains("[DONE]"),
+        "a quiet stream looked complete: {text}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(1800),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(await_record(&g, &id).await["status"], 504);
+
+    let started = std::time::Instant::now();
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("strict-model", false),
+        &[("x-mock-delay-ms", "3000")],
+    )
+    .await;
+    let (status, e) = error_of(resp).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (504, Some("upstream_timeout")),
+        "{e}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(2000),
+        "{:?}",
+        started.elapsed()
+    );
+}

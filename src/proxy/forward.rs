@@ -129,6 +129,10 @@ async fn try_pool(
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
     let life = life.as_deref();
     for attempt in 1..=pool.cfg.max_attempts {
+        // A plain request past its whole deadline gets no further try.
+        if attempt > 1 && !ctx.stream && ctx.started.elapsed() >= pool.cfg.request_timeout {
+            break;
+        }
         // A stored response lives on one upstream: every try goes there.
         let pick = ctx.pinned.or_else(|| pool.pick(&tried));
         let Some(i) = pick else { break };
@@ -333,7 +337,11 @@ async fn try_once(
     }
     let body = &ctx.body;
     let exchange = connections.exchange(&peer, |client| ask(client, &req, body, &peer));
-    let timed = fast_timeout(pool.cfg.first_byte_timeout, exchange);
+    // A plain reply's whole deadline (`request_timeout`) caps the wait for its header too.
+    let left = (!ctx.stream)
+        .then(|| (ctx.started + pool.cfg.request_timeout).saturating_duration_since(Instant::now()))
+        .filter(|left| *left < pool.cfg.first_byte_timeout);
+    let timed = fast_timeout(left.unwrap_or(pool.cfg.first_byte_timeout), exchange);
     let result = tokio::select! {
         biased;
         r = timed => r,
@@ -341,6 +349,10 @@ async fn try_once(
         () = cut(life) => return Try::ShuttingDown,
     };
     match result {
+        Err(_) if left.is_some() => Try::Failed(GatewayError::UpstreamTimeout(format!(
+            "the upstream's reply was not whole within the request timeout ({} ms)",
+            pool.cfg.request_timeout.as_millis()
+        ))),
         Err(_) => Try::Failed(GatewayError::UpstreamTimeout(format!(
             "the upstream sent no reply within {} ms",
             pool.cfg.first_byte_timeout.as_millis()
