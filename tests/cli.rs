@@ -1,4 +1,4 @@
-//! The commands of the contract: `check`, `key new`, `password-hash`.
+//! The commands of the contract: plain `modelgate`, `check`, `key new`, `password-hash`.
 
 mod common;
 
@@ -284,5 +284,68 @@ fn serve_exits_with_an_error_when_two_addresses_are_one_port() {
     assert!(
         err.contains(&format!("cannot listen on 127.0.0.1:{port}")),
         "{err}"
+    );
+}
+
+/// Plain `modelgate` is `serve` with `conf/modelgate.toml` of its working directory.
+#[test]
+fn plain_modelgate_serves_the_default_config_of_its_working_directory() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(dir.path().join("conf")).expect("conf");
+    let (main, admin) = (free_port(), free_port());
+    std::fs::write(
+        dir.path().join("conf/modelgate.toml"),
+        format!(
+            "[listeners]\nmain = \"127.0.0.1:{main}\"\nadmin = \"127.0.0.1:{admin}\"\n\
+             [keys]\nfile = \"keys.toml\"\n[storage]\nsqlite = \"usage.db\"\n"
+        ),
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("conf/keys.toml"),
+        "[[keys]]\nid = \"a\"\nsecret = \"sk-plain-modelgate-key\"\n",
+    )
+    .expect("write");
+    let mut child = Command::new(bin())
+        .current_dir(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let get = |port: u16, path: &str| -> Option<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .ok()?;
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-plain-modelgate-key\r\n\
+             Connection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    };
+    // The gateway is up once its admin listener answers.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let health = loop {
+        match get(admin, "/healthz") {
+            Some(h) => break Some(h),
+            None if std::time::Instant::now() > deadline => break None,
+            None => std::thread::sleep(std::time::Duration::from_millis(50)),
+        }
+    };
+    let models = get(main, "/v1/models");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        health.is_some_and(|h| h.starts_with("HTTP/1.1 200")),
+        "never healthy"
+    );
+    let models = models.unwrap_or_default();
+    assert!(models.starts_with("HTTP/1.1 200"), "{models}");
+    assert!(
+        dir.path().join("conf/usage.db").exists(),
+        "the store is the config's"
     );
 }
