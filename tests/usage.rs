@@ -231,7 +231,7 @@ async fn an_upstream_that_ignores_include_usage_is_estimated_with_the_tokenizer(
     .await;
     assert!(String::from_utf8_lossy(&body).contains("[DONE]"));
     let r = record_of(&g.main, KEY, &id).await;
-    let mut tokenizers = modelgate::meter::estimate::Tokenizers::default();
+    let tokenizers = modelgate::meter::estimate::Tokenizers::default();
     let prompt = tokenizers.count("echo-1", "say hello to me");
     let completion = tokenizers.count("echo-1", MOCK_TEXT);
     assert_eq!(tokens(&r), (prompt, completion, prompt + completion));

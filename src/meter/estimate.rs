@@ -2,13 +2,13 @@
 //! with tiktoken (o200k for the GPT-4o/4.1/5 and o-series families, cl100k otherwise). The
 //! record is then marked `estimated`.
 //!
-//! The counting runs on the estimator thread, never on a proxy thread: loading a tokenizer
-//! takes 25-90 ms of CPU and encoding a long text milliseconds, during which every other
-//! connection of that proxy thread would wait. The thread drops its tokenizers after
-//! `KEEP_LOADED` without an estimate: they hold 18 MB (cl100k) and 20-35 MB (o200k) of
-//! tables, and estimates are the exception (upstreams report usage).
+//! The counting runs on estimator threads (one a core), never on a proxy thread: loading a
+//! tokenizer takes 25-90 ms of CPU and encoding a long text milliseconds, during which every
+//! other connection of that proxy thread would wait. The threads share the tokenizers and drop
+//! them after `KEEP_LOADED` without an estimate: they hold 18 MB (cl100k) and 20-35 MB (o200k)
+//! of tables, and estimates are the exception (upstreams report usage).
 
-use std::sync::{Arc, OnceLock, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -17,11 +17,11 @@ use tiktoken_rs::CoreBPE;
 
 use super::Usage;
 
-/// How long the estimator thread keeps a tokenizer it has not used. Reloading one costs at
-/// most one proxy-free 25-90 ms load per this period.
+/// How long the estimator threads keep a tokenizer none has used. Reloading one costs at most
+/// one 25-90 ms load (off the proxy threads) per this period.
 const KEEP_LOADED: Duration = Duration::from_secs(5);
 
-/// What an estimate counts, owned so that the estimator thread can count it.
+/// What an estimate counts, owned so that an estimator thread can count it.
 pub struct Job {
     /// The model the upstream was asked for (it picks the tokenizer).
     pub model: String,
@@ -43,7 +43,7 @@ pub enum Output {
 
 impl Job {
     /// The count, with the tokenizers at hand.
-    pub fn count(&self, t: &mut Tokenizers) -> Usage {
+    pub fn count(&self, t: &Tokenizers) -> Usage {
         let model = self.model.as_str();
         let prompt = self
             .reported_prompt
@@ -60,8 +60,8 @@ impl Job {
         }
     }
 
-    /// The count, made on the estimator thread while the caller's task waits (its proxy
-    /// thread goes on with other connections). Counted here if that thread is not there.
+    /// The count, made on an estimator thread while the caller's task waits (its proxy thread
+    /// goes on with other connections). Counted here if no estimator thread could start.
     pub async fn count_off_thread(self) -> Usage {
         let job = Arc::new(self);
         let (tx, rx) = tokio::sync::oneshot::channel();
@@ -70,54 +70,76 @@ impl Job {
                 return u;
             }
         }
-        job.count(&mut Tokenizers::default())
+        job.count(&Tokenizers::default())
     }
 }
 
 type Request = (Arc<Job>, tokio::sync::oneshot::Sender<Usage>);
 
-/// The estimator thread's queue, started at the first estimate.
+/// The estimator threads' queue, started at the first estimate: one thread a core (each
+/// estimate is CPU work), sharing the tokenizers.
 fn estimator() -> Option<&'static mpsc::Sender<Request>> {
     static TX: OnceLock<Option<mpsc::Sender<Request>>> = OnceLock::new();
     TX.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<Request>();
-        let started = std::thread::Builder::new()
-            .name("estimator".into())
-            .spawn(move || estimate_loop(&rx, KEEP_LOADED));
-        match started {
-            Ok(_) => Some(tx),
-            Err(e) => {
-                tracing::warn!("no estimator thread ({e}): token estimates run inline");
-                None
+        let rx = Arc::new(Mutex::new(rx));
+        let tokenizers = Arc::new(Tokenizers::default());
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut started = 0;
+        for _ in 0..cores {
+            let (rx, tokenizers) = (rx.clone(), tokenizers.clone());
+            let spawned = std::thread::Builder::new()
+                .name("estimator".into())
+                .spawn(move || estimate_loop(&rx, &tokenizers, KEEP_LOADED));
+            match spawned {
+                Ok(_) => started += 1,
+                Err(e) => tracing::warn!("an estimator thread did not start: {e}"),
             }
         }
+        if started == 0 {
+            tracing::warn!("no estimator thread: token estimates run inline");
+        }
+        (started > 0).then_some(tx)
     })
     .as_ref()
 }
 
-/// Counts each job sent; the tokenizers go when none came for `keep`.
-fn estimate_loop(rx: &mpsc::Receiver<Request>, keep: Duration) {
-    let mut tokenizers = Tokenizers::default();
+/// Counts the jobs it takes from the shared queue (one thread waits on it at a time); the
+/// tokenizers go when no job came for `keep` (a count still running keeps its own until done).
+fn estimate_loop(rx: &Mutex<mpsc::Receiver<Request>>, tokenizers: &Tokenizers, keep: Duration) {
     loop {
-        match rx.recv_timeout(keep) {
+        let next = match rx.lock() {
+            Ok(rx) => rx.recv_timeout(keep),
+            Err(_) => return,
+        };
+        match next {
             Ok((job, reply)) => {
-                let _ = reply.send(job.count(&mut tokenizers));
+                let _ = reply.send(job.count(tokenizers));
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => tokenizers = Tokenizers::default(),
+            Err(mpsc::RecvTimeoutError::Timeout) => tokenizers.unload(),
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
     }
 }
 
-/// The tokenizers loaded so far, each at its first use.
+/// The tokenizers loaded so far, each at its first use (a second thread needing the same
+/// one meanwhile waits for that load rather than making its own).
 #[derive(Default)]
 pub struct Tokenizers {
-    o200k: Option<CoreBPE>,
-    cl100k: Option<CoreBPE>,
+    o200k: Mutex<Option<Arc<CoreBPE>>>,
+    cl100k: Mutex<Option<Arc<CoreBPE>>>,
 }
 
 impl Tokenizers {
-    fn bpe(&mut self, model: &str) -> Option<&CoreBPE> {
+    fn unload(&self) {
+        for slot in [&self.o200k, &self.cl100k] {
+            if let Ok(mut t) = slot.lock() {
+                *t = None;
+            }
+        }
+    }
+
+    fn bpe(&self, model: &str) -> Option<Arc<CoreBPE>> {
         let m = model
             .rsplit('/')
             .next()
@@ -136,22 +158,20 @@ impl Tokenizers {
         ]
         .iter()
         .any(|p| m.starts_with(p));
-        let slot = if o200k {
-            &mut self.o200k
-        } else {
-            &mut self.cl100k
-        };
+        let slot = if o200k { &self.o200k } else { &self.cl100k };
+        let mut slot = slot.lock().ok()?;
         if slot.is_none() {
-            *slot = if o200k {
-                tiktoken_rs::o200k_base().ok()
+            let loaded = if o200k {
+                tiktoken_rs::o200k_base()
             } else {
-                tiktoken_rs::cl100k_base().ok()
+                tiktoken_rs::cl100k_base()
             };
+            *slot = loaded.ok().map(Arc::new);
         }
-        slot.as_ref()
+        slot.clone()
     }
 
-    pub fn count(&mut self, model: &str, text: &str) -> u64 {
+    pub fn count(&self, model: &str, text: &str) -> u64 {
         if text.is_empty() {
             return 0;
         }
@@ -171,7 +191,7 @@ impl Tokenizers {
 
     /// Prompt tokens of a request body. A huge body is not parsed into a tree: about four
     /// bytes a token is close enough for an estimate of that size.
-    pub fn prompt_tokens(&mut self, model: &str, body: &[u8]) -> u64 {
+    pub fn prompt_tokens(&self, model: &str, body: &[u8]) -> u64 {
         if body.len() > 4 * MAX_COUNTED {
             return body.len().div_ceil(4) as u64;
         }
@@ -261,7 +281,7 @@ mod tests {
 
     #[test]
     fn huge_texts_are_counted_in_bounded_time_by_scaling_a_prefix() {
-        let mut t = Tokenizers::default();
+        let t = Tokenizers::default();
         let text = "hello world ".repeat(100_000);
         let n = t.count("gpt-4o", &text);
         assert!((190_000..=210_000).contains(&n), "{n}");
@@ -278,7 +298,7 @@ mod tests {
             ),
             output: Output::Reply(br#"{"choices":[{"message":{"content":"hi there"}}]}"#.to_vec()),
         };
-        let here = job().count(&mut Tokenizers::default());
+        let here = job().count(&Tokenizers::default());
         assert_eq!((here.prompt_tokens, here.completion_tokens), (2, 2));
         for _ in 0..3 {
             assert_eq!(job().count_off_thread().await, here);
@@ -289,22 +309,36 @@ mod tests {
             ..job()
         };
         assert_eq!(reported.count_off_thread().await.total_tokens, 7);
-        // The thread drops its tokenizers after a quiet spell and loads them again.
+        // Two threads share the queue and the tokenizers, which go after a quiet spell and
+        // are loaded again at the next estimate.
         let (tx, rx) = mpsc::channel();
-        let worker = std::thread::spawn(move || estimate_loop(&rx, Duration::from_millis(1)));
+        let rx = Arc::new(Mutex::new(rx));
+        let tokenizers = Arc::new(Tokenizers::default());
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let (rx, t) = (rx.clone(), tokenizers.clone());
+                std::thread::spawn(move || estimate_loop(&rx, &t, Duration::from_millis(1)))
+            })
+            .collect();
         for _ in 0..2 {
             let (reply, answer) = tokio::sync::oneshot::channel();
             tx.send((Arc::new(job()), reply)).expect("send");
             assert_eq!(answer.await.expect("answer"), here);
-            std::thread::sleep(Duration::from_millis(5));
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while tokenizers.o200k.lock().expect("lock").is_some() {
+                assert!(std::time::Instant::now() < deadline, "never unloaded");
+                std::thread::yield_now();
+            }
         }
         drop(tx);
-        worker.join().expect("the loop ends with its queue");
+        for w in workers {
+            w.join().expect("each loop ends with its queue");
+        }
     }
 
     #[test]
     fn tokens_are_counted_with_the_family_tokenizer() {
-        let mut t = Tokenizers::default();
+        let t = Tokenizers::default();
         assert_eq!(t.count("gpt-4o-mini", "hello world"), 2);
         assert_eq!(t.count("some-local-model", "hello world"), 2);
         assert_eq!(t.count("gpt-4o", ""), 0);
