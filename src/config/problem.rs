@@ -135,13 +135,34 @@ pub fn deserialize_all<T: serde::de::DeserializeOwned>(
     file: &str,
     text: &str,
 ) -> (Option<T>, Problems) {
-    /// Far more than any file has; each round parses the file again.
-    const MAX_ROUNDS: usize = 100;
+    // Each round parses the file again: a keys file of 100,000 entries takes a fraction of a
+    // second a round, and the hot reload runs this too.
+    deserialize_within(file, text, 100, std::time::Duration::from_secs(1))
+}
+
+/// `deserialize_all` within `max_rounds` rounds and `search_time`: past either the search
+/// stops, saying so; the first problem is always named.
+fn deserialize_within<T: serde::de::DeserializeOwned>(
+    file: &str,
+    text: &str,
+    max_rounds: usize,
+    search_time: std::time::Duration,
+) -> (Option<T>, Problems) {
+    let started = std::time::Instant::now();
     let mut problems = Problems::default();
     let mut blanked = text.to_string();
     // The keys blanked so far: a field found missing after that is no news.
     let mut gone: Vec<String> = Vec::new();
-    for _ in 0..MAX_ROUNDS {
+    for round in 0.. {
+        if round == max_rounds || (round > 0 && started.elapsed() > search_time) {
+            problems.push(Problem::new(
+                file,
+                None,
+                "",
+                format!("(the search stopped after {round} problems; fix these and check again)"),
+            ));
+            break;
+        }
         let e = match toml::from_str::<T>(&blanked) {
             Ok(v) => return (Some(v), problems),
             Err(e) => e,
@@ -322,6 +343,23 @@ mod tests {
         );
         let doc = doc.expect("what remains deserializes");
         assert_eq!((doc.list, doc.items.len()), (vec![1, 3], 2));
+    }
+
+    #[test]
+    fn the_search_stops_at_its_limits_and_says_so() {
+        let text: String = std::iter::once("name = \"x\"\n".to_string())
+            .chain((0..10).map(|i| format!("extra{i} = {i}\n")))
+            .collect();
+        let minute = std::time::Duration::from_secs(60);
+        let (doc, p) = deserialize_within::<Doc>("f.toml", &text, 5, minute);
+        assert!(doc.is_none());
+        assert_eq!(p.0.len(), 6, "{p}");
+        assert_eq!((p.0[4].line, p.0[4].field.as_str()), (Some(6), "extra4"));
+        assert!(p.0[5].message.contains("stopped after 5"), "{p}");
+        // Out of time: the first problem is named all the same.
+        let (_, p) = deserialize_within::<Doc>("f.toml", &text, 5, std::time::Duration::ZERO);
+        assert_eq!(p.0.len(), 2, "{p}");
+        assert_eq!(p.0[0].field, "extra0");
     }
 
     #[test]
