@@ -119,7 +119,11 @@ async fn concurrency_is_counted_across_gateways() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     for g in &gs {
-        let (status, e) = common::error_of(chat(&g.main, common::CONC_KEY).await).await;
+        let refused = chat(&g.main, common::CONC_KEY).await;
+        // The fleet's count: no slot left on either gateway.
+        assert_eq!(refused.headers()["x-ratelimit-limit-concurrency"], "2");
+        assert_eq!(refused.headers()["x-ratelimit-remaining-concurrency"], "0");
+        let (status, e) = common::error_of(refused).await;
         assert_eq!(
             (status, e["code"].as_str()),
             (429, Some("rate_limit_exceeded"))
@@ -132,7 +136,9 @@ async fn concurrency_is_counted_across_gateways() {
         assert!(Instant::now() < deadline, "leases not released");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(chat(&gs[1].main, common::CONC_KEY).await.status(), 200);
+    let free = chat(&gs[1].main, common::CONC_KEY).await;
+    assert_eq!(free.status(), 200);
+    assert_eq!(free.headers()["x-ratelimit-remaining-concurrency"], "1");
 }
 
 /// `tpm = 20`: the tokens of a reply on one gateway count on the other.

@@ -38,7 +38,8 @@ const RETRY: Duration = Duration::from_secs(1);
 
 /// KEYS: requests, tokens, token sum, leases, spend. ARGV: rpm, tpm, max_concurrent (0 =
 /// none), member (the request id), lease ms. Returns {refusal ("" when admitted), retry_after
-/// ms, requests in window, requests reset ms, tokens in window, tokens reset ms, spend}.
+/// ms, requests in window, requests reset ms, tokens in window, tokens reset ms, spend, slots
+/// taken (this request's own included; -1 when concurrency was not looked at)}.
 const ADMIT: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -81,13 +82,16 @@ if rpm > 0 then
     refusal, retry = 'rpm', tonumber(first[2]) + win - now
   end
 end
+local taken = -1
 if refusal == '' and conc > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  if redis.call('ZCARD', KEYS[4]) >= conc then
+  taken = redis.call('ZCARD', KEYS[4])
+  if taken >= conc then
     refusal, retry = 'concurrency', 1000
   else
     redis.call('ZADD', KEYS[4], now + tonumber(ARGV[5]), ARGV[4])
     redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[5]))
+    taken = taken + 1
   end
 end
 if refusal == '' and rpm > 0 then
@@ -100,7 +104,7 @@ if rpm > 0 then
   if first[2] then req_reset = tonumber(first[2]) + win - now end
 end
 local spend = redis.call('GET', KEYS[5]) or '0'
-return {refusal, retry, used, req_reset, tok_sum, tok_reset, spend}
+return {refusal, retry, used, req_reset, tok_sum, tok_reset, spend, taken}
 ";
 
 /// KEYS: tokens, token sum, spend. ARGV: tokens, member, cost. A reply that ended.
@@ -311,15 +315,16 @@ impl SharedLimits {
             .arg(request_id)
             .arg(ms(LEASE));
         let mut c = self.conn.clone();
-        let out: (String, i64, u64, i64, u64, i64, String) = match inv.invoke_async(&mut c).await {
-            Ok(v) => v,
-            Err(e) => {
-                self.failed(&e);
-                return Err(());
-            }
-        };
+        let out: (String, i64, u64, i64, u64, i64, String, i64) =
+            match inv.invoke_async(&mut c).await {
+                Ok(v) => v,
+                Err(e) => {
+                    self.failed(&e);
+                    return Err(());
+                }
+            };
         self.answered();
-        let (refusal, retry, used, req_reset, tok_sum, tok_reset, spend) = out;
+        let (refusal, retry, used, req_reset, tok_sum, tok_reset, spend, taken) = out;
         let dur = |v: i64| Duration::from_millis(u64::try_from(v).unwrap_or(0));
         let mut headroom = Headroom::default();
         if let Some(rpm) = key.rpm.map(u64::from) {
@@ -328,16 +333,16 @@ impl SharedLimits {
         if let Some(tpm) = key.tpm {
             headroom.tokens = Some((tpm, tpm.saturating_sub(tok_sum), dur(tok_reset).min(WINDOW)));
         }
+        if let (Some(max), Ok(taken)) = (key.max_concurrent, u32::try_from(taken)) {
+            headroom.concurrency = Some((max, max.saturating_sub(taken)));
+        }
         let refusal = match refusal.as_str() {
             "" => None,
             "rpm" => Some(super::rate::refusal_rpm(key.rpm.unwrap_or(0), dur(retry))),
             "tpm" => Some(super::rate::refusal_tpm(key.tpm.unwrap_or(0), dur(retry))),
-            _ => {
-                let max = key.max_concurrent.unwrap_or(0);
-                // The script tells how many slots are taken only by refusing.
-                headroom.concurrency = Some((max, 0));
-                Some(super::rate::refusal_concurrency(max))
-            }
+            _ => Some(super::rate::refusal_concurrency(
+                key.max_concurrent.unwrap_or(0),
+            )),
         };
         let lease = (refusal.is_none() && key.max_concurrent.is_some()).then(|| {
             self.leases.insert(request_id.to_string(), key.id.clone());
