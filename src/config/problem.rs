@@ -69,17 +69,18 @@ impl Problems {
     pub fn extend(&mut self, other: Problems) {
         self.0.extend(other.0);
     }
-    /// Drops the problems after the first `named` that fall on a line one of those names:
-    /// a value left out for its shape is not named again by the checks that follow.
+    /// Drops the problems after the first `named` about a field one of those names, on its
+    /// line: a value left out for its shape is not named again by the checks that follow.
     pub fn after_shape(mut self, named: usize) -> Problems {
-        let lines: Vec<(String, Option<usize>)> = self.0[..named.min(self.0.len())]
-            .iter()
-            .map(|p| (p.file.clone(), p.line))
-            .collect();
+        let shape: Vec<Problem> = self.0[..named.min(self.0.len())].to_vec();
+        let leaf = |f: &str| f.rsplit('.').next().unwrap_or(f).to_string();
         let mut i = 0;
         self.0.retain(|p| {
             i += 1;
-            i <= named || !lines.contains(&(p.file.clone(), p.line))
+            i <= named
+                || !shape.iter().any(|s| {
+                    s.file == p.file && s.line == p.line && leaf(&s.field) == leaf(&p.field)
+                })
         });
         self
     }
@@ -178,12 +179,13 @@ fn deserialize_within<T: serde::de::DeserializeOwned>(
             let doc = toml_edit::ImDocument::parse(blanked.as_str()).ok()?;
             entry_at(&blanked, doc.as_table(), &span, whole_list)
         });
-        let Some((range, in_list)) = entry.filter(|_| !missing) else {
+        let Some((mut range, in_list)) = entry.filter(|_| !missing) else {
             break;
         };
-        if let Some(key) = key_at(&blanked, range.start) {
+        if let Some(key) = leaf_key(&blanked, range.start) {
             gone.push(key);
         }
+        range.start = dotted_start(&blanked, range.start);
         blank(&mut blanked, range, in_list);
     }
     (None, problems)
@@ -202,6 +204,12 @@ fn entry_at(
         if let Some(t) = item.as_table() {
             if let Some(found) = entry_at(text, t, span, whole_list) {
                 return Some(found);
+            }
+            // `a.b = 1` refused at `a` (a table where a value goes): its entries go, one a
+            // round.
+            let at_key = table.key(k).and_then(|k| k.span());
+            if t.is_dotted() && at_key.is_some_and(|ks| contains(&ks, span)) {
+                return first_leaf(&entries_of(t));
             }
             continue;
         }
@@ -237,12 +245,58 @@ fn entry_at(
     None
 }
 
+/// One entry of a table: its key, and its value or the table it opens.
+type Entry<'a> = (
+    Option<&'a toml_edit::Key>,
+    Option<&'a toml_edit::Value>,
+    Option<&'a toml_edit::Table>,
+);
+
+fn entries_of(t: &toml_edit::Table) -> Vec<Entry<'_>> {
+    t.iter()
+        .map(|(k, i)| (t.key(k), i.as_value(), i.as_table()))
+        .collect()
+}
+
+fn entries_of_inline(t: &toml_edit::InlineTable) -> Vec<Entry<'_>> {
+    t.iter().map(|(k, v)| (t.key(k), Some(v), None)).collect()
+}
+
+/// The first `key = value` of a dotted table (its last key to its value), looking into the
+/// dotted tables inside it.
+fn first_leaf(entries: &[Entry<'_>]) -> Option<(Range<usize>, bool)> {
+    for &(key, value, table) in entries {
+        if let Some(found) = table.and_then(|t| first_leaf(&entries_of(t))) {
+            return Some(found);
+        }
+        let (Some(ks), Some(v)) = (key.and_then(|k| k.span()), value) else {
+            continue;
+        };
+        match v {
+            toml_edit::Value::InlineTable(t) if t.is_dotted() => {
+                if let Some(found) = first_leaf(&entries_of_inline(t)) {
+                    return Some(found);
+                }
+            }
+            _ => return Some((ks.start..v.span()?.end, false)),
+        }
+    }
+    None
+}
+
 /// Inside a value: the entry of an inline table or the element of an array holding `span`.
 fn in_value(value: &toml_edit::Value, span: &Range<usize>) -> Option<(Range<usize>, bool)> {
     match value {
         toml_edit::Value::InlineTable(t) => t.iter().find_map(|(k, v)| {
             if let Some(found) = in_value(v, span) {
                 return Some(found);
+            }
+            // `{ a.b = 1 }` refused at `a`: its first entry goes (in the list, with a comma).
+            if let toml_edit::Value::InlineTable(dotted) = v {
+                let at_key = t.key(k).and_then(|k| k.span());
+                if dotted.is_dotted() && at_key.is_some_and(|ks| contains(&ks, span)) {
+                    return first_leaf(&entries_of_inline(dotted)).map(|(r, _)| (r, true));
+                }
             }
             let whole = t.key(k)?.span()?.start..v.span()?.end;
             contains(&whole, span).then_some((whole, true))
@@ -256,6 +310,37 @@ fn in_value(value: &toml_edit::Value, span: &Range<usize>) -> Option<(Range<usiz
         }),
         _ => None,
     }
+}
+
+/// The bare key an entry starting at `start` sets (`name` of `name = …`), if it is one.
+fn leaf_key(text: &str, start: usize) -> Option<String> {
+    let (key, _) = text.get(start..)?.split_once('=')?;
+    let key = key.trim();
+    let bare = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    bare.then(|| key.to_string())
+}
+
+/// Where the entry whose last key starts at `start` begins: before its dotted prefix (`a.b`
+/// of `a.b.c = 1`), which the parser spans apart from the last key. Blanking only from the
+/// last key would leave `a.b.` behind, and the next round a syntax error.
+fn dotted_start(text: &str, start: usize) -> usize {
+    let head = &text.as_bytes()[..start];
+    let key_byte = |b: u8| b.is_ascii_alphanumeric() || b"_-.\"' \t".contains(&b);
+    let from = head
+        .iter()
+        .rposition(|&b| !key_byte(b))
+        .map_or(0, |i| i + 1);
+    let prefix = &head[from..];
+    if !prefix.contains(&b'.') {
+        return start;
+    }
+    from + prefix
+        .iter()
+        .take_while(|b| b.is_ascii_whitespace())
+        .count()
 }
 
 fn text_is_blank(text: &str, r: &Range<usize>) -> bool {
@@ -371,6 +456,31 @@ mod tests {
         assert!(doc.is_none());
         assert_eq!(p.0.len(), 2, "{p}");
         assert!(p.0[1].message.contains("missing field"), "{p}");
+    }
+
+    #[test]
+    fn a_dotted_entry_goes_whole() {
+        let text = "name = \"x\"\nitems = [{ a = 1, b.c = 2 }]\nn.m = 3\n";
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Loose {
+            name: String,
+            #[serde(default)]
+            n: Option<u32>,
+            #[serde(default)]
+            items: Vec<Item>,
+        }
+        let (doc, p) = deserialize_all::<Loose>("f.toml", text);
+        let found: Vec<(Option<usize>, &str)> =
+            p.0.iter().map(|p| (p.line, p.field.as_str())).collect();
+        // `b.c` is no field of an item, `n.m` makes `n` a table: each named once, and
+        // what remains (no syntax error left behind) deserializes.
+        assert_eq!(found.len(), 2, "{p}");
+        assert_eq!((found[0].0, found[1].0), (Some(2), Some(3)), "{p}");
+        assert!(doc.is_some(), "{p}");
+        assert_eq!(dotted_start("x = { a.b = 1 }", 8), 6);
+        assert_eq!(dotted_start("k = 1\nserver . workers = 2", 15), 6);
+        assert_eq!(dotted_start("k = 1\nworkers = 2", 6), 6);
     }
 
     #[test]

@@ -61,27 +61,50 @@ impl Job {
     }
 
     /// The count, made on an estimator thread while the caller's task waits (its proxy thread
-    /// goes on with other connections). Counted here if no estimator thread could start.
+    /// goes on with other connections). When none can take it (none started, `QUEUE` jobs
+    /// already wait, or the count failed), about four bytes a token, never a tokenizer on the
+    /// proxy thread.
     pub async fn count_off_thread(self) -> Usage {
         let job = Arc::new(self);
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if estimator().is_some_and(|e| e.send((job.clone(), tx)).is_ok()) {
+        if estimator().is_some_and(|e| e.try_send((job.clone(), tx)).is_ok()) {
             if let Ok(u) = rx.await {
                 return u;
             }
         }
-        job.count(&Tokenizers::default())
+        job.rough()
+    }
+
+    /// About four bytes a token: the estimate when the tokenizer cannot be used.
+    fn rough(&self) -> Usage {
+        let prompt = self
+            .reported_prompt
+            .unwrap_or(self.body.len().div_ceil(4) as u64);
+        let completion = match &self.output {
+            Output::Nothing => 0,
+            Output::Text(t) => t.len().div_ceil(4) as u64,
+            Output::Reply(b) => b.len().div_ceil(4) as u64,
+        };
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt.saturating_add(completion),
+        }
     }
 }
 
 type Request = (Arc<Job>, tokio::sync::oneshot::Sender<Usage>);
 
+/// Estimates waiting for a thread, at most: past it a request takes the rough count rather
+/// than queue behind thousands (each holding its body and reply).
+const QUEUE: usize = 4096;
+
 /// The estimator threads' queue, started at the first estimate: one thread a core (each
 /// estimate is CPU work), sharing the tokenizers.
-fn estimator() -> Option<&'static mpsc::Sender<Request>> {
-    static TX: OnceLock<Option<mpsc::Sender<Request>>> = OnceLock::new();
+fn estimator() -> Option<&'static mpsc::SyncSender<Request>> {
+    static TX: OnceLock<Option<mpsc::SyncSender<Request>>> = OnceLock::new();
     TX.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Request>();
+        let (tx, rx) = mpsc::sync_channel::<Request>(QUEUE);
         let rx = Arc::new(Mutex::new(rx));
         let tokenizers = Arc::new(Tokenizers::default());
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -97,7 +120,7 @@ fn estimator() -> Option<&'static mpsc::Sender<Request>> {
             }
         }
         if started == 0 {
-            tracing::warn!("no estimator thread: token estimates run inline");
+            tracing::warn!("no estimator thread: token estimates are rough (4 bytes a token)");
         }
         (started > 0).then_some(tx)
     })
@@ -114,7 +137,12 @@ fn estimate_loop(rx: &Mutex<mpsc::Receiver<Request>>, tokenizers: &Tokenizers, k
         };
         match next {
             Ok((job, reply)) => {
-                let _ = reply.send(job.count(tokenizers));
+                // A tokenizer that panics on some text costs that estimate its precision, not
+                // the thread.
+                let counted = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    job.count(tokenizers)
+                }));
+                let _ = reply.send(counted.unwrap_or_else(|_| job.rough()));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => tokenizers.unload(),
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
@@ -133,9 +161,9 @@ pub struct Tokenizers {
 impl Tokenizers {
     fn unload(&self) {
         for slot in [&self.o200k, &self.cl100k] {
-            if let Ok(mut t) = slot.lock() {
-                *t = None;
-            }
+            *slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
         }
     }
 
@@ -159,7 +187,10 @@ impl Tokenizers {
         .iter()
         .any(|p| m.starts_with(p));
         let slot = if o200k { &self.o200k } else { &self.cl100k };
-        let mut slot = slot.lock().ok()?;
+        // A load that panicked left the slot empty: the next one tries again.
+        let mut slot = slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if slot.is_none() {
             let loaded = if o200k {
                 tiktoken_rs::o200k_base()

@@ -34,6 +34,9 @@ enum Try {
     Reply(Upstreamed, Box<ResponseHeader>),
     /// No reply: the error the client gets if no try succeeds.
     Failed(GatewayError),
+    /// No reply before the plain request's whole deadline (`request_timeout`): no further
+    /// try, and not held against the upstream, whose own limit had not passed.
+    OutOfTime(GatewayError),
     /// The client went away.
     ClientGone,
     /// The gateway is shutting down and ends the request.
@@ -95,6 +98,10 @@ pub async fn run(
             }
             tracing::debug!(request_id = %ctx.request_id, model = %next.model.name, "fallback");
         }
+        // A plain request past its whole deadline tries no fallback.
+        if n > 0 && !ctx.stream && ctx.started.elapsed() >= next.pool.cfg.request_timeout {
+            break;
+        }
         ctx.route = Some(next.clone());
         let more = n < routes.len();
         match try_pool(connections, session, ctx, &next.pool, more).await {
@@ -129,10 +136,6 @@ async fn try_pool(
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
     let life = life.as_deref();
     for attempt in 1..=pool.cfg.max_attempts {
-        // A plain request past its whole deadline gets no further try.
-        if attempt > 1 && !ctx.stream && ctx.started.elapsed() >= pool.cfg.request_timeout {
-            break;
-        }
         // A stored response lives on one upstream: every try goes there.
         let pick = ctx.pinned.or_else(|| pool.pick(&tried));
         let Some(i) = pick else { break };
@@ -147,6 +150,11 @@ async fn try_pool(
         let span = ctx.trace.as_ref().map(|t| t.next_try());
         let tried_once = try_once(connections, session, ctx, pool, up, life, span).await;
         let try_ended = Instant::now();
+        // A plain request past its whole deadline gets no further try: this one was its last
+        // (a retryable reply passes on as the last try's does).
+        let last = last
+            || (!ctx.stream
+                && try_ended.saturating_duration_since(ctx.started) >= pool.cfg.request_timeout);
         ctx.upstream_time += try_ended.saturating_duration_since(started);
         let outcome = outcome(&tried_once);
         if let Some(m) = crate::metrics::get() {
@@ -159,12 +167,19 @@ async fn try_pool(
         match tried_once {
             Try::ClientGone => return gone(ctx),
             Try::ShuttingDown => return shutting_down(session, ctx).await,
+            Try::OutOfTime(e) => {
+                last_error = Some(e);
+                break;
+            }
             Try::Failed(e) => {
                 pool.transport_failed(up);
                 tracing::debug!(request_id = %ctx.request_id, upstream = %up.cfg.url, "try {attempt} failed: {e:?}");
                 last_error = Some(e);
                 tried.push(i);
-                if !last && pool.has_healthy(&[]) {
+                if last {
+                    break;
+                }
+                if pool.has_healthy(&[]) {
                     match wait(session, ctx, pool, attempt + 1, None, life).await {
                         Waited::Done => {}
                         Waited::ClientGone => return gone(ctx),
@@ -285,7 +300,7 @@ fn outcome(tried: &Try) -> &'static str {
             s if s >= 400 => "4xx",
             _ => "2xx",
         },
-        Try::Failed(GatewayError::UpstreamTimeout(_)) => "timeout",
+        Try::Failed(GatewayError::UpstreamTimeout(_)) | Try::OutOfTime(_) => "timeout",
         Try::Failed(_) => "error",
         Try::ClientGone => "client_gone",
         Try::ShuttingDown => "shutting_down",
@@ -349,7 +364,7 @@ async fn try_once(
         () = cut(life) => return Try::ShuttingDown,
     };
     match result {
-        Err(_) if left.is_some() => Try::Failed(GatewayError::UpstreamTimeout(format!(
+        Err(_) if left.is_some() => Try::OutOfTime(GatewayError::UpstreamTimeout(format!(
             "the upstream's reply was not whole within the request timeout ({} ms)",
             pool.cfg.request_timeout.as_millis()
         ))),

@@ -348,6 +348,9 @@ impl ProxyHttp for Gateway {
         let key = ctx.key.clone();
         // One clock read for the request's end: its latency, its metrics, its tpm tokens.
         let ended = std::time::Instant::now();
+        // The request is over: its concurrency slot is free before any estimate is counted.
+        ctx.slot = None;
+        ctx.lease = None;
         let tokens = record::Tokens::of(ctx).resolve().await;
         let r = record::build(
             ctx,
@@ -370,8 +373,6 @@ impl ProxyHttp for Gateway {
         if ctx.group == Group::Responses.name() && ctx.outcome.succeeded() {
             self.note_stored_response(session, ctx, &key.id);
         }
-        ctx.slot = None;
-        ctx.lease = None;
         self.shared.limiter.add_tokens(&key, r.total_tokens, ended);
         self.shared.spend.add(&key.id, r.cost);
         if let Some(shared) = &self.shared.shared_limits {
