@@ -729,6 +729,19 @@ max_attempts = 1
 name = "strict-model"
 pool = "strict"
 upstream_model = "echo-1"
+
+[[pools]]
+name = "strict-retry"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+health_interval_ms = 0
+request_timeout_ms = 500
+retry_base_ms = 5000
+retry_cap_ms = 5000
+
+[[models]]
+name = "strict-retry-model"
+pool = "strict-retry"
+upstream_model = "echo-1"
 "#
         .into(),
         ..Setup::default()
@@ -776,6 +789,29 @@ upstream_model = "echo-1"
     );
     assert!(
         started.elapsed() < std::time::Duration::from_millis(2000),
+        "{:?}",
+        started.elapsed()
+    );
+    // A retry's backoff (5 s here) is cut short by the whole deadline: at about 0.5 s the
+    // next try is the last; its reply (the mock's 503, if quicker than the 10 ms timer tick)
+    // or the 504 ends the request.
+    let started = std::time::Instant::now();
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("strict-retry-model", false),
+        &[("x-mock-status", "503")],
+    )
+    .await;
+    let (status, e) = error_of(resp).await;
+    assert!(
+        [(503, Some("mock_error")), (504, Some("upstream_timeout"))]
+            .contains(&(status, e["code"].as_str())),
+        "{status} {e}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(2500),
         "{:?}",
         started.elapsed()
     );

@@ -251,13 +251,19 @@ async fn wait(
     retry_after: Option<Duration>,
     life: Option<&Lifecycle>,
 ) -> Waited {
-    let delay = backoff(
+    let mut delay = backoff(
         pool.cfg.retry_base,
         pool.cfg.retry_cap,
         attempt,
         retry_after,
     );
     let started = Instant::now();
+    // A plain request waits no longer than its whole deadline: the try after it then ends at
+    // once (504), rather than after the backoff.
+    if !ctx.stream {
+        let left = (ctx.started + pool.cfg.request_timeout).saturating_duration_since(started);
+        delay = delay.min(left);
+    }
     let waited = tokio::select! {
         () = tokio::time::sleep(delay) => Waited::Done,
         () = client_gone(session) => Waited::ClientGone,
