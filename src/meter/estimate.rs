@@ -53,11 +53,7 @@ impl Job {
             Output::Text(text) => t.count(model, text),
             Output::Reply(body) => t.count(model, &reply_text(body)),
         };
-        Usage {
-            prompt_tokens: prompt,
-            completion_tokens: completion,
-            total_tokens: prompt.saturating_add(completion),
-        }
+        usage(prompt, completion)
     }
 
     /// The count, made on an estimator thread while the caller's task waits (its proxy thread
@@ -77,20 +73,27 @@ impl Job {
 
     /// About four bytes a token: the estimate when the tokenizer cannot be used.
     fn rough(&self) -> Usage {
-        let prompt = self
-            .reported_prompt
-            .unwrap_or(self.body.len().div_ceil(4) as u64);
+        let prompt = self.reported_prompt.unwrap_or(rough(&self.body));
         let completion = match &self.output {
             Output::Nothing => 0,
-            Output::Text(t) => t.len().div_ceil(4) as u64,
-            Output::Reply(b) => b.len().div_ceil(4) as u64,
+            Output::Text(t) => rough(t.as_bytes()),
+            Output::Reply(b) => rough(b),
         };
-        Usage {
-            prompt_tokens: prompt,
-            completion_tokens: completion,
-            total_tokens: prompt.saturating_add(completion),
-        }
+        usage(prompt, completion)
     }
+}
+
+fn usage(prompt: u64, completion: u64) -> Usage {
+    Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: prompt.saturating_add(completion),
+    }
+}
+
+/// About four bytes a token.
+fn rough(bytes: &[u8]) -> u64 {
+    bytes.len().div_ceil(4) as u64
 }
 
 type Request = (Arc<Job>, tokio::sync::oneshot::Sender<Usage>);
@@ -215,7 +218,7 @@ impl Tokenizers {
             return (head as f64 * text.len() as f64 / cut as f64).round() as u64;
         }
         self.bpe(model).map_or_else(
-            || text.len().div_ceil(4) as u64,
+            || rough(text.as_bytes()),
             |b| b.encode_ordinary(text).len() as u64,
         )
     }
@@ -224,7 +227,7 @@ impl Tokenizers {
     /// bytes a token is close enough for an estimate of that size.
     pub fn prompt_tokens(&self, model: &str, body: &[u8]) -> u64 {
         if body.len() > 4 * MAX_COUNTED {
-            return body.len().div_ceil(4) as u64;
+            return rough(body);
         }
         self.count(model, &prompt_text(body))
     }

@@ -99,7 +99,7 @@ pub async fn run(
             tracing::debug!(request_id = %ctx.request_id, model = %next.model.name, "fallback");
         }
         // A plain request past its whole deadline tries no fallback.
-        if n > 0 && !ctx.stream && ctx.started.elapsed() >= next.pool.cfg.request_timeout {
+        if n > 0 && time_left(ctx, &next.pool, Instant::now()) == Some(Duration::ZERO) {
             break;
         }
         ctx.route = Some(next.clone());
@@ -152,9 +152,7 @@ async fn try_pool(
         let try_ended = Instant::now();
         // A plain request past its whole deadline gets no further try: this one was its last
         // (a retryable reply passes on as the last try's does).
-        let last = last
-            || (!ctx.stream
-                && try_ended.saturating_duration_since(ctx.started) >= pool.cfg.request_timeout);
+        let last = last || time_left(ctx, pool, try_ended) == Some(Duration::ZERO);
         ctx.upstream_time += try_ended.saturating_duration_since(started);
         let outcome = outcome(&tried_once);
         if let Some(m) = crate::metrics::get() {
@@ -260,8 +258,7 @@ async fn wait(
     let started = Instant::now();
     // A plain request waits no longer than its whole deadline: the try after it then ends at
     // once (504), rather than after the backoff.
-    if !ctx.stream {
-        let left = (ctx.started + pool.cfg.request_timeout).saturating_duration_since(started);
+    if let Some(left) = time_left(ctx, pool, started) {
         delay = delay.min(left);
     }
     let waited = tokio::select! {
@@ -271,6 +268,12 @@ async fn wait(
     };
     ctx.waited += started.elapsed();
     waited
+}
+
+/// What is left at `now` of a plain request's whole deadline (`request_timeout`, from its
+/// start); None for a stream, which has no whole deadline.
+fn time_left(ctx: &Ctx, pool: &Pool, now: Instant) -> Option<Duration> {
+    (!ctx.stream).then(|| (ctx.started + pool.cfg.request_timeout).saturating_duration_since(now))
 }
 
 /// A try's span, when the request's trace is exported.
@@ -359,9 +362,8 @@ async fn try_once(
     let body = &ctx.body;
     let exchange = connections.exchange(&peer, |client| ask(client, &req, body, &peer));
     // A plain reply's whole deadline (`request_timeout`) caps the wait for its header too.
-    let left = (!ctx.stream)
-        .then(|| (ctx.started + pool.cfg.request_timeout).saturating_duration_since(Instant::now()))
-        .filter(|left| *left < pool.cfg.first_byte_timeout);
+    let left =
+        time_left(ctx, pool, Instant::now()).filter(|left| *left < pool.cfg.first_byte_timeout);
     let timed = fast_timeout(left.unwrap_or(pool.cfg.first_byte_timeout), exchange);
     let result = tokio::select! {
         biased;
