@@ -151,7 +151,8 @@ fn deserialize_within<T: serde::de::DeserializeOwned>(
 ) -> (Option<T>, Problems) {
     let started = std::time::Instant::now();
     let mut problems = Problems::default();
-    let mut blanked = text.to_string();
+    // Copied only once a round has something to blank: a sound file is parsed as it is.
+    let mut blanked = std::borrow::Cow::Borrowed(text);
     // The keys blanked so far: a field found missing after that is no news.
     let mut gone: Vec<String> = Vec::new();
     for round in 0.. {
@@ -169,24 +170,29 @@ fn deserialize_within<T: serde::de::DeserializeOwned>(
             Err(e) => e,
         };
         let problem = Problem::from_toml(file, &blanked, &e);
-        let missing = e.message().starts_with("missing field");
-        if !(missing && gone.contains(&problem.field)) {
-            problems.push(problem);
+        // A missing field is not in the text to be blanked: the search ends there (unless it
+        // is one blanked before, which is no news).
+        if e.message().starts_with("missing field") {
+            if !gone.contains(&problem.field) {
+                problems.push(problem);
+            }
+            break;
         }
+        problems.push(problem);
         // serde refuses a list of an untagged enum as a whole, naming no element.
         let whole_list = e.message().contains("did not match any variant");
         let entry = e.span().and_then(|span| {
-            let doc = toml_edit::ImDocument::parse(blanked.as_str()).ok()?;
+            let doc = toml_edit::ImDocument::parse(&*blanked).ok()?;
             entry_at(&blanked, doc.as_table(), &span, whole_list)
         });
-        let Some((mut range, in_list)) = entry.filter(|_| !missing) else {
+        let Some((mut range, in_list)) = entry else {
             break;
         };
         if let Some(key) = leaf_key(&blanked, range.start) {
             gone.push(key);
         }
         range.start = dotted_start(&blanked, range.start);
-        blank(&mut blanked, range, in_list);
+        blank(blanked.to_mut(), range, in_list);
     }
     (None, problems)
 }
