@@ -423,8 +423,10 @@ async fn postgres_killed_and_restarted_under_load_loses_and_doubles_nothing() {
         ..Setup::default()
     });
     let spool = g.dir.path().join("usage-spool.jsonl");
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let load = |n: usize| {
         let base = g.direct.clone();
+        let done = done.clone();
         tokio::spawn(async move {
             let mut ids = Vec::new();
             for i in 0..n {
@@ -444,13 +446,19 @@ async fn postgres_killed_and_restarted_under_load_loses_and_doubles_nothing() {
                     .to_string();
                 r.bytes().await.expect("body");
                 ids.push(id);
+                done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
             ids
         })
     };
     let first: Vec<_> = (0..8).map(|_| load(40)).collect();
-    // Kill it while that load runs, then keep loading while it is down.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Kill it while that load runs (a quarter of it answered), then keep loading while it is
+    // down.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while done.load(std::sync::atomic::Ordering::Relaxed) < 80 {
+        assert!(Instant::now() < deadline, "the first load never got going");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     pg.down();
     let during: Vec<_> = (0..8).map(|_| load(40)).collect();
     let mut ids = HashSet::new();
