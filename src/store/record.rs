@@ -98,8 +98,9 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 }
 
 fn csv_field(out: &mut Vec<u8>, s: &[u8]) {
-    // A cell a spreadsheet would run as a formula is defused with a leading quote (OWASP).
-    let formula = matches!(s.first(), Some(b'=' | b'+' | b'-' | b'@'));
+    // A cell a spreadsheet would run as a formula is defused with a leading quote (OWASP:
+    // also a leading tab or carriage return, which some spreadsheets skip before the `=`).
+    let formula = matches!(s.first(), Some(b'=' | b'+' | b'-' | b'@' | b'\t' | b'\r'));
     // A byte scan: every delimiter is ASCII, and exports call this five times a row.
     let quote = s.iter().any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r'));
     if quote {
@@ -438,6 +439,13 @@ mod tests {
         r.write_csv(&mut out);
         let out = String::from_utf8(out).unwrap();
         assert!(out.contains(",\"'=HYPERLINK(\"\"x\"\")\","), "{out}");
+        for (model, cell) in [("\t=1+1", ",'\t=1+1,"), ("\r=1+1", ",\"'\r=1+1\",")] {
+            r.model = model.into();
+            let mut out = Vec::new();
+            r.write_csv(&mut out);
+            let out = String::from_utf8(out).unwrap();
+            assert!(out.contains(cell), "{out:?}");
+        }
     }
 
     #[test]
