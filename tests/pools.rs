@@ -274,6 +274,11 @@ name = "primary-model"
 pool = "dead"
 fallbacks = ["big-model"]
 price = { request = 1.0 }
+
+[[models]]
+name = "primary-of-echo"
+pool = "dead"
+fallbacks = ["echo-1"]
 "#
         .into(),
         ..Setup::default()
@@ -298,6 +303,16 @@ price = { request = 1.0 }
             (Some("primary-model"), Some("big-model")),
             "{r}"
         );
+        // A fallback without `upstream_model` goes upstream under its own name, not the one
+        // the client asked for.
+        let resp = post_json(
+            &base,
+            "/v1/chat/completions",
+            &chat_body("primary-of-echo", true),
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(resp.headers()["x-mock-model"], "echo-1");
     }
 }
 

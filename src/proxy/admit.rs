@@ -360,7 +360,12 @@ fn prepare_upstream(
         Metering::Reported => Meter::json_reported(),
         Metering::PerRequest => Meter::None,
     };
-    ctx.body = route_body::for_upstream(&body, &probe, route.upstream_rename(), ask_usage);
+    ctx.body = route_body::for_upstream(
+        &body,
+        &probe,
+        route.upstream_rename(&route.model.name),
+        ask_usage,
+    );
     let fallbacks: Vec<Arc<Route>> = route
         .model
         .fallbacks

@@ -92,7 +92,8 @@ pub async fn run(
                 ctx.body = route_body::for_upstream(
                     &f.body,
                     &f.probe,
-                    next.upstream_rename(),
+                    // The body names the model the client asked for.
+                    next.upstream_rename(&route.model.name),
                     f.ask_usage,
                 );
             }

@@ -100,14 +100,11 @@ pub struct Route {
 }
 
 impl Route {
-    /// Whether the body's `model` must be rewritten for the upstream.
-    pub fn renames(&self) -> bool {
-        self.model.name != self.model.upstream_model
-    }
-
-    /// The model name to splice into the body for the upstream, if it differs.
-    pub fn upstream_rename(&self) -> Option<&str> {
-        self.renames().then_some(self.model.upstream_model.as_str())
+    /// The model name to splice into the body for the upstream, if it differs from `asked`,
+    /// the name the client's body holds (this route's own name, or for a fallback the model
+    /// the client asked for).
+    pub fn upstream_rename(&self, asked: &str) -> Option<&str> {
+        (self.model.upstream_model != asked).then_some(self.model.upstream_model.as_str())
     }
 }
 
