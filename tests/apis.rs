@@ -130,6 +130,7 @@ upstreams = ["http://127.0.0.1:@MOCK@", "http://127.0.0.1:{}"]
 name = "two-model"
 pool = "two"
 upstream_model = "echo-1"
+price = {{ request = 0.5 }}
 "#,
             second.port
         ),
@@ -154,9 +155,14 @@ upstream_model = "echo-1"
         let v: Value = resp.json().await.expect("json");
         assert_eq!(v["id"], id.as_str());
         let r = await_record(&g, &rid).await;
+        // Reading a stored response is not a new one: it costs nothing.
         assert_eq!(
-            (r["endpoint"].as_str(), r["model"].as_str()),
-            (Some("responses"), Some("two-model")),
+            (
+                r["endpoint"].as_str(),
+                r["model"].as_str(),
+                r["cost"].as_f64()
+            ),
+            (Some("responses"), Some("two-model"), Some(0.0)),
             "{r}"
         );
         let items: Value = get(
@@ -332,21 +338,20 @@ upstream_model = "echo-1"
         "{r}"
     );
 
-    // Counting tokens is not spending them.
-    let resp = anthropic(
-        &g.main,
-        "/v1/messages/count_tokens",
-        KEY,
-        &messages_body(false),
-        &[],
-    )
-    .await;
+    // Counting tokens is not spending them, not even a model's per-request price.
+    let mut body = messages_body(false);
+    body["model"] = json!("priced-model");
+    let resp = anthropic(&g.main, "/v1/messages/count_tokens", KEY, &body, &[]).await;
     let id = request_id(&resp);
     assert_eq!(resp.json::<Value>().await.expect("json")["input_tokens"], 6);
     let r = await_record(&g, &id).await;
     assert_eq!(
-        (r["endpoint"].as_str(), r["total_tokens"].as_u64()),
-        (Some("messages"), Some(0)),
+        (
+            r["endpoint"].as_str(),
+            r["total_tokens"].as_u64(),
+            r["cost"].as_f64()
+        ),
+        (Some("messages"), Some(0), Some(0.0)),
         "{r}"
     );
 }

@@ -196,7 +196,7 @@ fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
 const STORED_RESPONSE: Endpoint = Endpoint {
     group: Group::Responses,
     body: BodyKind::Json,
-    metering: Metering::PerRequest,
+    metering: Metering::Free,
 };
 
 /// Sends a stored-response call to the upstream that made the response: the one remembered
@@ -237,6 +237,7 @@ fn route_stored(
     };
     ctx.model = route.model.name.clone();
     ctx.meter = Meter::None;
+    ctx.free = STORED_RESPONSE.metering == Metering::Free;
     ctx.body = body;
     ctx.pinned = Some(upstream);
     ctx.route = Some(route);
@@ -358,8 +359,9 @@ fn prepare_upstream(
             Meter::json()
         }
         Metering::Reported => Meter::json_reported(),
-        Metering::PerRequest => Meter::None,
+        Metering::PerRequest | Metering::Free => Meter::None,
     };
+    ctx.free = endpoint.metering == Metering::Free;
     ctx.body = route_body::for_upstream(
         &body,
         &probe,

@@ -41,6 +41,8 @@ pub struct Ctx {
     pub ttft_ms: Option<u64>,
     /// The upstream was asked (so a per-request price applies on success).
     pub proxied: bool,
+    /// The call spends nothing, not even the per-request price (`Metering::Free`).
+    pub free: bool,
     /// The key's limits as of this request, for the `x-ratelimit-*` headers.
     pub headroom: Headroom,
     /// One of the key's `max_concurrent` slots, freed when the request ends.
@@ -90,6 +92,7 @@ impl Ctx {
             meter: Meter::None,
             ttft_ms: None,
             proxied: false,
+            free: false,
             headroom: Headroom::default(),
             slot: None,
             lease: None,

@@ -47,7 +47,7 @@ pub fn build(
     let ok = ctx.outcome.succeeded();
     let route = ctx.route.as_ref();
     let price = route.map(|r| r.model.price).unwrap_or_default();
-    let cost = cost(&price, &usage, ok && ctx.proxied);
+    let cost = cost(&price, &usage, ok && ctx.proxied && !ctx.free);
     let upstream = route
         .and_then(|r| r.pool.upstreams.get(ctx.upstream))
         .filter(|_| ctx.proxied)

@@ -80,8 +80,10 @@ pub enum Metering {
     Responses,
     /// Anthropic Messages: `usage` of the reply, or `message_start` + `message_delta`.
     Messages,
-    /// No tokens: priced per request (images, audio, token counting, stored responses).
+    /// No tokens: priced per request (images, audio).
     PerRequest,
+    /// No tokens and no price: it spends nothing (token counting, stored-response calls).
+    Free,
 }
 
 /// A proxied `/v1` endpoint.
@@ -150,7 +152,7 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
         "/v1/audio/speech" => ep(Audio, Json, Metering::PerRequest),
         "/v1/responses" => ep(Responses, Json, Metering::Responses),
         "/v1/messages" => ep(Messages, Json, Metering::Messages),
-        "/v1/messages/count_tokens" => ep(Messages, Json, Metering::PerRequest),
+        "/v1/messages/count_tokens" => ep(Messages, Json, Metering::Free),
         // Routed by the model its body names; a body that names none makes it a 404.
         p if p.starts_with("/v1/") && method == http::Method::POST => {
             ep(Other, Json, Metering::Reported)
