@@ -292,4 +292,21 @@ async fn other_model_server_paths_are_routed_by_model_and_metered_from_their_usa
         (403, Some("endpoint")),
         "{e}"
     );
+    // A body that names no model is no endpoint at all: 404 also for a key without `other`.
+    let (status, e) = error_of(
+        send(
+            &g.main,
+            "/v1/nothing-here",
+            Some(MODELS_ONLY_KEY),
+            &serde_json::json!({"input": "no model"}),
+            &[],
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (404, Some("not_found")),
+        "{e}"
+    );
 }

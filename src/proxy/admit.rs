@@ -66,24 +66,25 @@ impl Gateway {
             }
             other => return Err(answer_models(session, ctx, &key, &snapshot.router, other).await),
         };
-        permit_endpoint(&key, endpoint, ctx)?;
-        let exhausted = match (key.budget, fleet_spend) {
-            (Some(budget), Some(spent)) => spent >= budget,
-            _ => self.shared.spend.exhausted(&key),
-        };
-        if exhausted {
-            return Err(GatewayError::InsufficientBalance.into());
+        // A path the contract does not name is an endpoint (`other`) only when its body names
+        // a model: else it is a 404, whatever the key may use.
+        let other = endpoint.group == Group::Other;
+        ctx.group = endpoint.group.name();
+        if !other {
+            self.permit(&key, endpoint, fleet_spend)?;
         }
         let read = read_body(session, ctx, &self.shared.live.config).await?;
         let probe = match probe(session, endpoint, &read).await {
             Ok(p) => p,
-            // A path the contract does not name is only routed when its body names a model.
-            Err(_) if endpoint.group == Group::Other => {
+            Err(_) if other => {
                 let path = session.req_header().uri.path().to_string();
                 return Err(GatewayError::NotFound(path).into());
             }
             Err(e) => return Err(e.into()),
         };
+        if other {
+            self.permit(&key, endpoint, fleet_spend)?;
+        }
         if session.req_header().uri.path() == "/v1/chat/completions" {
             route_body::require_messages(&probe)?;
         }
@@ -91,6 +92,21 @@ impl Gateway {
         ctx.stream = probe.stream;
         let route = route_model(&snapshot.router, &key, &probe.model)?;
         prepare_upstream(ctx, endpoint, route, &snapshot.router, probe, read)
+    }
+
+    /// The key may use the endpoint and has budget left.
+    fn permit(&self, key: &Key, endpoint: Endpoint, fleet_spend: Option<f64>) -> Result<(), Stop> {
+        if !key.may_use(endpoint.group) {
+            return Err(denied_endpoint(endpoint.group).into());
+        }
+        let exhausted = match (key.budget, fleet_spend) {
+            (Some(budget), Some(spent)) => spent >= budget,
+            _ => self.shared.spend.exhausted(key),
+        };
+        if exhausted {
+            return Err(GatewayError::InsufficientBalance.into());
+        }
+        Ok(())
     }
 
     /// Admits the request under the key's rpm/tpm/concurrency, across the fleet when
