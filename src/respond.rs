@@ -71,7 +71,10 @@ pub async fn error(
 }
 
 async fn drain_small_body(session: &mut Session) {
-    if session.is_body_done() {
+    // A client waiting for `100 Continue` sends its body only once it has that (or gives up
+    // waiting): draining first would hold the answer back until then. The answer goes at
+    // once; whoever asked for the body lingers after it for what still comes.
+    if session.is_body_done() || crate::proxy::body::expects_continue(session) {
         return;
     }
     let small = session

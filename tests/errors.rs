@@ -100,29 +100,36 @@ async fn a_client_waiting_for_100_continue_gets_it_and_then_its_reply() {
 async fn a_client_refused_before_its_100_continue_gets_the_answer_and_a_close() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let g = start();
-    let mut s = raw_connect(&g.main).await;
-    let head = chat_head("sk-wrong", 100_000, "Expect: 100-continue\r\n");
-    s.write_all(head.as_bytes()).await.expect("head");
-    let asked = std::time::Instant::now();
-    let mut reply = Vec::new();
-    loop {
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut chunk))
-            .await
-            .expect("the connection ends")
-            .expect("read");
-        if n == 0 {
-            break;
+    // A large body and a small one (which a refusal would otherwise drain first).
+    for length in [100_000, 61] {
+        let mut s = raw_connect(&g.main).await;
+        let head = chat_head("sk-wrong", length, "Expect: 100-continue\r\n");
+        s.write_all(head.as_bytes()).await.expect("head");
+        let asked = std::time::Instant::now();
+        let mut reply = Vec::new();
+        loop {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(std::time::Duration::from_secs(10), s.read(&mut chunk))
+                .await
+                .expect("the connection ends")
+                .expect("read");
+            if n == 0 {
+                break;
+            }
+            reply.extend_from_slice(&chunk[..n]);
         }
-        reply.extend_from_slice(&chunk[..n]);
+        // Not held open for the 2 s a refused upload is given to finish: there is nothing to
+        // drain.
+        assert!(
+            asked.elapsed() < std::time::Duration::from_millis(1500),
+            "{length}"
+        );
+        let text = String::from_utf8_lossy(&reply).to_ascii_lowercase();
+        assert!(text.starts_with("http/1.1 401"), "{text}");
+        assert!(!text.contains("100 continue"), "{text}");
+        assert!(text.contains("connection: close"), "{text}");
+        assert!(text.contains("invalid_api_key"), "{text}");
     }
-    // Not held open for the 2 s a refused upload is given to finish: there is nothing to drain.
-    assert!(asked.elapsed() < std::time::Duration::from_millis(1500));
-    let text = String::from_utf8_lossy(&reply).to_ascii_lowercase();
-    assert!(text.starts_with("http/1.1 401"), "{text}");
-    assert!(!text.contains("100 continue"), "{text}");
-    assert!(text.contains("connection: close"), "{text}");
-    assert!(text.contains("invalid_api_key"), "{text}");
 }
 
 #[tokio::test]
