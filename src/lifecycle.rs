@@ -75,6 +75,11 @@ impl InFlight {
     pub fn lifecycle(&self) -> Arc<Lifecycle> {
         self.0.clone()
     }
+
+    /// The lifecycle, borrowed (for a wait on `cut` within a borrow of the request).
+    pub fn get(&self) -> &Lifecycle {
+        &self.0
+    }
 }
 
 /// Resolves when the shutdown asks requests to end (never without a lifecycle).

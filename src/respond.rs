@@ -37,8 +37,11 @@ pub async fn error(
     shape: ErrorShape,
     decorate: impl FnOnce(&mut ResponseHeader) -> pingora_error::Result<()>,
 ) -> pingora_error::Result<()> {
-    // A body that stalled past its deadline is not waited for again.
-    if !matches!(e, GatewayError::RequestTimeout(_)) {
+    // A body that stalled past its deadline is not waited for again, nor one the shutdown cut.
+    if !matches!(
+        e,
+        GatewayError::RequestTimeout(_) | GatewayError::ShuttingDown
+    ) {
         drain_small_body(session).await;
     }
     let retry_after = match e {

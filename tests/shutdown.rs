@@ -92,6 +92,143 @@ async fn streams_longer_than_the_grace_period_are_cut_and_each_leaves_a_record()
     }
 }
 
+/// Requests that hold the shutdown on the client's side: an upload that stalls half way, and
+/// a stream whose client stops reading (the gateway's write to it waits). The shutdown ends
+/// them too after the grace period, each with its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_upload_and_a_client_that_stops_reading_are_cut_with_a_record_each() {
+    use std::io::{Read, Write};
+    let mut g = start_with(Setup {
+        grace_seconds: 1,
+        ..Setup::default()
+    });
+    // The upload: its 100 Continue says its body is being read; 10 of 140 bytes come.
+    let mut upload = blocking_connect(&g.main, Duration::from_secs(20));
+    let head = chat_head(KEY, 140, "Expect: 100-continue\r\n");
+    upload.write_all(head.as_bytes()).expect("head");
+    let mut buf = [0u8; 4096];
+    let n = upload.read(&mut buf).expect("100");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 100"), "{:?}", &buf[..n]);
+    upload.write_all(b"{\"model\":").expect("part of the body");
+    // The stream: a long fast one, read up to its header and then no more.
+    let mut reader = blocking_connect(&g.direct, Duration::from_secs(20));
+    let body = serde_json::to_string(&chat_body("echo-1", true)).expect("json");
+    let head = chat_head(KEY, body.len(), "x-mock-chunks: 100000\r\n");
+    reader.write_all(head.as_bytes()).expect("head");
+    reader.write_all(body.as_bytes()).expect("body");
+    let n = reader.read(&mut buf).expect("reply");
+    let stream_head = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(stream_head.starts_with("HTTP/1.1 200"), "{stream_head}");
+    let stream_id = request_id_in(&stream_head);
+
+    let started = Instant::now();
+    let status = tokio::task::block_in_place(|| g.terminate());
+    let took = started.elapsed();
+    assert!(status.success(), "{status}");
+    // The grace period, then the cut at once (not the wait for requests that ignore it).
+    assert!(took < Duration::from_millis(2_500), "{took:?}");
+    let mut answer = Vec::new();
+    let _ = upload.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("shutting_down"), "{answer}");
+    let upload_id = request_id_in(&answer);
+
+    let g = g.restart_stopped();
+    let page: serde_json::Value = get(&g.direct, "/api/usage?limit=100", Some(KEY))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let mut records: Vec<(String, u64, bool)> = page["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|r| {
+            (
+                r["request_id"].as_str().unwrap_or_default().to_string(),
+                r["status"].as_u64().unwrap_or_default(),
+                r["stream"].as_bool().unwrap_or_default(),
+            )
+        })
+        .collect();
+    records.sort();
+    let mut want = vec![(upload_id, 503, false), (stream_id, 503, true)];
+    want.sort();
+    assert_eq!(records, want, "{page}");
+}
+
+/// A CSV export to a client that stops reading: the shutdown ends it too, with its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_csv_export_to_a_client_that_stops_reading_is_cut_with_its_record() {
+    use modelgate::store::{Store, StoreOptions, UsageRecord};
+    use std::io::{Read, Write};
+    let mut g = start_with(Setup {
+        grace_seconds: 1,
+        ..Setup::default()
+    });
+    // 60,000 records of the key: a CSV of about 8 MB, more than the sockets between hold.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let store = Store::open(&g.dir.path().join("usage.db"), StoreOptions::default()).expect("db");
+    for i in 0..60_000i64 {
+        store.record(UsageRecord {
+            time_ms: now - 60_000 + i,
+            request_id: format!("req_seeded_{i:08}"),
+            key_id: "full".into(),
+            listener: "direct".into(),
+            endpoint: "chat".into(),
+            model: "echo-1".into(),
+            status: 200,
+            stream: false,
+            prompt_tokens: 12,
+            completion_tokens: 34,
+            total_tokens: 46,
+            cost: 0.25,
+            latency_ms: 17,
+            ttft_ms: None,
+            upstream: "http://127.0.0.1:9100".into(),
+            estimated: false,
+            attempts: 1,
+            served_model: "echo-1".into(),
+        });
+    }
+    store.close();
+    let mut reader = blocking_connect(&g.direct, Duration::from_secs(20));
+    let req =
+        format!("GET /api/usage.csv HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+    reader.write_all(req.as_bytes()).expect("request");
+    let mut buf = [0u8; 4096];
+    let n = reader.read(&mut buf).expect("reply");
+    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let id = request_id_in(&head);
+
+    let started = Instant::now();
+    let status = tokio::task::block_in_place(|| g.terminate());
+    let took = started.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_millis(2_500), "{took:?}");
+    let g = g.restart_stopped();
+    let page: serde_json::Value = get(&g.direct, "/api/usage?limit=1&order=desc", Some(KEY))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let r = &page["data"][0];
+    assert_eq!(
+        (
+            r["request_id"].as_str(),
+            r["endpoint"].as_str(),
+            r["status"].as_u64()
+        ),
+        (Some(id.as_str()), Some("usage"), Some(503)),
+        "{page}"
+    );
+}
+
 /// Kills the process when dropped (the new instance of an upgrade).
 struct Killed(std::process::Child);
 

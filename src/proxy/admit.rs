@@ -15,6 +15,7 @@ use crate::auth;
 use crate::config::Config;
 use crate::config::keys::{Key, KeyTable};
 use crate::error::GatewayError;
+use crate::lifecycle::InFlight;
 use crate::limit::rate::{Refusal, retry_after_secs};
 use crate::limit::shared::OnDown;
 use crate::meter::Meter;
@@ -311,12 +312,20 @@ async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Res
             .await?;
     }
     let limit = config.client_body_timeout;
-    match tokio::time::timeout(limit, body::read(session, config.max_body_bytes)).await {
+    let read = tokio::time::timeout(limit, body::read(session, config.max_body_bytes));
+    // A slow upload does not hold a shutdown's exit (and its record) back either.
+    let read = tokio::select! {
+        r = read => r.map_err(|_| GatewayError::RequestTimeout(limit.as_millis() as u64)),
+        () = crate::lifecycle::cut(ctx.life.as_ref().map(InFlight::get)) => {
+            Err(GatewayError::ShuttingDown)
+        }
+    };
+    match read {
         Ok(read) => Ok(read??),
-        Err(_) => {
+        Err(e) => {
             // The rest of the body may still come: this connection cannot carry another request.
             session.as_downstream_mut().set_keepalive(None);
-            Err(GatewayError::RequestTimeout(limit.as_millis() as u64).into())
+            Err(e.into())
         }
     }
 }

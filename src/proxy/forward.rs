@@ -461,10 +461,7 @@ async fn stream_reply(
                 ctx.outcome = Outcome::ClientGone;
                 return Err(Error::explain(ErrorType::ConnectionClosed, "client went away").into_down());
             }
-            () = cut(life.as_deref()) => {
-                ctx.outcome = Outcome::UpstreamFailed(GatewayError::ShuttingDown.status());
-                return Err(Error::explain(ErrorType::InternalError, "ended by the shutdown"));
-            }
+            () = cut(life.as_deref()) => return Err(shut(ctx)),
         };
         let mut chunk = match chunk {
             Ok(Ok(c)) => c,
@@ -505,7 +502,13 @@ async fn stream_reply(
                 }
             }
         }
-        if let Err(e) = session.write_response_body(out.take(), done).await {
+        // A client that does not read holds the write: the shutdown ends it all the same.
+        let wrote = tokio::select! {
+            biased;
+            r = session.write_response_body(out.take(), done) => r,
+            () = cut(life.as_deref()) => return Err(shut(ctx)),
+        };
+        if let Err(e) = wrote {
             ctx.outcome = Outcome::ClientGone;
             return Err(e);
         }
@@ -520,6 +523,12 @@ async fn stream_reply(
     }
     upstream.release(connections).await;
     Ok(())
+}
+
+/// A reply the shutdown ended: its record says 503, and the client's connection is cut.
+fn shut(ctx: &mut Ctx) -> Box<Error> {
+    ctx.outcome = Outcome::UpstreamFailed(GatewayError::ShuttingDown.status());
+    reply::shutdown_cut()
 }
 
 /// The most reply bytes gathered into one write to the client.

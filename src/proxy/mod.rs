@@ -92,7 +92,8 @@ impl Gateway {
                     session.as_downstream_mut().set_keepalive(None);
                 }
                 respond::error(session, ctx, &e).await?;
-                if !held_back {
+                // The shutdown's cut waits for no upload.
+                if !held_back && !matches!(e, crate::error::GatewayError::ShuttingDown) {
                     let max_body = self.shared.live.config.max_body_bytes;
                     let cap = max_body.saturating_mul(2).max(LINGER_BYTES);
                     body::linger(session, cap, LINGER).await;
@@ -307,8 +308,12 @@ impl ProxyHttp for Gateway {
 
     /// A client that goes away is normal traffic, not an error worth a log line: its record
     /// says 499 (Pingora's line would come once per cancelled or reset stream).
+    /// Not an error of the gateway's: a client that left, or the shutdown's cut (the drain
+    /// logs it once for all).
     fn suppress_error_log(&self, _session: &Session, ctx: &Ctx, error: &Error) -> bool {
-        error.esource() == &ErrorSource::Downstream || matches!(ctx.outcome, Outcome::ClientGone)
+        error.esource() == &ErrorSource::Downstream
+            || matches!(ctx.outcome, Outcome::ClientGone)
+            || reply::is_shutdown_cut(error)
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {

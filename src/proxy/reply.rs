@@ -53,6 +53,16 @@ pub fn on_body(ctx: &mut Ctx, body: &mut Option<Bytes>, end: bool) {
 }
 
 const UPSTREAM_401: &str = "upstream answered 401";
+const SHUT_DOWN: &str = "ended by the shutdown";
+
+/// The error that ends a reply the shutdown cut (its record says 503 `shutting_down`).
+pub fn shutdown_cut() -> Box<Error> {
+    Error::explain(ErrorType::Custom(SHUT_DOWN), "the grace period is over")
+}
+
+pub fn is_shutdown_cut(e: &Error) -> bool {
+    e.etype() == &ErrorType::Custom(SHUT_DOWN)
+}
 const UPSTREAM_403: &str = "upstream answered 403";
 
 /// The gateway error for a failure while proxying, or None when the client itself went away
@@ -61,6 +71,7 @@ pub fn classify_failure(e: &Error) -> Option<GatewayError> {
     use ErrorType::*;
     let what = || format!("upstream failed: {}", e.etype().as_str());
     Some(match e.etype() {
+        Custom(SHUT_DOWN) => GatewayError::ShuttingDown,
         Custom(code @ (UPSTREAM_401 | UPSTREAM_403)) => GatewayError::UpstreamError(format!(
             "The upstream refused the gateway's credential ({code}); check the pool's api_key."
         )),

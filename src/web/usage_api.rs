@@ -133,7 +133,7 @@ pub async fn answer(
         Err(e) => return fail(session, ex, &e).await,
     };
     if csv {
-        send_csv(session, ex, &shared.store, query).await
+        send_csv(session, ex, shared, query).await
     } else {
         send_page(session, ex, &shared.store, query).await
     }
@@ -191,7 +191,7 @@ pub fn csv_filename(query: &Query) -> String {
 pub async fn send_csv(
     session: &mut Session,
     ex: &mut Exchange,
-    store: &Arc<Store>,
+    shared: &Shared,
     query: Query,
 ) -> pingora_error::Result<()> {
     let mut h = ResponseHeader::build(200, Some(4))?;
@@ -207,13 +207,23 @@ pub async fn send_csv(
     session.write_response_header(Box::new(h), false).await?;
     // A small channel between the blocking reader and this task: memory stays a few chunks.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
-    let s = store.clone();
+    let s = shared.store.clone();
     let reader = tokio::task::spawn_blocking(move || {
         s.export_csv(&query, &mut |chunk| tx.blocking_send(chunk).is_ok())
     });
     while let Some(chunk) = rx.recv().await {
-        if let Err(e) = session.write_response_body(Some(chunk), false).await {
-            ex.status = 499;
+        // A client that reads slowly holds the write; a shutdown's cut ends it (and the
+        // export) all the same, so its record is written before the exit.
+        let wrote = tokio::select! {
+            biased;
+            r = session.write_response_body(Some(chunk), false) => r.map_err(|e| (499, e)),
+            () = shared.lifecycle.cut_requested() => Err((
+                GatewayError::ShuttingDown.status(),
+                crate::proxy::reply::shutdown_cut(),
+            )),
+        };
+        if let Err((status, e)) = wrote {
+            ex.status = status;
             drop(rx);
             let _ = reader.await;
             return Err(e);

@@ -175,7 +175,7 @@ async fn usage(
         Err(e) => return fail(session, ex, &e).await,
     };
     if csv {
-        usage_api::send_csv(session, ex, &shared.store, query).await
+        usage_api::send_csv(session, ex, shared, query).await
     } else {
         usage_api::send_page(session, ex, &shared.store, query).await
     }
