@@ -296,16 +296,36 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
 }
 
 fn check(path: &Path) -> ExitCode {
-    // Report the keys file's problems too, even when the config has some.
-    let checked = Config::load_lenient(path).and_then(|(config, mut problems)| {
-        if problems.0.is_empty() {
-            return Live::load(config);
-        }
-        if let Err(p) = crate::config::keys::KeyTable::load(&config.keys_file) {
+    // Report the keys file's problems too, even when the config has some (or does not
+    // deserialize at all: then the file it names, if it can tell).
+    let keys_problems = |file: &Path, problems: &mut crate::config::Problems| {
+        if let Err(p) = crate::config::keys::KeyTable::load(file) {
             problems.extend(p);
         }
-        Err(problems)
-    });
+    };
+    let checked = match Config::load_lenient(path) {
+        Ok((config, problems)) if problems.0.is_empty() => Live::load(config),
+        Ok((config, mut problems)) => {
+            // What only resolving the upstreams finds (a name that does not resolve), too.
+            if let Err(found) = crate::route::Router::build(&config) {
+                for f in found.0 {
+                    if !problems.0.contains(&f) {
+                        problems.push(f);
+                    }
+                }
+            }
+            if !config.keys_in_postgres {
+                keys_problems(&config.keys_file, &mut problems);
+            }
+            Err(problems)
+        }
+        Err(mut problems) => {
+            if let Some(file) = Config::keys_file_named(path) {
+                keys_problems(&file, &mut problems);
+            }
+            Err(problems)
+        }
+    };
     match checked {
         Ok(live) => {
             println!(

@@ -116,6 +116,53 @@ fn check_names_every_unknown_field_and_wrong_type_in_both_files() {
     }
 }
 
+/// A required field of the wrong type does not end the search (a stand-in of its type takes
+/// its place), two listeners on one port, both of `[telemetry]`'s problems, an upstream that
+/// does not resolve: all named with their lines in one run, with the keys file's.
+#[test]
+fn check_goes_on_past_a_required_field_of_the_wrong_type_and_names_what_serve_would_refuse() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let config = "[listeners]\nmain = \"127.0.0.1:7001\"\ndirect = \"0.0.0.0:7001\"\n\
+        [keys]\nfile = \"k.toml\"\n\
+        [[pools]]\nname = 5\nupstreams = [\"http://127.0.0.1:1\"]\n\
+        [[pools]]\nname = \"q\"\nupstreams = [\"http://no-such-host.invalid\"]\nstrategy = \"nope\"\n\
+        [[models]]\nname = \"m\"\npool = \"nowhere\"\n\
+        [telemetry]\notlp_endpoint = \"not a url\"\nsample_rate = 2\n";
+    std::fs::write(dir.path().join("c.toml"), config).expect("write");
+    std::fs::write(
+        dir.path().join("k.toml"),
+        "[[keys]]\nid = 5\nsecret = \"sk-aaaaaaaaaaa\"\n[[keys]]\nid = \"b\"\nsecret = \"short\"\n",
+    )
+    .expect("write");
+    let path = dir.path().join("c.toml");
+    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    assert!(!err.contains("missing field"), "{err}");
+    for needle in [
+        "c.toml:3: listeners.direct: 0.0.0.0:7001 is also `listeners.main`'s",
+        "c.toml:7: name: invalid type",
+        "c.toml:11: pools.q.upstreams: cannot resolve",
+        "c.toml:12: pools[1].strategy",
+        "c.toml:15: models[0].pool",
+        "c.toml:17: telemetry.otlp_endpoint",
+        "c.toml:18: telemetry.sample_rate",
+        "k.toml:2: id: invalid type",
+        "k.toml:6: keys[1].secret",
+    ] {
+        assert!(err.contains(needle), "missing `{needle}` in:\n{err}");
+    }
+    // The stand-in's own follow-on ("empty pool name") is not named.
+    assert!(!err.contains("empty pool name"), "{err}");
+
+    // A config that does not deserialize at all (no `[listeners]`): the keys file it names is
+    // still checked.
+    std::fs::write(&path, "[keys]\nfile = \"k.toml\"\n").expect("write");
+    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    assert!(err.contains("listeners"), "{err}");
+    assert!(err.contains("k.toml:6: keys[1].secret"), "{err}");
+}
+
 #[test]
 fn check_refuses_a_console_password_hash_that_is_not_argon2id() {
     let (_, argon2id, _) = run(&["password-hash"], Some("pw\n"));
@@ -125,6 +172,12 @@ fn check_refuses_a_console_password_hash_that_is_not_argon2id() {
         ("hunter2".to_string(), false),
         ("$2b$12$abcdefghijklmnopqrstuu".to_string(), false),
         (argon2i, false),
+        // argon2id in name only: no parameters, salt or hash.
+        ("$argon2id$garbage".to_string(), false),
+        (
+            "$argon2id$v=19$m=19456,t=2,p=1$c2FsdHNhbHQ".to_string(),
+            false,
+        ),
     ] {
         let dir = tempfile::tempdir().expect("tmp");
         std::fs::write(
@@ -145,7 +198,7 @@ fn check_refuses_a_console_password_hash_that_is_not_argon2id() {
         assert_eq!(code == 0, ok, "{hash}: {err}");
         if !ok {
             assert!(
-                err.contains("console.password_hash") && err.contains("argon2id"),
+                err.contains("c.toml:7: console.password_hash") && err.contains("argon2id"),
                 "{err}"
             );
         }

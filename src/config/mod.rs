@@ -173,6 +173,8 @@ pub struct UpstreamConfig {
     pub weight: u32,
     /// This upstream's own credential (another account of the same provider); else the pool's.
     pub api_key: Option<Secret>,
+    /// Where the config file names it, for the problems found when it is resolved.
+    pub line: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq)]
@@ -216,7 +218,7 @@ struct RawConfig {
     #[serde(default)]
     models: Vec<RawModel>,
     demo: Option<RawDemo>,
-    console: Option<RawConsole>,
+    console: Option<Spanned<RawConsole>>,
     limits: Option<RawLimits>,
     server: Option<RawServer>,
     log: Option<RawLog>,
@@ -228,9 +230,9 @@ struct RawConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTelemetry {
-    otlp_endpoint: String,
+    otlp_endpoint: Spanned<String>,
     service_name: Option<String>,
-    sample_rate: Option<f64>,
+    sample_rate: Option<Spanned<f64>>,
 }
 
 #[derive(Deserialize)]
@@ -354,7 +356,7 @@ struct RawDemo {
 #[serde(deny_unknown_fields)]
 struct RawConsole {
     user: String,
-    password_hash: Option<String>,
+    password_hash: Option<Spanned<String>>,
     password: Option<Spanned<String>>,
 }
 
@@ -394,6 +396,21 @@ impl Config {
         Self::parse_lenient(path, &text)
     }
 
+    /// The keys file a config file names, read from its text alone (for `check`, when the
+    /// config does not deserialize as a whole). None when its keys live in Postgres or the
+    /// file is not TOML at all.
+    pub fn keys_file_named(path: &Path) -> Option<PathBuf> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let table: toml::Table = toml::from_str(&text).ok()?;
+        let keys = table.get("keys").and_then(toml::Value::as_table);
+        let field = |name| keys.and_then(|k| k.get(name)).and_then(toml::Value::as_str);
+        if field("source") == Some("postgres") {
+            return None;
+        }
+        let dir = path.parent().unwrap_or(Path::new(""));
+        Some(dir.join(field("file").unwrap_or("keys.toml")))
+    }
+
     pub fn parse(path: &Path, text: &str) -> Result<Config, Problems> {
         let (config, problems) = Self::parse_lenient(path, text)?;
         problems.into_result(config)
@@ -412,6 +429,7 @@ impl Config {
         let at = |span: std::ops::Range<usize>| Some(problem::line_of(text, span.start));
 
         let mut listeners = Listeners::default();
+        let mut bound: Vec<(&str, std::net::SocketAddr)> = Vec::new();
         for (field, v, slot) in [
             ("listeners.main", &raw.listeners.main, &mut listeners.main),
             (
@@ -426,13 +444,29 @@ impl Config {
             ),
         ] {
             if let Some(v) = v {
-                if v.get_ref().parse::<std::net::SocketAddr>().is_err() {
-                    p.push(Problem::new(
+                match v.get_ref().parse::<std::net::SocketAddr>() {
+                    Err(_) => p.push(Problem::new(
                         &file,
                         at(v.span()),
                         field,
                         "must be IP:PORT, e.g. 0.0.0.0:8080",
-                    ));
+                    )),
+                    // Two listeners on one port cannot both bind (an unspecified address
+                    // takes the port on every address).
+                    Ok(addr) => match bound.iter().find(|(_, b)| {
+                        b.port() == addr.port()
+                            && (b.ip() == addr.ip()
+                                || b.ip().is_unspecified()
+                                || addr.ip().is_unspecified())
+                    }) {
+                        Some((other, _)) if addr.port() != 0 => p.push(Problem::new(
+                            &file,
+                            at(v.span()),
+                            field,
+                            format!("{addr} is also `{other}`'s: each listener needs its own"),
+                        )),
+                        _ => bound.push((field, addr)),
+                    },
                 }
                 *slot = Some(v.get_ref().clone());
             }
@@ -527,6 +561,7 @@ impl Config {
                     Ok(mut up) => {
                         up.weight = weight;
                         up.api_key = api_key;
+                        up.line = at(u.span());
                         upstreams.push(up);
                     }
                     Err(m) => problem(m),
@@ -680,6 +715,8 @@ impl Config {
         });
 
         let console = raw.console.map(|c| {
+            let table_line = at(c.span());
+            let c = c.into_inner();
             let password = c
                 .password
                 .and_then(|pw| match resolve_secret(pw.get_ref()) {
@@ -690,12 +727,17 @@ impl Config {
                     }
                 });
             if let Some(h) = &c.password_hash {
-                let argon2id = argon2::PasswordHash::new(h)
-                    .is_ok_and(|ph| ph.algorithm == argon2::Algorithm::Argon2id.ident());
+                // A whole PHC string: argon2id, its parameters, a salt and a hash.
+                let argon2id = argon2::PasswordHash::new(h.get_ref()).is_ok_and(|ph| {
+                    ph.algorithm == argon2::Algorithm::Argon2id.ident()
+                        && ph.salt.is_some()
+                        && ph.hash.is_some()
+                        && argon2::Params::try_from(&ph).is_ok()
+                });
                 if !argon2id {
                     p.push(Problem::new(
                         &file,
-                        None,
+                        at(h.span()),
                         "console.password_hash",
                         "is not an argon2id hash: make one with `modelgate password-hash`",
                     ));
@@ -704,14 +746,14 @@ impl Config {
             if c.password_hash.is_none() && password.is_none() {
                 p.push(Problem::new(
                     &file,
-                    None,
+                    table_line,
                     "console",
                     "needs `password_hash` or `password`",
                 ));
             }
             ConsoleConfig {
                 user: c.user,
-                password_hash: c.password_hash,
+                password_hash: c.password_hash.map(Spanned::into_inner),
                 password,
             }
         });
@@ -730,21 +772,29 @@ impl Config {
         });
         let telemetry = raw.telemetry.as_ref().and_then(|t| {
             let r = t.get_ref();
-            let bad = |m: &str| Problem::new(&file, at(t.span()), "telemetry", m);
-            let endpoint_ok = (r.otlp_endpoint.starts_with("http://")
-                || r.otlp_endpoint.starts_with("https://"))
-                && r.otlp_endpoint.parse::<http::Uri>().is_ok();
+            let endpoint = r.otlp_endpoint.get_ref();
+            let endpoint_ok = (endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+                && endpoint.parse::<http::Uri>().is_ok();
             if !endpoint_ok {
-                p.push(bad("otlp_endpoint must be an http:// or https:// URL"));
-                return None;
+                p.push(Problem::new(
+                    &file,
+                    at(r.otlp_endpoint.span()),
+                    "telemetry.otlp_endpoint",
+                    "must be an http:// or https:// URL",
+                ));
             }
-            let sample_rate = r.sample_rate.unwrap_or(1.0);
+            let sample_rate = r.sample_rate.as_ref().map_or(1.0, |s| *s.get_ref());
             if !(0.0..=1.0).contains(&sample_rate) {
-                p.push(bad("sample_rate must be between 0 and 1"));
+                p.push(Problem::new(
+                    &file,
+                    r.sample_rate.as_ref().and_then(|s| at(s.span())),
+                    "telemetry.sample_rate",
+                    "must be between 0 and 1",
+                ));
                 return None;
             }
-            Some(crate::telemetry::TelemetryConfig {
-                otlp_endpoint: r.otlp_endpoint.clone(),
+            endpoint_ok.then(|| crate::telemetry::TelemetryConfig {
+                otlp_endpoint: endpoint.clone(),
                 service_name: r.service_name.clone().unwrap_or_else(|| "modelgate".into()),
                 sample_rate,
             })
@@ -1003,6 +1053,7 @@ fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
         base_path: base_path.to_string(),
         weight: 1,
         api_key: None,
+        line: None,
     })
 }
 

@@ -153,8 +153,9 @@ fn deserialize_within<T: serde::de::DeserializeOwned>(
     let mut problems = Problems::default();
     // Copied only once a round has something to blank: a sound file is parsed as it is.
     let mut blanked = std::borrow::Cow::Borrowed(text);
-    // The keys blanked so far: a field found missing after that is no news.
-    let mut gone: Vec<String> = Vec::new();
+    // The entries blanked so far (key, where, a stand-in of the type serde expected): a field
+    // found missing after that is no news, and a stand-in lets the search go on past it.
+    let mut gone: Vec<(String, Range<usize>, Option<&'static str>)> = Vec::new();
     for round in 0.. {
         if round == max_rounds || (round > 0 && started.elapsed() > search_time) {
             problems.push(Problem::new(
@@ -170,11 +171,24 @@ fn deserialize_within<T: serde::de::DeserializeOwned>(
             Err(e) => e,
         };
         let problem = Problem::from_toml(file, &blanked, &e);
-        // A missing field is not in the text to be blanked: the search ends there (unless it
-        // is one blanked before, which is no news).
+        // A missing field is not in the text to be blanked: the search ends there, unless it
+        // is one blanked for its type (no news): a stand-in of the right type then takes its
+        // place (on its line: the checks' follow-on problems about it are dropped, see
+        // `after_shape`) and the search goes on.
         if e.message().starts_with("missing field") {
-            if !gone.contains(&problem.field) {
-                problems.push(problem);
+            let stand_in = gone
+                .iter()
+                .position(|(k, _, s)| *k == problem.field && s.is_some())
+                .map(|i| gone.swap_remove(i));
+            match stand_in {
+                Some((key, range, Some(value))) => {
+                    let newlines = blanked[range.clone()].matches('\n').count();
+                    let text = format!("{key}={value}{}", "\n".repeat(newlines));
+                    blanked.to_mut().replace_range(range, &text);
+                    continue;
+                }
+                _ if gone.iter().any(|(k, _, _)| *k == problem.field) => {}
+                _ => problems.push(problem),
             }
             break;
         }
@@ -188,10 +202,15 @@ fn deserialize_within<T: serde::de::DeserializeOwned>(
         let Some((mut range, in_list)) = entry else {
             break;
         };
-        if let Some(key) = leaf_key(&blanked, range.start) {
-            gone.push(key);
+        let key = leaf_key(&blanked, range.start);
+        let dotted = dotted_start(&blanked, range.start);
+        // A stand-in goes only where a plain `key = value` was (not in a list, not dotted).
+        let plain = !in_list && dotted == range.start;
+        range.start = dotted;
+        if let Some(key) = key {
+            let stand_in = plain.then(|| stand_in(e.message())).flatten();
+            gone.push((key, range.clone(), stand_in));
         }
-        range.start = dotted_start(&blanked, range.start);
         blank(blanked.to_mut(), range, in_list);
     }
     (None, problems)
@@ -316,6 +335,23 @@ fn in_value(value: &toml_edit::Value, span: &Range<usize>) -> Option<(Range<usiz
         }),
         _ => None,
     }
+}
+
+/// A value of the type a serde "invalid type" message expected, if it names a simple one.
+fn stand_in(message: &str) -> Option<&'static str> {
+    let expected = message.split(", expected ").nth(1)?.trim();
+    let integer = [
+        "u8", "u16", "u32", "u64", "usize", "i8", "i16", "i32", "i64", "isize",
+    ];
+    Some(match expected {
+        "a string" => "\"\"",
+        "a boolean" => "false",
+        "a sequence" => "[]",
+        "f32" | "f64" | "a float" => "0.0",
+        e if integer.contains(&e) || e == "an integer" => "0",
+        e if e == "a map" || e.starts_with("struct ") => "{}",
+        _ => return None,
+    })
 }
 
 /// The bare key an entry starting at `start` sets (`name` of `name = …`), if it is one.

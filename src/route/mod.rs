@@ -151,7 +151,7 @@ impl Router {
                         if key.is_some() && authorization.is_none() {
                             problems.push(Problem::new(
                                 &file,
-                                None,
+                                u.line,
                                 &format!("pools.{}.api_key", p.name),
                                 "not a valid header value",
                             ));
@@ -168,15 +168,15 @@ impl Router {
                             }),
                             Err(_) => problems.push(Problem::new(
                                 &file,
-                                None,
-                                "pools.upstreams",
+                                u.line,
+                                &format!("pools.{}.upstreams", p.name),
                                 format!("bad host in '{}'", u.url),
                             )),
                         }
                     }
                     _ => problems.push(Problem::new(
                         &file,
-                        None,
+                        u.line,
                         &format!("pools.{}.upstreams", p.name),
                         format!("cannot resolve '{}'", u.url),
                     )),
