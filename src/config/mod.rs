@@ -1022,6 +1022,11 @@ fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
     } else {
         return Err(format!("'{url}' must start with http:// or https://"));
     };
+    if rest.contains(['?', '#']) {
+        return Err(format!(
+            "'{url}': a base URL has no query or fragment (request paths are added to it)"
+        ));
+    }
     let (authority, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
@@ -1120,6 +1125,12 @@ price = { prompt = 1.0, completion = 2.0 }
             s.contains("models[0].pool") && s.contains("pools[0].upstreams"),
             "{s}"
         );
+        // A query or fragment in a base URL would end up in the middle of each request's URL.
+        for url in ["http://upstream?x=1", "https://upstream/base#f"] {
+            let text = GOOD.replace("http://127.0.0.1:9100", url);
+            let e = Config::parse(Path::new("c.toml"), &text).expect_err("bad");
+            assert!(e.to_string().contains("no query or fragment"), "{e}");
+        }
     }
 
     #[test]
