@@ -4,6 +4,7 @@
 //! headers, a page's security headers).
 
 use bytes::Bytes;
+use futures_util::FutureExt;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
@@ -73,11 +74,24 @@ pub async fn error(
     .await
 }
 
+/// How long a refused request's small body is waited for before its answer goes.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 async fn drain_small_body(session: &mut Session) {
+    if session.is_body_done() {
+        return;
+    }
     // A client waiting for `100 Continue` sends its body only once it has that (or gives up
-    // waiting): draining first would hold the answer back until then. The answer goes at
-    // once; whoever asked for the body lingers after it for what still comes.
-    if session.is_body_done() || crate::proxy::body::expects_continue(session) {
+    // waiting): waiting for it would hold the answer back until then. What such a client sent
+    // without waiting (RFC 9110 allows it) is read as far as it has come, so that closing the
+    // connection does not reset the answer.
+    if crate::proxy::body::expects_continue(session) {
+        for _ in 0..16 {
+            match session.read_request_body().now_or_never() {
+                Some(Ok(Some(_))) => {}
+                _ => break,
+            }
+        }
         return;
     }
     let small = session
@@ -87,7 +101,11 @@ async fn drain_small_body(session: &mut Session) {
         .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
         .is_some_and(|n| n <= 64 * 1024);
     if small {
-        // A failed drain only means the connection will not be reused.
-        let _ = session.drain_request_body().await;
+        // A failed or slow drain only means the connection will not be reused: a client
+        // trickling its body does not hold the answer (nor a shutdown) for long.
+        let drained = tokio::time::timeout(DRAIN_LIMIT, session.drain_request_body()).await;
+        if !matches!(drained, Ok(Ok(()))) {
+            session.as_downstream_mut().set_keepalive(None);
+        }
     }
 }

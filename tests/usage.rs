@@ -556,6 +556,16 @@ async fn a_spent_budget_gives_402_and_spend_and_records_survive_a_restart() {
         .await
         .expect("send");
     assert_eq!(error_of(resp).await.0, 402);
+    // Counting tokens spends nothing, so it needs no balance either.
+    let resp = send(
+        &g.main,
+        "/v1/messages/count_tokens",
+        Some(BUDGET_KEY),
+        &serde_json::json!({"model": "echo-1", "messages": [{"role": "user", "content": "hi"}]}),
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
     // The usage API still answers a key with no balance left (its own calls are recorded too).
     let page = usage_page(&g.main, BUDGET_KEY, "limit=10000").await;
     let chat: Vec<u64> = page["data"]

@@ -402,13 +402,16 @@ impl Config {
     pub fn keys_file_named(path: &Path) -> Option<PathBuf> {
         let text = std::fs::read_to_string(path).ok()?;
         let table: toml::Table = toml::from_str(&text).ok()?;
-        let keys = table.get("keys").and_then(toml::Value::as_table);
-        let field = |name| keys.and_then(|k| k.get(name)).and_then(toml::Value::as_str);
-        if field("source") == Some("postgres") {
+        // Only a file the config names: without `[keys]` it names none.
+        let keys = table.get("keys")?.as_table()?;
+        if keys.get("source").and_then(toml::Value::as_str) == Some("postgres") {
             return None;
         }
-        let dir = path.parent().unwrap_or(Path::new(""));
-        Some(dir.join(field("file").unwrap_or("keys.toml")))
+        let file = match keys.get("file") {
+            None => "keys.toml",
+            Some(f) => f.as_str()?,
+        };
+        Some(path.parent().unwrap_or(Path::new("")).join(file))
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, Problems> {
@@ -451,14 +454,8 @@ impl Config {
                         field,
                         "must be IP:PORT, e.g. 0.0.0.0:8080",
                     )),
-                    // Two listeners on one port cannot both bind (an unspecified address
-                    // takes the port on every address).
-                    Ok(addr) => match bound.iter().find(|(_, b)| {
-                        b.port() == addr.port()
-                            && (b.ip() == addr.ip()
-                                || b.ip().is_unspecified()
-                                || addr.ip().is_unspecified())
-                    }) {
+                    // Two listeners on one port cannot both bind.
+                    Ok(addr) => match bound.iter().find(|(_, b)| one_port(b, &addr)) {
                         Some((other, _)) if addr.port() != 0 => p.push(Problem::new(
                             &file,
                             at(v.span()),
@@ -1014,6 +1011,17 @@ fn resolve_secret(v: &str) -> Result<Secret, String> {
     }
 }
 
+/// Whether two listen addresses cannot both be bound: the same port, and the same address or
+/// an unspecified one covering the other (`0.0.0.0` every IPv4 address; `[::]`, dual-stack as
+/// Pingora binds it, every address).
+fn one_port(a: &std::net::SocketAddr, b: &std::net::SocketAddr) -> bool {
+    let covers = |x: std::net::IpAddr, y: std::net::IpAddr| {
+        x.is_unspecified() && (x.is_ipv6() || y.is_ipv4())
+    };
+    let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
+    a.port() == b.port() && (x == y || covers(x, y) || covers(y, x))
+}
+
 fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
     let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
         (true, r)
@@ -1111,6 +1119,24 @@ price = { prompt = 1.0, completion = 2.0 }
         let s = e.to_string();
         assert!(s.contains("c.toml:6"), "{s}");
         assert!(s.contains("fiel"), "{s}");
+    }
+
+    #[test]
+    fn listeners_on_one_port_are_told_apart_as_linux_binds_them() {
+        let a = |s: &str| s.parse::<std::net::SocketAddr>().expect("addr");
+        for (x, y, clash) in [
+            ("127.0.0.1:80", "127.0.0.1:80", true),
+            ("127.0.0.1:80", "127.0.0.1:81", false),
+            ("0.0.0.0:80", "10.0.0.1:80", true),
+            ("127.0.0.1:80", "10.0.0.1:80", false),
+            // `0.0.0.0` is IPv4 only; `[::]` is dual-stack.
+            ("0.0.0.0:80", "[::1]:80", false),
+            ("[::]:80", "127.0.0.1:80", true),
+            ("[::ffff:127.0.0.1]:80", "127.0.0.1:80", true),
+        ] {
+            assert_eq!(one_port(&a(x), &a(y)), clash, "{x} {y}");
+            assert_eq!(one_port(&a(y), &a(x)), clash, "{y} {x}");
+        }
     }
 
     #[test]

@@ -181,10 +181,12 @@ fn deserialize_within<T: serde::de::DeserializeOwned>(
                 .position(|(k, _, s)| *k == problem.field && s.is_some())
                 .map(|i| gone.swap_remove(i));
             match stand_in {
+                // Written over the start of the blanked entry, which holds it (see where it
+                // is chosen): every offset and line stays where it was.
                 Some((key, range, Some(value))) => {
-                    let newlines = blanked[range.clone()].matches('\n').count();
-                    let text = format!("{key}={value}{}", "\n".repeat(newlines));
-                    blanked.to_mut().replace_range(range, &text);
+                    let text = format!("{key}={value}");
+                    let at = range.start..range.start + text.len();
+                    blanked.to_mut().replace_range(at, &text);
                     continue;
                 }
                 _ if gone.iter().any(|(k, _, _)| *k == problem.field) => {}
@@ -208,7 +210,12 @@ fn deserialize_within<T: serde::de::DeserializeOwned>(
         let plain = !in_list && dotted == range.start;
         range.start = dotted;
         if let Some(key) = key {
-            let stand_in = plain.then(|| stand_in(e.message())).flatten();
+            // Only a stand-in that fits on the entry's first line, so nothing moves.
+            let room = blanked[range.clone()].find('\n').unwrap_or(range.len());
+            let stand_in = plain
+                .then(|| stand_in(e.message()))
+                .flatten()
+                .filter(|v| key.len() + 1 + v.len() <= room);
             gone.push((key, range.clone(), stand_in));
         }
         blank(blanked.to_mut(), range, in_list);
@@ -470,6 +477,42 @@ mod tests {
         );
         let doc = doc.expect("what remains deserializes");
         assert_eq!((doc.list, doc.items.len()), (vec![1, 3], 2));
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Two {
+        name: String,
+        pool: String,
+        #[serde(default)]
+        n: Option<u32>,
+    }
+
+    /// Required fields of the wrong type get stand-ins where they fit (the search goes on,
+    /// every line stays); where one does not fit, the search ends there as for a missing field.
+    #[test]
+    fn required_fields_of_the_wrong_type_get_stand_ins_that_move_nothing() {
+        let text = "name = 12345\npool = 1\nn = \"x\"\nq = 1\n";
+        let (doc, p) = deserialize_all::<Two>("f.toml", text);
+        let found: Vec<(Option<usize>, &str)> =
+            p.0.iter().map(|p| (p.line, p.field.as_str())).collect();
+        assert_eq!(
+            found,
+            [
+                (Some(1), "name"),
+                (Some(2), "pool"),
+                (Some(3), "n"),
+                (Some(4), "q")
+            ],
+            "{p}"
+        );
+        assert!(doc.is_some(), "{p}");
+        // `name=1` has no room for `name=""`.
+        let (doc, p) = deserialize_all::<Two>("f.toml", "name=1\npool=2\n");
+        assert!(doc.is_none());
+        let found: Vec<&str> = p.0.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(found, ["name", "pool"], "{p}");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Admission of a `/v1` request, one stage a call: target → key → limits → endpoint permission
 //! → budget → body → model route → the upstream request. Each stage returns `Result<_, Stop>`;
 //! the first refusal is answered in one place (`Gateway::admit`), before any upstream is
-//! touched. The budget is checked before the body is read, so a spent key costs no upload.
+//! touched. The budget is checked before the body is read, so a spent key costs no upload
+//! (except on a path the contract does not name, which is an endpoint (`other`) only when its
+//! body names a model: its permission and budget come after the body).
 
 use std::sync::Arc;
 
@@ -95,10 +97,13 @@ impl Gateway {
         prepare_upstream(ctx, endpoint, route, &snapshot.router, probe, read)
     }
 
-    /// The key may use the endpoint and has budget left.
+    /// The key may use the endpoint and has budget left (a call that spends nothing needs none).
     fn permit(&self, key: &Key, endpoint: Endpoint, fleet_spend: Option<f64>) -> Result<(), Stop> {
         if !key.may_use(endpoint.group) {
             return Err(denied_endpoint(endpoint.group).into());
+        }
+        if endpoint.metering == Metering::Free {
+            return Ok(());
         }
         let exhausted = match (key.budget, fleet_spend) {
             (Some(budget), Some(spent)) => spent >= budget,
@@ -302,7 +307,7 @@ fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), S
 }
 
 /// Reads the whole body before any upstream; a client waiting for `100 Continue` gets it now
-/// (only once its key, permission and budget have passed).
+/// (only once its key has passed, and its permission and budget but on an `other` path).
 async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Result<Bytes, Stop> {
     ctx.body_asked = true;
     if body::expects_continue(session) {

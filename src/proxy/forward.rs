@@ -627,7 +627,14 @@ async fn pass_error(
         ctx.outcome = Outcome::ClientGone;
         return Err(e);
     }
-    if let Err(e) = session.write_response_body(Some(body), true).await {
+    // Up to 1 MiB: a client that does not read holds the write, and the shutdown ends it.
+    let life = ctx.life.as_ref().map(|l| l.lifecycle());
+    let wrote = tokio::select! {
+        biased;
+        r = session.write_response_body(Some(body), true) => r,
+        () = cut(life.as_deref()) => return Err(shut(ctx)),
+    };
+    if let Err(e) = wrote {
         ctx.outcome = Outcome::ClientGone;
         return Err(e);
     }

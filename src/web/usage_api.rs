@@ -211,21 +211,33 @@ pub async fn send_csv(
     let reader = tokio::task::spawn_blocking(move || {
         s.export_csv(&query, &mut |chunk| tx.blocking_send(chunk).is_ok())
     });
-    while let Some(chunk) = rx.recv().await {
-        // A client that reads slowly holds the write; a shutdown's cut ends it (and the
-        // export) all the same, so its record is written before the exit.
-        let wrote = tokio::select! {
+    // A client that reads slowly holds the write, a long query the next chunk; a shutdown's
+    // cut ends either (and the export) all the same, so its record is written before the exit.
+    let cut = || {
+        Err::<(), _>((
+            GatewayError::ShuttingDown.status(),
+            crate::proxy::reply::shutdown_cut(),
+        ))
+    };
+    loop {
+        let next = tokio::select! {
             biased;
-            r = session.write_response_body(Some(chunk), false) => r.map_err(|e| (499, e)),
-            () = shared.lifecycle.cut_requested() => Err((
-                GatewayError::ShuttingDown.status(),
-                crate::proxy::reply::shutdown_cut(),
-            )),
+            c = rx.recv() => Ok(c),
+            () = shared.lifecycle.cut_requested() => Err(()),
+        };
+        let wrote = match next {
+            Ok(Some(chunk)) => tokio::select! {
+                biased;
+                r = session.write_response_body(Some(chunk), false) => r.map_err(|e| (499, e)),
+                () = shared.lifecycle.cut_requested() => cut(),
+            },
+            Ok(None) => break,
+            Err(()) => cut(),
         };
         if let Err((status, e)) = wrote {
             ex.status = status;
+            // The reader stops at its next chunk (the channel is gone); not waited for.
             drop(rx);
-            let _ = reader.await;
             return Err(e);
         }
     }
