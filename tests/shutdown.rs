@@ -111,22 +111,11 @@ async fn a_stalled_upload_and_a_client_that_stops_reading_are_cut_with_a_record_
     assert!(buf[..n].starts_with(b"HTTP/1.1 100"), "{:?}", &buf[..n]);
     upload.write_all(b"{\"model\":").expect("part of the body");
     // The stream: a long fast one, read up to its header and then no more.
-    let mut reader = blocking_connect(&g.direct, Duration::from_secs(20));
     let body = serde_json::to_string(&chat_body("echo-1", true)).expect("json");
     let head = chat_head(KEY, body.len(), "x-mock-chunks: 100000\r\n");
-    reader.write_all(head.as_bytes()).expect("head");
-    reader.write_all(body.as_bytes()).expect("body");
-    let n = reader.read(&mut buf).expect("reply");
-    let stream_head = String::from_utf8_lossy(&buf[..n]).into_owned();
-    assert!(stream_head.starts_with("HTTP/1.1 200"), "{stream_head}");
-    let stream_id = request_id_in(&stream_head);
+    let (_reader, stream_id) = stop_reading_after_the_header(&g.direct, &(head + &body));
 
-    let started = Instant::now();
-    let status = tokio::task::block_in_place(|| g.terminate());
-    let took = started.elapsed();
-    assert!(status.success(), "{status}");
-    // The grace period, then the cut at once (not the wait for requests that ignore it).
-    assert!(took < Duration::from_millis(2_500), "{took:?}");
+    terminate_past_the_grace_period(&mut g);
     let mut answer = Vec::new();
     let _ = upload.read_to_end(&mut answer);
     let answer = String::from_utf8_lossy(&answer).into_owned();
@@ -196,21 +185,11 @@ async fn a_csv_export_to_a_client_that_stops_reading_is_cut_with_its_record() {
         });
     }
     store.close();
-    let mut reader = blocking_connect(&g.direct, Duration::from_secs(20));
     let req =
         format!("GET /api/usage.csv HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
-    reader.write_all(req.as_bytes()).expect("request");
-    let mut buf = [0u8; 4096];
-    let n = reader.read(&mut buf).expect("reply");
-    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let id = request_id_in(&head);
+    let (_reader, id) = stop_reading_after_the_header(&g.direct, &req);
 
-    let started = Instant::now();
-    let status = tokio::task::block_in_place(|| g.terminate());
-    let took = started.elapsed();
-    assert!(status.success(), "{status}");
-    assert!(took < Duration::from_millis(2_500), "{took:?}");
+    terminate_past_the_grace_period(&mut g);
     let g = g.restart_stopped();
     let page: serde_json::Value = get(&g.direct, "/api/usage?limit=1&order=desc", Some(KEY))
         .await
@@ -227,6 +206,30 @@ async fn a_csv_export_to_a_client_that_stops_reading_is_cut_with_its_record() {
         (Some(id.as_str()), Some("usage"), Some(503)),
         "{page}"
     );
+}
+
+/// Sends `request` and reads up to the first piece of its 200 reply, then no more: returns the
+/// connection (to keep it open) and the reply's request id.
+fn stop_reading_after_the_header(base: &str, request: &str) -> (std::net::TcpStream, String) {
+    use std::io::{Read, Write};
+    let mut s = blocking_connect(base, Duration::from_secs(20));
+    s.write_all(request.as_bytes()).expect("request");
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).expect("reply");
+    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let id = request_id_in(&head);
+    (s, id)
+}
+
+/// SIGTERM with a grace period of 1 s: the exit comes right after it (the cut requests end at
+/// once), not after the wait for requests that ignore the cut.
+fn terminate_past_the_grace_period(g: &mut Gateway) {
+    let started = Instant::now();
+    let status = tokio::task::block_in_place(|| g.terminate());
+    let took = started.elapsed();
+    assert!(status.success(), "{status}");
+    assert!(took < Duration::from_millis(2_500), "{took:?}");
 }
 
 /// Kills the process when dropped (the new instance of an upgrade).
