@@ -151,7 +151,6 @@ async fn a_stalled_upload_and_a_client_that_stops_reading_are_cut_with_a_record_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_csv_export_to_a_client_that_stops_reading_is_cut_with_its_record() {
     use modelgate::store::{Store, StoreOptions, UsageRecord};
-    use std::io::{Read, Write};
     let mut g = start_with(Setup {
         grace_seconds: 1,
         ..Setup::default()
