@@ -356,6 +356,59 @@ upstream_model = "echo-1"
     );
 }
 
+/// An Anthropic client (`anthropic-version`) gets the model list in Anthropic's shape, with its
+/// key from `x-api-key`; anyone else gets OpenAI's, and `x-api-key` is no key there.
+#[tokio::test]
+async fn the_model_list_speaks_anthropic_to_an_anthropic_client() {
+    let g = start();
+    let list = |key_header: &'static str, anthropic: bool, path: &'static str| {
+        let mut req = client()
+            .get(format!("{}{path}", g.main))
+            .header(key_header, KEY);
+        if anthropic {
+            req = req.header("anthropic-version", "2023-06-01");
+        }
+        req.send()
+    };
+    let resp = list("x-api-key", true, "/v1/models").await.expect("send");
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["has_more"], false, "{v}");
+    assert_eq!(v["data"][0]["type"], "model", "{v}");
+    assert_eq!(v["first_id"], v["data"][0]["id"], "{v}");
+    assert!(
+        v["data"][0]["created_at"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{v}"
+    );
+    let resp = list("x-api-key", true, "/v1/models/echo-1")
+        .await
+        .expect("send");
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(
+        (v["id"].as_str(), v["type"].as_str()),
+        (Some("echo-1"), Some("model"))
+    );
+    let resp = list("x-api-key", true, "/v1/models/nope")
+        .await
+        .expect("send");
+    assert_eq!(resp.status(), 404);
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["error"]["type"], "not_found_error", "{v}");
+    // Without `anthropic-version`: OpenAI's API, whose key is only the bearer.
+    let resp = list("x-api-key", false, "/v1/models").await.expect("send");
+    assert_eq!(resp.status(), 401);
+    let resp = client()
+        .get(format!("{}/v1/models", g.main))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("send");
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["object"], "list", "{v}");
+}
+
 #[tokio::test]
 async fn the_gateways_errors_on_messages_are_in_anthropics_shape() {
     let g = start();

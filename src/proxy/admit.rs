@@ -190,7 +190,8 @@ impl Gateway {
 /// What the request is, from method and path; a key in the URL is refused before anything.
 fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
     let req = session.req_header();
-    ctx.shape = crate::route::endpoint::error_shape(req.uri.path());
+    let anthropic_client = req.headers.contains_key("anthropic-version");
+    ctx.shape = crate::route::endpoint::error_shape(req.uri.path(), anthropic_client);
     let target = classify(&req.method, req.uri.path());
     match target {
         Target::Other => return Err(GatewayError::NotFound(req.uri.path().to_string()).into()),
@@ -286,11 +287,11 @@ async fn answer_models(
         return denied_endpoint(Group::Models).into();
     }
     let body = match target {
-        Target::GetModel(id) => match models::get(router, key, &id) {
+        Target::GetModel(id) => match models::get(router, key, &id, ctx.shape) {
             Some(body) => body,
             None => return GatewayError::ModelNotFound(id).into(),
         },
-        _ => models::list(router, key),
+        _ => models::list(router, key, ctx.shape),
     };
     match respond::json(session, ctx, 200, body).await {
         Ok(()) => Stop::Answered,

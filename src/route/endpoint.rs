@@ -184,9 +184,13 @@ fn stored_response(method: &http::Method, rest: &str) -> Target {
     }
 }
 
-/// The error shape of a path: Anthropic's on the Messages API, else OpenAI's.
-pub fn error_shape(path: &str) -> crate::error::ErrorShape {
-    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+/// The API a request speaks, for its errors (and its key header): Anthropic's on the Messages
+/// API, and on the model list when an Anthropic client asks (`anthropic_client`: it sent
+/// `anthropic-version`, as Anthropic's SDKs always do); else OpenAI's.
+pub fn error_shape(path: &str, anthropic_client: bool) -> crate::error::ErrorShape {
+    let messages = path == "/v1/messages" || path.starts_with("/v1/messages/");
+    let models = path == "/v1/models" || path.starts_with("/v1/models/");
+    if messages || (models && anthropic_client) {
         crate::error::ErrorShape::Anthropic
     } else {
         crate::error::ErrorShape::OpenAi

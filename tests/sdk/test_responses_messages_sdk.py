@@ -148,6 +148,19 @@ def test_messages_stream_helper_and_token_counting(claude):
     assert counted.input_tokens == PROMPT_TOKENS
 
 
+def test_anthropic_sdk_lists_and_retrieves_models(claude):
+    """The model list in Anthropic's shape for its SDK, filtered by the key as for OpenAI's."""
+    ids = [m.id for m in claude().models.list()]
+    assert "echo-1" in ids
+    model = claude().models.retrieve("echo-1")
+    assert (model.id, model.type, model.display_name) == ("echo-1", "model", "echo-1")
+    assert model.created_at.year >= 2024
+    with pytest.raises(anthropic.NotFoundError):
+        claude().models.retrieve("no-such-model")
+    with pytest.raises(anthropic.AuthenticationError):
+        claude(UNKNOWN_KEY).models.list()
+
+
 def test_anthropic_sdk_errors_have_their_classes(claude):
     with pytest.raises(anthropic.AuthenticationError) as e:
         claude(UNKNOWN_KEY).messages.create(model="echo-1", max_tokens=8, messages=MESSAGES)
