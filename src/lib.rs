@@ -3,6 +3,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod alloc;
 pub mod auth;
 pub mod cli;
 pub mod config;

@@ -74,6 +74,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
         let mut session = ServerSession::new_http1(Box::new(Deadlined::new(stream, self.limit)));
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
         session.set_keepalive_reuses_remaining(options.and_then(|o| o.keepalive_request_limit));
+        crate::alloc::request_started();
         let mut reused = self.inner.process_new_http(session, shutdown).await;
         while let Some((stream, settings)) = reused.map(ReusedHttpStream::consume) {
             let mut deadlined = stream.into_any().downcast::<Deadlined>().ok()?;
@@ -82,6 +83,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
             if let Some(settings) = settings {
                 settings.apply_to_session(&mut session);
             }
+            crate::alloc::request_started();
             reused = self.inner.process_new_http(session, shutdown).await;
         }
         None

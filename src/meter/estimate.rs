@@ -147,7 +147,10 @@ fn estimate_loop(rx: &Mutex<mpsc::Receiver<Request>>, tokenizers: &Tokenizers, k
                 }));
                 let _ = reply.send(counted.unwrap_or_else(|_| job.rough()));
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => tokenizers.unload(),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                tokenizers.unload();
+                crate::alloc::trim_thread_cache();
+            }
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
     }

@@ -242,6 +242,7 @@ impl Writer {
     fn release_memory(&mut self) {
         if self.holds_memory {
             self.conn.release_memory();
+            crate::alloc::trim_thread_cache();
             self.holds_memory = false;
             self.shared.memory_releases.fetch_add(1, Ordering::Relaxed);
         }
