@@ -700,12 +700,20 @@ impl Config {
         }
 
         let demo_mock_upstream = raw.demo.and_then(|d| d.mock_upstream).map(|m| {
-            if m.get_ref().parse::<std::net::SocketAddr>().is_err() {
+            let problem = match m.get_ref().parse::<std::net::SocketAddr>() {
+                Err(_) => Some("must be IP:PORT".to_string()),
+                // It listens too: not on a listener's port.
+                Ok(addr) => bound
+                    .iter()
+                    .find(|(_, b)| addr.port() != 0 && one_port(b, &addr))
+                    .map(|(other, _)| format!("{addr} is also `{other}`'s: it needs its own")),
+            };
+            if let Some(message) = problem {
                 p.push(Problem::new(
                     &file,
                     at(m.span()),
                     "demo.mock_upstream",
-                    "must be IP:PORT",
+                    message,
                 ));
             }
             m.into_inner()
