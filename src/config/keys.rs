@@ -213,6 +213,39 @@ impl KeyTable {
                         None
                     }
                 });
+            // A limit of 0 would refuse every request: `disabled = true` says that.
+            for (name, zero) in [
+                (
+                    "rpm",
+                    rk.rpm
+                        .as_ref()
+                        .filter(|v| *v.get_ref() == 0)
+                        .map(Spanned::span),
+                ),
+                (
+                    "tpm",
+                    rk.tpm
+                        .as_ref()
+                        .filter(|v| *v.get_ref() == 0)
+                        .map(Spanned::span),
+                ),
+                (
+                    "max_concurrent",
+                    rk.max_concurrent
+                        .as_ref()
+                        .filter(|v| *v.get_ref() == 0)
+                        .map(Spanned::span),
+                ),
+            ] {
+                if let Some(span) = zero {
+                    p.push(Problem::new(
+                        file,
+                        at(span),
+                        &f(name),
+                        "must be at least 1 (leave it out for no limit; `disabled = true` stops a key)",
+                    ));
+                }
+            }
             if let Some(b) = &rk.budget {
                 if !b.get_ref().is_finite() || *b.get_ref() < 0.0 {
                     p.push(Problem::new(
@@ -234,9 +267,9 @@ impl KeyTable {
                     model_patterns,
                     models,
                     endpoints,
-                    rpm: rk.rpm,
-                    tpm: rk.tpm,
-                    max_concurrent: rk.max_concurrent,
+                    rpm: rk.rpm.as_ref().map(|v| *v.get_ref()),
+                    tpm: rk.tpm.as_ref().map(|v| *v.get_ref()),
+                    max_concurrent: rk.max_concurrent.as_ref().map(|v| *v.get_ref()),
                     budget: rk.budget.map(Spanned::into_inner),
                     disabled: rk.disabled,
                     expires_at,
@@ -311,9 +344,9 @@ struct RawKey {
     secret_hint: Option<String>,
     models: Option<Vec<Spanned<String>>>,
     endpoints: Option<Vec<Spanned<String>>>,
-    rpm: Option<u32>,
-    tpm: Option<u64>,
-    max_concurrent: Option<u32>,
+    rpm: Option<Spanned<u32>>,
+    tpm: Option<Spanned<u64>>,
+    max_concurrent: Option<Spanned<u32>>,
     budget: Option<Spanned<f64>>,
     #[serde(default)]
     disabled: bool,
@@ -365,6 +398,9 @@ models = ["[bad"]
 [[keys]]
 id = "a"
 secret = "sk-aaaaaaaaaa"
+rpm = 0
+tpm = 0
+max_concurrent = 0
 "#;
         let e = KeyTable::parse("keys.toml", text).expect_err("invalid");
         let s = e.to_string();
@@ -372,6 +408,15 @@ secret = "sk-aaaaaaaaaa"
         assert!(s.contains("keys.toml:6: keys[0].models"), "{s}");
         assert!(s.contains("keys.toml:9: keys[1].id"), "{s}");
         assert!(s.contains("same secret"), "{s}");
+        // A limit of 0 would refuse every request.
+        for (line, field) in [(11, "rpm"), (12, "tpm"), (13, "max_concurrent")] {
+            assert!(
+                s.contains(&format!(
+                    "keys.toml:{line}: keys[1].{field}: must be at least 1"
+                )),
+                "{s}"
+            );
+        }
     }
 
     #[test]
