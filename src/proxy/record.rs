@@ -105,11 +105,13 @@ fn estimate_job(ctx: &Ctx) -> estimate::Job {
 }
 
 /// Credits: per million prompt and completion tokens, plus the per-request price when the
-/// upstream served the request.
+/// upstream served the request; to the nearest 10^-12 credit, so that binary fractions do not
+/// show (4 × 1e-6 + 8 × 2e-6 is 0.00002, not 0.000019999999999999998).
 pub fn cost(price: &Price, usage: &Usage, served: bool) -> f64 {
     let tokens = price.prompt * usage.prompt_tokens as f64 / 1e6
         + price.completion * usage.completion_tokens as f64 / 1e6;
-    tokens + if served { price.request } else { 0.0 }
+    let cost = tokens + if served { price.request } else { 0.0 };
+    (cost * 1e12).round() / 1e12
 }
 
 #[cfg(test)]
@@ -130,6 +132,24 @@ mod tests {
         };
         assert!((cost(&p, &u, true) - 2.5).abs() < 1e-9);
         assert!((cost(&p, &u, false) - 2.0).abs() < 1e-9);
+        // No binary fraction shows: 4 × 1e-6 + 8 × 2e-6 is written 0.00002.
+        let small = Usage {
+            prompt_tokens: 4,
+            completion_tokens: 8,
+            total_tokens: 12,
+        };
+        assert_eq!(cost(&p, &small, false).to_string(), "0.00002");
+        let tenth = Price {
+            prompt: 0.1,
+            completion: 0.0,
+            request: 0.0,
+        };
+        let one = Usage {
+            prompt_tokens: 1,
+            completion_tokens: 0,
+            total_tokens: 1,
+        };
+        assert_eq!(cost(&tenth, &one, false).to_string(), "0.0000001");
         assert_eq!(
             complete(Usage {
                 prompt_tokens: 2,

@@ -250,7 +250,8 @@ def start_gateway(binary: Path, workdir: Path, tls=None):
 
 def watch_errors(page) -> list:
     """Collects script errors and CSP refusals of a page. Chromium logs every non-2xx fetch as
-    "Failed to load resource"; those are expected in these tests and left out."""
+    "Failed to load resource"; those are expected in these tests (a refused API call) and left
+    out (the pages declare their icon, so no /favicon.ico is fetched)."""
     problems = []
     page.on("console", lambda m: m.type == "error"
             and not m.text.startswith("Failed to load resource") and problems.append(m.text))

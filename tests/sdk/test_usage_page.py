@@ -100,6 +100,12 @@ def test_query_shows_the_key_totals_chart_models_and_every_record_field(page, se
     ids = page.locator("#records tbody tr td:nth-child(2)").all_inner_texts()
     for r in seeded:
         assert r["request_id"] in ids
+    # Costs as short decimals, small ones too: never an exponent or a binary fraction's tail.
+    costs = page.locator("#records tbody tr td:nth-child(12)").all_inner_texts()
+    assert all("e" not in c and len(c) <= 12 for c in costs), costs
+    # The page's cost format: a small cost is never shown as 0, a large one keeps six decimals.
+    shown = page.evaluate("[2e-7, 0.000019999999999999998, 0.0014981, 1234.5678901].map(window.MG.credits)")
+    assert shown == ["0.0000002", "0.00002", "0.0014981", "1,234.56789"], shown
     (REPO_ROOT / "docs").mkdir(exist_ok=True)
     page.screenshot(path=str(REPO_ROOT / "docs" / "usage-page.png"), full_page=True)
 

@@ -62,7 +62,14 @@ window.MG = (function () {
   }
 
   const num = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US"));
-  const credits = (n) => (n === null || n === undefined ? "—" : Number(n).toLocaleString("en-US", { maximumFractionDigits: 6 }));
+  // Six decimals from 1 up; below 1, six significant digits, so a small cost never shows as 0.
+  const credits = (n) => {
+    if (n === null || n === undefined) return "—";
+    const x = Number(n);
+    return Math.abs(x) >= 1
+      ? x.toLocaleString("en-US", { maximumFractionDigits: 6 })
+      : x.toLocaleString("en-US", { maximumSignificantDigits: 6 });
+  };
 
   // A tokens-and-cost chart of summary buckets into `box`, times in `tz`; returns the chart.
   function chart(box, summary, tz, old) {
@@ -82,12 +89,12 @@ window.MG = (function () {
       series: [
         {},
         { label: "Tokens", stroke: "#2f6fdb", fill: "rgba(47,111,219,0.15)", width: 2 },
-        { label: "Cost", stroke: "#d9822b", width: 2, scale: "cost" },
+        { label: "Cost", stroke: "#d9822b", width: 2, scale: "cost", value: (u, v) => credits(v) },
       ],
       axes: [
         {},
         { label: "tokens", size: 70 },
-        { label: "cost", side: 1, scale: "cost", grid: { show: false }, size: 70 },
+        { label: "cost", side: 1, scale: "cost", grid: { show: false }, size: 70, values: (u, ticks) => ticks.map(credits) },
       ],
     }, [b.map((x) => x.start_ms / 1000), b.map((x) => x.total_tokens), b.map((x) => x.cost)], box);
   }

@@ -134,6 +134,7 @@
       for (const f of FIELDS) {
         let v = r[f];
         if (f === "time") v = showTime(Date.parse(v));
+        else if (f === "cost") v = credits(v);
         else if (v === null || v === undefined) v = "—";
         else if (typeof v === "boolean") v = v ? "yes" : "no";
         const td = tr.insertCell();
