@@ -89,6 +89,7 @@ def test_a_key_made_in_the_console_works_then_is_limited_and_revoked(console, ga
     expect(console.locator("#keys tbody")).to_contain_text("full")
     console.get_by_label("Key ID").fill("browser-made")
     console.get_by_label("Budget").fill("25")
+    console.get_by_label("Expires (UTC)").fill("2031-01-01T00:00:00")
     console.get_by_role("button", name="Create key").click()
     expect(console.locator("#secret-box")).to_be_visible()
     secret = console.locator("#secret").inner_text()
@@ -96,6 +97,8 @@ def test_a_key_made_in_the_console_works_then_is_limited_and_revoked(console, ga
     await_status(gateway, secret, 200)
     row = console.locator("#keys tbody tr", has_text="browser-made")
     expect(row).to_contain_text("25")
+    # Shown in the zone it was entered in, named, whatever the browser's zone.
+    expect(row).to_contain_text("2031-01-01 00:00 UTC")
     (REPO_ROOT / "docs").mkdir(exist_ok=True)
     console.screenshot(path=str(REPO_ROOT / "docs" / "console-keys.png"), full_page=True)
 
@@ -111,8 +114,12 @@ def test_a_key_made_in_the_console_works_then_is_limited_and_revoked(console, ga
             break
         assert time.monotonic() < deadline, statuses
 
+    # Deleted while open in the form: the form goes back to a new key.
+    console.get_by_role("button", name="Edit browser-made").click()
+    expect(console.locator("#key-form-title")).to_have_text("Edit key browser-made")
     console.get_by_role("button", name="Delete browser-made").click()
     expect(console.locator("#status")).to_contain_text("deleted")
+    expect(console.locator("#key-form-title")).to_have_text("New key")
     await_status(gateway, secret, 401)
     expect(console.locator("#keys tbody")).not_to_contain_text("browser-made")
 

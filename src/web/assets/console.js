@@ -90,9 +90,9 @@
   }
 
   // ---- Keys -------------------------------------------------------------------------------
-  function when(iso) {
+  function when(iso, tz = TZ) {
     if (!iso) return null;
-    const w = wall(Date.parse(iso), TZ);
+    const w = wall(Date.parse(iso), tz);
     return `${w.year}-${w.month}-${w.day} ${w.hour}:${w.minute}`;
   }
 
@@ -108,7 +108,9 @@
       pick.append(new Option(k.id, k.id));
       const tr = row(body, [k.id, k.hint || "(hash only)", (k.models || []).join(", "), k.endpoints.join(", "),
         k.rpm, k.tpm, k.max_concurrent, k.budget === null ? "none" : credits(k.budget), credits(k.spend),
-        when(k.last_used) || "never", when(k.expires_at) || "never", k.disabled ? "disabled" : "active"]);
+        when(k.last_used) || "never",
+        // In UTC, as the form takes it.
+        k.expires_at ? `${when(k.expires_at, "UTC")} UTC` : "never", k.disabled ? "disabled" : "active"]);
       tr.dataset.key = k.id;
       const cell = tr.insertCell();
       cell.className = "actions-cell";
@@ -216,6 +218,8 @@
     if (!window.confirm(`Delete ${k.id}? Its records stay; the key stops working at once.`)) return;
     try {
       await call("DELETE", `/console/api/keys/${encodeURIComponent(k.id)}`);
+      // The form no longer edits a key that is gone.
+      if (state.editing === k.id) resetForm();
       say(`Key ${k.id} deleted.`, "ok");
       await loadKeys();
     } catch (e) { say(e.message, "error"); }
