@@ -79,7 +79,12 @@ pub fn parse_range(query: Option<&str>, now_ms: i64, console: bool) -> Result<Ra
             .find(|(k, _)| *k == name)
             .map(|(_, v)| v.as_str())
     };
-    let tz_name = get("tz").unwrap_or("UTC").trim().to_string();
+    // An offset's `+` sent unencoded arrives as a space: read as `+` (as `start`/`end` are).
+    let raw = get("tz").unwrap_or("UTC").trim_end();
+    let tz_name = match raw.strip_prefix(' ') {
+        Some(rest) => format!("+{}", rest.trim_start()),
+        None => raw.trim().to_string(),
+    };
     let tz = params::zone(&tz_name)?;
     let tz_name = tz.iana_name().map_or(tz_name, str::to_string);
     let end_ms = match get("end") {
@@ -475,6 +480,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!((utc.start_ms, utc.end_ms), (range.start_ms, range.end_ms));
+        // An offset's `+` sent unencoded (a space once decoded) is still an offset.
+        let plus = parse_range(
+            Some("start=2026-11-21T00:00:00%2B05:30&end=2026-11-24T00:00:00+05:30&tz=+05:30"),
+            0,
+            false,
+        )
+        .unwrap();
+        assert_eq!(plus.tz_name, "+05:30");
         let v = compute(&store.rollup(&q).unwrap(), &utc).unwrap();
         let per_day: Vec<u64> = v["buckets"]
             .as_array()
