@@ -22,15 +22,18 @@ const BLOCKS: usize = 4 * 41;
 
 thread_local! {
     static REQUESTS: Cell<u64> = const { Cell::new(0) };
-    static WATCHED: Cell<bool> = const { Cell::new(false) };
 }
 
 /// A request starts on this proxy thread (a runtime of one thread, no work stealing). The
 /// first one starts the thread's idle watch, a task that trims the cache once the thread has
 /// had no new request for `IDLE` after having had some.
 pub fn request_started() {
-    REQUESTS.with(|r| r.set(r.get().wrapping_add(1)));
-    if WATCHED.with(|w| w.replace(true)) {
+    let n = REQUESTS.with(|r| {
+        let n = r.get() + 1;
+        r.set(n);
+        n
+    });
+    if n != 1 {
         return;
     }
     tokio::spawn(async {

@@ -190,8 +190,7 @@ impl Gateway {
 /// What the request is, from method and path; a key in the URL is refused before anything.
 fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
     let req = session.req_header();
-    let anthropic_client = req.headers.contains_key("anthropic-version");
-    ctx.shape = crate::route::endpoint::error_shape(req.uri.path(), anthropic_client);
+    ctx.shape = crate::route::endpoint::error_shape(req.uri.path(), &req.headers);
     let target = classify(&req.method, req.uri.path());
     match target {
         Target::Other => return Err(GatewayError::NotFound(req.uri.path().to_string()).into()),
@@ -260,7 +259,7 @@ fn route_stored(
     };
     ctx.model = route.model.name.clone();
     ctx.meter = Meter::None;
-    ctx.free = STORED_RESPONSE.metering == Metering::Free;
+    ctx.free = true; // STORED_RESPONSE's Metering::Free
     ctx.body = body;
     ctx.pinned = Some(upstream);
     ctx.route = Some(route);

@@ -502,16 +502,7 @@ async fn stream_reply(
                 }
             }
         }
-        // A client that does not read holds the write: the shutdown ends it all the same.
-        let wrote = tokio::select! {
-            biased;
-            r = session.write_response_body(out.take(), done) => r,
-            () = cut(life.as_deref()) => return Err(shut(ctx)),
-        };
-        if let Err(e) = wrote {
-            ctx.outcome = Outcome::ClientGone;
-            return Err(e);
-        }
+        write_body(session, ctx, life.as_deref(), out.take(), done).await?;
         if let Some(e) = failed {
             pool.transport_failed(up);
             ctx.outcome = Outcome::UpstreamFailed(502);
@@ -523,6 +514,24 @@ async fn stream_reply(
     }
     upstream.release(connections).await;
     Ok(())
+}
+
+/// Writes a piece of the reply to the client. A client that does not read holds the write; the
+/// shutdown ends it all the same (`biased`: a write that completes at once never looks at the
+/// cut). Either failure names the outcome.
+async fn write_body(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    life: Option<&Lifecycle>,
+    piece: Option<Bytes>,
+    done: bool,
+) -> pingora_error::Result<()> {
+    let wrote = tokio::select! {
+        biased;
+        r = session.write_response_body(piece, done) => r,
+        () = cut(life) => return Err(shut(ctx)),
+    };
+    wrote.inspect_err(|_| ctx.outcome = Outcome::ClientGone)
 }
 
 /// A reply the shutdown ended: its record says 503, and the client's connection is cut.
@@ -627,17 +636,9 @@ async fn pass_error(
         ctx.outcome = Outcome::ClientGone;
         return Err(e);
     }
-    // Up to 1 MiB: a client that does not read holds the write, and the shutdown ends it.
+    // Up to 1 MiB.
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let wrote = tokio::select! {
-        biased;
-        r = session.write_response_body(Some(body), true) => r,
-        () = cut(life.as_deref()) => return Err(shut(ctx)),
-    };
-    if let Err(e) = wrote {
-        ctx.outcome = Outcome::ClientGone;
-        return Err(e);
-    }
+    write_body(session, ctx, life.as_deref(), Some(body), true).await?;
     if whole && upstream.client.response_done() {
         upstream.release(connections).await;
     }

@@ -185,12 +185,12 @@ fn stored_response(method: &http::Method, rest: &str) -> Target {
 }
 
 /// The API a request speaks, for its errors (and its key header): Anthropic's on the Messages
-/// API, and on the model list when an Anthropic client asks (`anthropic_client`: it sent
-/// `anthropic-version`, as Anthropic's SDKs always do); else OpenAI's.
-pub fn error_shape(path: &str, anthropic_client: bool) -> crate::error::ErrorShape {
+/// API, and on the model list when an Anthropic client asks (it sent `anthropic-version`, as
+/// Anthropic's SDKs always do; looked up on that path only); else OpenAI's.
+pub fn error_shape(path: &str, headers: &http::HeaderMap) -> crate::error::ErrorShape {
     let messages = path == "/v1/messages" || path.starts_with("/v1/messages/");
-    let models = path == "/v1/models" || path.starts_with("/v1/models/");
-    if messages || (models && anthropic_client) {
+    let models = || path == "/v1/models" || path.starts_with("/v1/models/");
+    if messages || (models() && headers.contains_key("anthropic-version")) {
         crate::error::ErrorShape::Anthropic
     } else {
         crate::error::ErrorShape::OpenAi
