@@ -363,14 +363,26 @@ async fn a_key_made_in_the_console_works_then_is_limited_disabled_rotated_and_de
         json!({"endpoints": ["nope"]}),
         json!({"secret": "sk-mine"}),
         json!({"rpm": "fast"}),
+        json!({"rpm": 0}),
     ] {
-        let (status, _) = error_of(
+        let (status, e) = error_of(
             c.send("PATCH", "/console/api/keys/team-a", Some(bad.clone()))
                 .await,
         )
         .await;
         assert_eq!(status, 400, "{bad}");
+        // The refusal names the file, not where it lies on the server.
+        let message = e["message"].as_str().unwrap();
+        let dir = g.dir.path().to_string_lossy();
+        assert!(!message.contains(dir.as_ref()), "{message}");
     }
+    let (_, e) = error_of(
+        c.send("PATCH", "/console/api/keys/team-a", Some(json!({"rpm": 0})))
+            .await,
+    )
+    .await;
+    let message = e["message"].as_str().unwrap();
+    assert!(message.starts_with("keys.toml:"), "{message}");
     assert_eq!(std::fs::read_to_string(&keys_file).unwrap(), before);
     let (status, e) = error_of(
         c.send("POST", "/console/api/keys", Some(json!({"id": "team-a"})))

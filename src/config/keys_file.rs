@@ -86,8 +86,12 @@ pub fn apply(path: &Path, edit: &Edit) -> Result<KeyTable, EditError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| EditError::Io(format!("reading {}: {e}", path.display())))?;
     let new_text = edit_text(&text, edit)?;
-    let table = KeyTable::parse(&path.display().to_string(), &new_text)
-        .map_err(|p| EditError::Invalid(p.to_string()))?;
+    // The problem names the file by its name only: the console shows it to the signed-in
+    // user, who has no business with the server's directories.
+    let name = path
+        .file_name()
+        .map_or_else(|| "keys file".into(), |n| n.to_string_lossy());
+    let table = KeyTable::parse(&name, &new_text).map_err(|p| EditError::Invalid(p.to_string()))?;
     write_atomically(path, &new_text)?;
     Ok(table)
 }

@@ -161,3 +161,25 @@ def test_usage_across_keys_and_models(console, gateway):
     console.get_by_role("button", name="Models").click()
     expect(console.locator("#models tbody")).to_contain_text("echo-1")
     expect(console.locator("#pools tbody")).to_contain_text("local")
+
+
+def test_the_key_form_on_a_phone_keeps_each_checkbox_with_its_label(browser, gateway):
+    context = browser.new_context(locale="en-US", viewport={"width": 390, "height": 844})
+    pg = context.new_page()
+    problems = watch_errors(pg)
+    pg.goto(f"http://127.0.0.1:{gateway.ports['main']}/")
+    sign_in(pg)
+    expect(pg.locator("#app")).to_be_visible()
+    labels = pg.locator("#k-endpoints label.check")
+    expect(labels.first).to_be_visible()
+    assert labels.count() > 3
+    # Each label is one box: its checkbox and its name on one line, whatever wraps between them.
+    for i in range(labels.count()):
+        label = labels.nth(i)
+        box = label.locator("input").bounding_box()
+        whole = label.bounding_box()
+        rects = label.evaluate("l => l.getClientRects().length")
+        assert rects == 1, label.inner_text()
+        assert whole["height"] < 2 * box["height"] + 8, (label.inner_text(), whole, box)
+    context.close()
+    assert problems == [], problems
