@@ -3,8 +3,14 @@
 //! a time could hold a connection forever. `HeaderDeadline` wraps the proxy app: each
 //! connection's stream is wrapped once in `Deadlined`, which ends the connection when a
 //! request's header is not complete within `client_header_timeout_ms` of its first byte (a new
-//! connection must send that byte within the same time). Idle time between requests is the keep-alive
-//! timeout's business, and the body's is `client_body_timeout_ms`'s.
+//! connection must send that byte within the same time). The header is complete when the
+//! proxy has it (`header_arrived`, the first thing its request filter does). Idle time between
+//! requests is the keep-alive timeout's business, and the body's is `client_body_timeout_ms`'s.
+//!
+//! HTTP/1.1 pipelining is on: a request sent before the reply to the one before it is read
+//! with that reply's idle read and answered after it, in order (RFC 9112 §9.3), rather than
+//! dropped with the connection. Its header may arrive whole with the previous request's bytes,
+//! or in part, which is why the deadline ends with the proxy's word and not with bytes seen.
 //!
 //! The same wrapper gives the requests Pingora cannot parse (a malformed request line or
 //! header) the contract's error: Pingora answers them itself, before any of our code runs,
@@ -16,6 +22,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -30,9 +37,6 @@ use pingora_core::protocols::{
 };
 use pingora_core::server::ShutdownWatch;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
-/// The end of an HTTP/1 header.
-const HEADER_END: &[u8; 4] = b"\r\n\r\n";
 
 /// A proxy app whose connections each get a header deadline.
 pub struct HeaderDeadline<A> {
@@ -72,6 +76,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
         // it starts at the next request's first byte. Run here rather than in that loop, the
         // connection's future also holds no HTTP/2 handshake state (3.8 KB a connection).
         let mut session = ServerSession::new_http1(Box::new(Deadlined::new(stream, self.limit)));
+        session.set_pipelining_enabled(true);
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
         session.set_keepalive_reuses_remaining(options.and_then(|o| o.keepalive_request_limit));
         crate::alloc::request_started();
@@ -105,8 +110,8 @@ pub struct Deadlined {
     armed: bool,
     /// Between requests: the timer starts with the next byte.
     awaiting_first_byte: bool,
-    /// How much of `HEADER_END` the bytes read so far end with.
-    matched: usize,
+    /// The proxy has the current request's header (`header_arrived`): the timer is spent.
+    header_in: AtomicBool,
     /// The reply being sent in place of Pingora's bare error, and how much of it went out.
     replacing: Option<(Vec<u8>, usize)>,
 }
@@ -180,7 +185,7 @@ impl Deadlined {
             timer: Box::pin(tokio::time::sleep(limit)),
             armed: true,
             awaiting_first_byte: false,
-            matched: 0,
+            header_in: AtomicBool::new(false),
             replacing: None,
         }
     }
@@ -188,37 +193,38 @@ impl Deadlined {
     fn next_request(&mut self) {
         self.armed = false;
         self.awaiting_first_byte = true;
-        self.matched = 0;
+        *self.header_in.get_mut() = false;
     }
 
-    /// Watches the bytes just read for the header's end.
+    /// Starts the next request's timer on its first byte read.
     fn saw(&mut self, bytes: &[u8]) {
-        if bytes.is_empty() {
-            return;
-        }
-        if self.awaiting_first_byte {
+        if self.awaiting_first_byte && !bytes.is_empty() {
             self.awaiting_first_byte = false;
             let at = tokio::time::Instant::now() + self.limit;
             self.timer.as_mut().reset(at);
             self.armed = true;
         }
-        if !self.armed {
-            return;
+    }
+
+    /// Whether the header deadline has passed with the header still out.
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.armed || self.header_in.load(Ordering::Relaxed) {
+            self.armed = false;
+            return false;
         }
-        for &b in bytes {
-            self.matched = if b == HEADER_END[self.matched] {
-                self.matched + 1
-            } else if b == b'\r' {
-                1
-            } else {
-                0
-            };
-            if self.matched == HEADER_END.len() {
-                self.armed = false;
-                self.matched = 0;
-                return;
-            }
-        }
+        self.timer.as_mut().poll(cx).is_ready()
+    }
+}
+
+/// The request's header is complete and parsed: its connection's header deadline is spent.
+/// The proxy calls this first thing for every request (an HTTP/2 stream has no deadline).
+pub fn header_arrived(session: &pingora_proxy::Session) {
+    let deadlined = session
+        .as_downstream()
+        .stream()
+        .and_then(|s| s.as_any().downcast_ref::<Deadlined>());
+    if let Some(d) = deadlined {
+        d.header_in.store(true, Ordering::Relaxed);
     }
 }
 
@@ -236,8 +242,7 @@ impl AsyncRead for Deadlined {
                 Poll::Ready(Ok(()))
             }
             Poll::Pending => {
-                let expired = self.armed && self.timer.as_mut().poll(cx).is_ready();
-                if expired {
+                if self.expired(cx) {
                     Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::TimedOut,
                         "the request header did not arrive within client_header_timeout_ms",

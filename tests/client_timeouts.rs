@@ -1,5 +1,6 @@
 //! Deadlines on the client side: a body that stalls gets 408 (recorded as the client's), and
-//! an idle keep-alive connection is closed.
+//! an idle keep-alive connection is closed. Pipelined HTTP/1.1 requests are answered in order,
+//! under the same header deadline.
 
 mod common;
 
@@ -146,4 +147,148 @@ fn trickle_until_cut(s: &mut TcpStream, head: &[u8]) -> Duration {
             return started.elapsed();
         }
     }
+}
+
+/// The body of a chat request to send raw.
+fn chat_json(stream: bool) -> String {
+    format!(
+        r#"{{"model":"echo-1","stream":{stream},"messages":[{{"role":"user","content":"hi"}}]}}"#
+    )
+}
+
+/// Reads one reply with a Content-Length body off `s`; its text.
+fn read_one_reply(s: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = s.read(&mut buf).expect("reply");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().expect("length"))
+                })
+                .expect("content-length");
+            if got.len() >= end + 4 + len {
+                assert_eq!(got.len(), end + 4 + len, "more than one reply: {text}");
+                return text;
+            }
+        }
+    }
+}
+
+/// The replies in `raw`, each from its status line on.
+fn replies(raw: &str) -> Vec<&str> {
+    // A reply's body ends where the next status line starts (these bodies never hold one).
+    let starts: Vec<usize> = raw.match_indices("HTTP/1.1 ").map(|(i, _)| i).collect();
+    (0..starts.len())
+        .map(|k| &raw[starts[k]..starts.get(k + 1).copied().unwrap_or(raw.len())])
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order_each_with_its_record() {
+    let g = start();
+    let raw = tokio::task::block_in_place(|| {
+        let mut s = blocking_connect(&g.direct, Duration::from_secs(10));
+        // Three requests in one write, the last a stream closing the connection.
+        let (plain, streamed) = (chat_json(false), chat_json(true));
+        let all = chat_head(KEY, plain.len(), "")
+            + &plain
+            + &format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n")
+            + &chat_head(KEY, streamed.len(), "Connection: close\r\n")
+            + &streamed;
+        s.write_all(all.as_bytes()).expect("write");
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+        String::from_utf8_lossy(&raw).into_owned()
+    });
+    let got = replies(&raw);
+    assert_eq!(got.len(), 3, "{raw}");
+    for r in &got {
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    }
+    assert!(got[0].contains("\"chat.completion\""), "{}", got[0]);
+    assert!(got[1].contains("\"list\""), "{}", got[1]);
+    assert!(got[2].contains("text/event-stream"), "{}", got[2]);
+    assert!(got[2].contains("data: [DONE]"), "{}", got[2]);
+    let ids: Vec<String> = got.iter().map(|r| request_id_in(r)).collect();
+    assert_ne!(ids[0], ids[2]);
+    for (id, endpoint) in [(&ids[0], "chat"), (&ids[2], "chat")] {
+        let record = await_record(&g, id).await;
+        assert_eq!(record["status"], 200, "{record}");
+        assert!(
+            record["endpoint"].as_str().unwrap_or("").contains(endpoint),
+            "{record}"
+        );
+    }
+    assert_eq!(await_record(&g, &ids[2]).await["stream"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_request_split_at_its_header_end_outlasts_the_header_deadline() {
+    let g = start_with(Setup {
+        server_extra: "client_header_timeout_ms = 500".into(),
+        ..Setup::default()
+    });
+    let (first, raw, took) = tokio::task::block_in_place(|| {
+        let mut s = blocking_connect(&g.main, Duration::from_secs(10));
+        let plain = chat_json(false);
+        let streamed = chat_json(true);
+        // The second request's header arrives with the first request, all but its last byte;
+        // the rest comes after the first reply. Its stream then takes about 1.6 s.
+        let second = chat_head(
+            KEY,
+            streamed.len(),
+            "Connection: close\r\nx-mock-delay-ms: 200\r\n",
+        );
+        let (second_head, last) = second.split_at(second.len() - 1);
+        s.write_all((chat_head(KEY, plain.len(), "") + &plain + second_head).as_bytes())
+            .expect("write");
+        let first = read_one_reply(&mut s);
+        let started = Instant::now();
+        s.write_all((last.to_string() + &streamed).as_bytes())
+            .expect("write");
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+        (
+            first,
+            String::from_utf8_lossy(&raw).into_owned(),
+            started.elapsed(),
+        )
+    });
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert!(raw.contains("data: [DONE]"), "cut: {raw}");
+    assert!(took >= Duration::from_millis(1_000), "{took:?}");
+    let record = await_record(&g, &request_id_in(&raw)).await;
+    assert_eq!(record["status"], 200, "{record}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_header_of_a_pipelined_request_is_cut_at_its_deadline() {
+    let g = start_with(Setup {
+        server_extra: "client_header_timeout_ms = 500".into(),
+        ..Setup::default()
+    });
+    let (first, cut_after) = tokio::task::block_in_place(|| {
+        let mut s = blocking_connect(&g.main, Duration::from_secs(10));
+        let plain = chat_json(false);
+        let started = Instant::now();
+        let both = chat_head(KEY, plain.len(), "")
+            + &plain
+            + "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+        s.write_all(both.as_bytes()).expect("write");
+        let first = read_one_reply(&mut s);
+        trickle_until_cut(&mut s, b"a");
+        (first, started.elapsed())
+    });
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(cut_after >= Duration::from_millis(450), "{cut_after:?}");
+    assert!(cut_after < Duration::from_secs(3), "{cut_after:?}");
 }

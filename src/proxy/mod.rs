@@ -291,6 +291,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut Ctx,
     ) -> pingora_error::Result<bool> {
+        crate::listener::header_arrived(session);
         self.admit(session, ctx).await
     }
 
