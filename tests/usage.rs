@@ -711,3 +711,130 @@ async fn a_database_file_locked_by_another_process_delays_records_and_loses_none
     let r = await_record(&g, &id).await;
     assert_eq!(r["status"], 200, "{r}");
 }
+
+/// Usage the upstream sends that cannot be true (past any context, not an object, counting
+/// nothing) is not believed: the request is estimated as one without usage, so one absurd reply
+/// cannot spend a key's budget or overflow the store's sums.
+#[tokio::test]
+async fn usage_that_cannot_be_true_is_estimated_instead() {
+    let g = start();
+    let tokenizers = modelgate::meter::estimate::Tokenizers::default();
+    let prompt = tokenizers.count("echo-1", "say hello to me");
+    for usage in [
+        r#"{"prompt_tokens":9223372036854775807,"completion_tokens":9223372036854775807,"total_tokens":9223372036854775807}"#,
+        r#"{"prompt_tokens":1000000000000,"completion_tokens":1}"#,
+        "[1,2,3]",
+        "{}",
+        r#"{"prompt_tokens":null,"completion_tokens":null}"#,
+    ] {
+        for stream in [false, true] {
+            let (id, body) = call(
+                &g.main,
+                KEY,
+                "/v1/chat/completions",
+                &chat_body("echo-1", stream),
+                &[("x-mock-usage", usage)],
+            )
+            .await;
+            let r = record_of(&g.main, KEY, &id).await;
+            assert_eq!(r["status"], 200, "{usage}: {r}");
+            assert_eq!(r["estimated"], true, "{usage} stream={stream}: {r}");
+            let (p, c, t) = tokens(&r);
+            assert_eq!(p, prompt, "{usage} stream={stream}: {r}");
+            assert_eq!(t, p + c, "{r}");
+            assert!(c < 100, "{r}");
+            if stream {
+                // The usage event the gateway asked for is still kept from a client that did not.
+                let text = String::from_utf8_lossy(&body);
+                assert!(!text.contains("\"usage\""), "{usage}: {text}");
+                assert!(text.contains("[DONE]"), "{text}");
+            }
+        }
+    }
+    // The usage API's sums and the billing view still read.
+    let summary = get(&g.main, "/api/usage/summary", Some(KEY)).await;
+    assert_eq!(summary.status(), 200);
+    let billing = get(&g.main, "/v1/dashboard/billing/usage", Some(KEY)).await;
+    assert_eq!(billing.status(), 200);
+}
+
+/// Once the upstream's success header came back it has read the prompt: a reply cut or
+/// abandoned before any content still counts the prompt, estimated.
+#[tokio::test]
+async fn a_reply_cut_or_abandoned_before_content_counts_its_prompt() {
+    let g = start();
+    let tokenizers = modelgate::meter::estimate::Tokenizers::default();
+    let prompt = tokenizers.count("echo-1", "say hello to me");
+    // The upstream cuts the stream before its first event (the client's body is cut too).
+    let resp = send(
+        &g.direct,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", true),
+        &[("x-mock-cut-after", "0")],
+    )
+    .await;
+    let id = request_id(&resp);
+    assert!(resp.bytes().await.is_err(), "the cut must show");
+    let r = record_of(&g.direct, KEY, &id).await;
+    assert_eq!(r["status"], 502, "{r}");
+    assert_eq!(tokens(&r), (prompt, 0, prompt), "{r}");
+    assert_eq!(r["estimated"], true, "{r}");
+    // The client leaves once it has the header, before the first event (1 s away).
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", true),
+        &[("x-mock-delay-ms", "1000")],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let id = request_id(&resp);
+    drop(resp);
+    let r = record_of(&g.main, KEY, &id).await;
+    assert_eq!(r["status"], 499, "{r}");
+    assert_eq!(tokens(&r), (prompt, 0, prompt), "{r}");
+    assert_eq!(r["estimated"], true, "{r}");
+}
+
+/// An informational reply (`103 Early Hints`…) before the real one is skipped; an upstream
+/// switching protocols on a model call is broken: 502, and either way one record.
+#[tokio::test]
+async fn informational_upstream_replies_are_skipped_and_101_is_an_upstream_error() {
+    let g = start();
+    for status in ["100", "102", "103"] {
+        for stream in [false, true] {
+            let resp = send(
+                &g.main,
+                "/v1/chat/completions",
+                Some(KEY),
+                &chat_body("echo-1", stream),
+                &[("x-mock-informational", status)],
+            )
+            .await;
+            assert_eq!(resp.status(), 200, "{status}");
+            let id = request_id(&resp);
+            let body = resp.text().await.expect("body");
+            assert!(body.contains("Hello"), "{status}: {body}");
+            let r = record_of(&g.main, KEY, &id).await;
+            assert_eq!(r["status"], 200, "{r}");
+            assert_eq!(r["estimated"], false, "{r}");
+        }
+    }
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", false),
+        &[("x-mock-informational", "101")],
+    )
+    .await;
+    let id = request_id(&resp);
+    let (status, e) = error_of(resp).await;
+    assert_eq!((status, e["code"].as_str()), (502, Some("upstream_error")));
+    let r = record_of(&g.main, KEY, &id).await;
+    assert_eq!(r["status"], 502, "{r}");
+    let log = g.stop_and_stderr();
+    assert!(!log.contains("panicked"), "{log}");
+}

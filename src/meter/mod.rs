@@ -11,19 +11,26 @@ pub mod sse;
 use bytes::Bytes;
 use serde::Deserialize;
 
-/// Token counts in the record's terms, from any of the usage shapes upstreams send.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(from = "RawUsage")]
+/// Token counts in the record's terms, from any of the usage shapes upstreams send
+/// (`RawUsage::counts`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub prompt_tokens: u64,
     pub completion_tokens: u64,
     pub total_tokens: u64,
 }
 
+/// The most tokens one count of one request may say: more than any model's context and any
+/// batch an API takes. A larger figure is not believed (the request is estimated instead):
+/// one absurd reply must not spend a key's budget for good or overflow the store's sums.
+pub const MAX_TOKENS: u64 = 100_000_000;
+
 /// A `usage` object as sent: OpenAI's chat names (`prompt_tokens`, `completion_tokens`), the
 /// Responses and Anthropic names (`input_tokens`, `output_tokens`), and Anthropic's cache
-/// counts, which its `input_tokens` leaves out. A field may be absent or null.
+/// counts, which its `input_tokens` leaves out. A field may be absent or null. Only a JSON
+/// object is read as one (an array is `malformed`, not fields by position).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(remote = "Self")]
 pub struct RawUsage {
     #[serde(default)]
     prompt_tokens: Option<u64>,
@@ -39,6 +46,35 @@ pub struct RawUsage {
     cache_creation_input_tokens: Option<u64>,
     #[serde(default)]
     cache_read_input_tokens: Option<u64>,
+    /// Not an object: it counts nothing.
+    #[serde(skip)]
+    malformed: bool,
+}
+
+impl<'de> Deserialize<'de> for RawUsage {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<RawUsage, D::Error> {
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = RawUsage;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a usage object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<RawUsage, A::Error> {
+                RawUsage::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<RawUsage, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(RawUsage {
+                    malformed: true,
+                    ..RawUsage::default()
+                })
+            }
+        }
+        d.deserialize_any(Object)
+    }
 }
 
 impl RawUsage {
@@ -71,6 +107,25 @@ impl RawUsage {
     pub fn has_prompt(&self) -> bool {
         self.prompt_tokens.is_some() || self.input_tokens.is_some()
     }
+
+    /// The counts, when they are to be believed: None for a usage that counts nothing (`{}`,
+    /// every field null, not an object) or says more than `MAX_TOKENS` anywhere. The request
+    /// is then estimated, as one without usage.
+    pub fn counts(self) -> Option<Usage> {
+        let all = [
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.total_tokens,
+            self.input_tokens,
+            self.output_tokens,
+            self.cache_creation_input_tokens,
+            self.cache_read_input_tokens,
+        ];
+        let believed = !self.malformed
+            && all.iter().any(Option::is_some)
+            && all.iter().flatten().all(|n| *n <= MAX_TOKENS);
+        believed.then(|| Usage::from(self))
+    }
 }
 
 impl From<RawUsage> for Usage {
@@ -86,12 +141,13 @@ impl From<RawUsage> for Usage {
             .fold(0u64, u64::saturating_add)
         });
         let completion = r.completion_tokens.or(r.output_tokens).unwrap_or(0);
+        // A total below the sum of its parts is not one; above it (a server counting thinking
+        // tokens apart, say) it stands as sent. Neither changes the cost.
+        let sum = prompt.saturating_add(completion);
         Usage {
             prompt_tokens: prompt,
             completion_tokens: completion,
-            total_tokens: r
-                .total_tokens
-                .unwrap_or_else(|| prompt.saturating_add(completion)),
+            total_tokens: r.total_tokens.map_or(sum, |t| t.max(sum)),
         }
     }
 }
@@ -99,12 +155,15 @@ impl From<RawUsage> for Usage {
 #[derive(Deserialize)]
 struct WithUsage {
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<RawUsage>,
 }
 
-/// The `usage` object of a JSON reply or event, if it has a non-null one.
+/// The counts of a JSON reply's or event's `usage`, if it has one to be believed.
 pub fn usage_from_json(body: &[u8]) -> Option<Usage> {
-    serde_json::from_slice::<WithUsage>(body).ok()?.usage
+    serde_json::from_slice::<WithUsage>(body)
+        .ok()?
+        .usage?
+        .counts()
 }
 
 /// `MODELGATE_METERING=off` turns metering off (records then carry no tokens). It exists only
@@ -258,5 +317,33 @@ mod tests {
             assert_eq!(b.as_deref(), Some(piece), "plain replies pass unchanged");
         }
         assert_eq!(m.usage().map(|u| u.total_tokens), Some(3));
+    }
+
+    #[test]
+    fn usage_that_counts_nothing_or_too_much_is_not_believed() {
+        let counted = |body: &str| usage_from_json(body.as_bytes());
+        for unbelieved in [
+            r#"{"usage":{}}"#,
+            r#"{"usage":{"prompt_tokens":null,"completion_tokens":null}}"#,
+            r#"{"usage":[1,2,3]}"#,
+            r#"{"usage":{"prompt_tokens":100000001,"completion_tokens":1}}"#,
+            r#"{"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":9223372036854775807}}"#,
+            r#"{"usage":{"input_tokens":3,"cache_read_input_tokens":18446744073709551615}}"#,
+            r#"{"usage":{"prompt_tokens":-1,"completion_tokens":1}}"#,
+            r#"{"usage":{"prompt_tokens":"lots"}}"#,
+        ] {
+            assert_eq!(counted(unbelieved), None, "{unbelieved}");
+        }
+        let most = counted(r#"{"usage":{"prompt_tokens":100000000,"completion_tokens":0}}"#);
+        assert_eq!(most.map(|u| u.prompt_tokens), Some(MAX_TOKENS));
+        // A total below its parts is their sum; above them it stands.
+        let low =
+            counted(r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":1}}"#);
+        assert_eq!(low.map(|u| u.total_tokens), Some(7));
+        let high =
+            counted(r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":20}}"#);
+        assert_eq!(high.map(|u| u.total_tokens), Some(20));
+        let zero = counted(r#"{"usage":{"prompt_tokens":0,"completion_tokens":0}}"#);
+        assert_eq!(zero, Some(Usage::default()), "zero is a count");
     }
 }

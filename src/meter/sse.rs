@@ -89,7 +89,7 @@ struct UsageEvent {
     #[serde(default)]
     choices: Option<Vec<serde_json::Map<String, serde_json::Value>>>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<RawUsage>,
 }
 
 /// Whether a choice says nothing beyond its index: what a server adds to carry usage.
@@ -122,7 +122,7 @@ struct ResponseObject {
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<RawUsage>,
 }
 
 /// A Messages event with usage: `message_start` (in `message`) or `message_delta`.
@@ -200,7 +200,8 @@ impl SseMeter {
     pub fn prompt_reported(&self) -> Option<u64> {
         self.parts
             .filter(RawUsage::has_prompt)
-            .map(|p| Usage::from(p).prompt_tokens)
+            .and_then(RawUsage::counts)
+            .map(|u| u.prompt_tokens)
     }
 
     pub fn strips_usage(&self) -> bool {
@@ -319,7 +320,9 @@ impl SseMeter {
                 let Some(u) = ev.usage else {
                     return Kind::Data;
                 };
-                self.usage = Some(u);
+                // An event the gateway's `include_usage` added is still taken out when its
+                // counts are not believed; the stream is then estimated.
+                self.usage = u.counts();
                 if ev.choices.iter().flatten().all(empty_choice) {
                     Kind::UsageOnly
                 } else {
@@ -331,8 +334,8 @@ impl SseMeter {
                     response: Some(r), ..
                 }) = serde_json::from_slice(data)
                 {
-                    if r.usage.is_some() {
-                        self.usage = r.usage;
+                    if let Some(u) = r.usage {
+                        self.usage = u.counts();
                     }
                     if self.response_id.is_none() {
                         self.response_id = r.id;
@@ -351,7 +354,7 @@ impl SseMeter {
                         let mut parts = self.parts.unwrap_or_default();
                         parts.merge(delta);
                         self.parts = Some(parts);
-                        self.usage = Some(parts.into());
+                        self.usage = parts.counts();
                     }
                 }
                 Kind::Data

@@ -287,6 +287,15 @@ async fn write_reply(
     echo: &Echo,
     ov: &Overrides,
 ) -> pingora_error::Result<()> {
+    if let Some(status) = ov.informational {
+        let mut info = ResponseHeader::build(status, Some(1))?;
+        info.insert_header("link", "</style.css>; rel=preload")?;
+        session.write_response_header(Box::new(info)).await?;
+        if status == 101 {
+            session.set_keepalive(None);
+            return Ok(());
+        }
+    }
     let mut header = ResponseHeader::build(reply.status, Some(12))?;
     header.insert_header("content-type", reply.content_type)?;
     if let (Some(secs), true) = (ov.retry_after, reply.status >= 400) {

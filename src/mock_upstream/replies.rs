@@ -280,6 +280,7 @@ fn chat_completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Repl
             tokens: &tokens,
             include_usage,
             shape: ov.usage_shape,
+            usage: ov.usage.as_ref(),
         };
         return Ok(Reply::events(chat_stream_events(&spec)));
     }
@@ -296,7 +297,7 @@ fn chat_completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Repl
                 "logprobs": null,
                 "finish_reason": "stop",
             }],
-            "usage": usage_json(prompt_tokens, tokens.len()),
+            "usage": ov.usage.clone().unwrap_or_else(|| usage_json(prompt_tokens, tokens.len())),
         }),
     ))
 }
@@ -318,6 +319,7 @@ fn completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Reply, Re
             tokens: &tokens,
             include_usage,
             shape: ov.usage_shape,
+            usage: ov.usage.as_ref(),
         };
         return Ok(Reply::events(completion_stream_events(&spec)));
     }
@@ -329,7 +331,7 @@ fn completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Reply, Re
             "created": created,
             "model": model,
             "choices": [{"index": 0, "text": tokens.concat(), "logprobs": null, "finish_reason": "stop"}],
-            "usage": usage_json(prompt_tokens, tokens.len()),
+            "usage": ov.usage.clone().unwrap_or_else(|| usage_json(prompt_tokens, tokens.len())),
         }),
     ))
 }
@@ -469,6 +471,8 @@ mod tests {
             text_body: false,
             retry_after: None,
             usage_shape: Default::default(),
+            usage: None,
+            informational: None,
         }
     }
 

@@ -40,6 +40,12 @@ pub(super) struct Overrides {
     pub(super) retry_after: Option<u64>,
     /// `x-mock-usage-shape`: where a stream's usage goes (see `stream::UsageShape`).
     pub(super) usage_shape: super::stream::UsageShape,
+    /// `x-mock-usage: JSON`: the `usage` a chat or completions reply (plain or streamed) says,
+    /// in place of its true counts: what a broken server sends.
+    pub(super) usage: Option<serde_json::Value>,
+    /// `x-mock-informational: N` (100–199): an `N` header goes first (`103 Early Hints`, say);
+    /// `101` is then the only header, as from a server switching protocols.
+    pub(super) informational: Option<u16>,
 }
 
 impl Overrides {
@@ -63,6 +69,9 @@ impl Overrides {
             usage_shape: super::stream::UsageShape::parse(
                 std::str::from_utf8(header_bytes(headers, "x-mock-usage-shape")).unwrap_or(""),
             ),
+            usage: serde_json::from_slice(header_bytes(headers, "x-mock-usage")).ok(),
+            informational: header_parse::<u16>(headers, "x-mock-informational")
+                .filter(|s| (100..=199).contains(s)),
         }
     }
 }

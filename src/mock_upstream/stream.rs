@@ -97,6 +97,8 @@ pub(super) struct StreamSpec<'a> {
     pub(super) tokens: &'a [String],
     pub(super) include_usage: bool,
     pub(super) shape: UsageShape,
+    /// What the usage says instead of the true counts (`x-mock-usage`).
+    pub(super) usage: Option<&'a Value>,
 }
 
 impl StreamSpec<'_> {
@@ -116,18 +118,20 @@ impl StreamSpec<'_> {
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": usage_json(self.prompt_tokens, self.tokens.len()),
+            "usage": self.counts(),
         })))
+    }
+
+    fn counts(&self) -> Value {
+        self.usage
+            .cloned()
+            .unwrap_or_else(|| usage_json(self.prompt_tokens, self.tokens.len()))
     }
 
     /// The final content event gets the counts in the `on-last` shape.
     fn finish(&self, mut chunk: Value) -> Value {
         if self.include_usage && self.shape.on_last {
-            set_field(
-                &mut chunk,
-                "usage",
-                usage_json(self.prompt_tokens, self.tokens.len()),
-            );
+            set_field(&mut chunk, "usage", self.counts());
         }
         chunk
     }
@@ -289,6 +293,7 @@ mod tests {
             tokens: &tokens,
             include_usage: false,
             shape: UsageShape::default(),
+            usage: None,
         };
         let events = event_json(&chat_stream_events(&spec));
         assert_eq!(events.len(), 6);

@@ -41,6 +41,9 @@ pub struct Ctx {
     pub ttft_ms: Option<u64>,
     /// The upstream was asked (so a per-request price applies on success).
     pub proxied: bool,
+    /// The upstream took the request: its success header came back, so it read the prompt,
+    /// which counts even if no content follows (a reply cut or abandoned at once).
+    pub accepted: bool,
     /// The call spends nothing, not even the per-request price (`Metering::Free`).
     pub free: bool,
     /// The key's limits as of this request, for the `x-ratelimit-*` headers.
@@ -92,6 +95,7 @@ impl Ctx {
             meter: Meter::None,
             ttft_ms: None,
             proxied: false,
+            accepted: false,
             free: false,
             headroom: Headroom::default(),
             slot: None,

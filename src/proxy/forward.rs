@@ -387,6 +387,10 @@ async fn try_once(
             None => Try::ClientGone,
         },
         Ok(Ok(client)) => match client.response_header().cloned() {
+            // The request asked for no upgrade: a model API switching protocols is broken.
+            Some(resp) if resp.status == 101 => Try::Failed(GatewayError::UpstreamError(
+                "the upstream answered 101 Switching Protocols".into(),
+            )),
             Some(resp) => Try::Reply(
                 Upstreamed {
                     client: Box::new(client),
@@ -401,7 +405,11 @@ async fn try_once(
     }
 }
 
-/// Sends the request on `client` and reads the reply's header.
+/// The most informational replies (`103 Early Hints`…) read before the real one.
+const MAX_INFORMATIONAL: usize = 16;
+
+/// Sends the request on `client` and reads the reply's header, past any informational ones
+/// (`100`, `102`, `103`…: they say nothing a client of the API needs, and it gets one reply).
 async fn ask(
     mut client: HttpSession,
     req: &pingora_http::RequestHeader,
@@ -411,8 +419,17 @@ async fn ask(
     client.set_read_timeout(peer.options.read_timeout);
     client.set_write_timeout(peer.options.write_timeout);
     let mut client = upstream::send(client, req, body.clone(), peer).await?;
-    client.read_response_header().await?;
-    Ok(client)
+    for _ in 0..MAX_INFORMATIONAL {
+        client.read_response_header().await?;
+        let status = client.response_header().map(|r| r.status.as_u16());
+        if !matches!(status, Some(100 | 102..=199)) {
+            return Ok(client);
+        }
+    }
+    Error::e_explain(
+        ErrorType::InvalidHTTPHeader,
+        "the upstream sent informational replies and no reply",
+    )
 }
 
 /// Passes the reply on, metered. Errors before the header reached the client are answered in
@@ -436,6 +453,7 @@ async fn stream_reply(
     if !ctx.outcome.succeeded() {
         return pass_error(connections, session, ctx, pool, upstream, resp).await;
     }
+    ctx.accepted = true;
     if let Err(e) = session.write_response_header(Box::new(resp), false).await {
         ctx.outcome = Outcome::ClientGone;
         return Err(e);

@@ -10,8 +10,9 @@ use crate::store::UsageRecord;
 /// The request's tokens: the upstream's own figures, or a count to make.
 pub enum Tokens {
     Reported(Usage),
-    /// Estimate when the client got (some of) a reply the upstream did not account for: a
-    /// success without usage, or a stream cut or abandoned after content.
+    /// Estimate when the upstream took the request and did not account for it: a success
+    /// without usage, or a reply cut or abandoned after its success header (the prompt was
+    /// read; what content passed counts too).
     Estimate(estimate::Job),
     None,
 }
@@ -20,7 +21,9 @@ impl Tokens {
     pub fn of(ctx: &Ctx) -> Tokens {
         match ctx.meter.usage() {
             Some(u) => Tokens::Reported(complete(u)),
-            None if ctx.meter.estimates() && (ctx.outcome.succeeded() || ctx.ttft_ms.is_some()) => {
+            None if ctx.meter.estimates()
+                && (ctx.outcome.succeeded() || ctx.accepted || ctx.ttft_ms.is_some()) =>
+            {
                 Tokens::Estimate(estimate_job(ctx))
             }
             None => Tokens::None,

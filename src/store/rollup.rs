@@ -389,7 +389,12 @@ fn whole_buckets(
     );
     filters(q, &mut sql, &mut args);
     each_row(conn, &sql, &args, |r| {
-        let g = |i| r.get::<_, i64>(i).map(uint);
+        // A sum past i64 is a REAL in SQLite (a store written before counts were capped).
+        let g = |i| {
+            r.get::<_, i64>(i)
+                .or_else(|_| r.get::<_, f64>(i).map(|f| f as i64))
+                .map(uint)
+        };
         let model: String = r.get(2)?;
         let hist = out.latency.entry(model.clone()).or_default();
         add_encoded(hist, r.get_ref(11)?.as_blob()?);
