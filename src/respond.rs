@@ -10,6 +10,24 @@ use pingora_proxy::Session;
 
 use crate::error::{ErrorShape, GatewayError};
 
+/// A reply whose length is not known up front goes chunked to an HTTP/1.1 client, so a reply
+/// cut short shows as cut (no final chunk). Without it Pingora would end the body by closing
+/// the connection, which a client takes for a whole reply (and the header said keep-alive).
+/// HTTP/2 frames its own bodies (Pingora drops the header there); HTTP/1.0 knows no chunks.
+pub fn frame_unknown_length(
+    session: &Session,
+    h: &mut ResponseHeader,
+) -> pingora_error::Result<()> {
+    let framed = h.headers.contains_key(http::header::CONTENT_LENGTH)
+        || h.headers.contains_key(http::header::TRANSFER_ENCODING);
+    let req = session.req_header();
+    let bodiless = matches!(h.status.as_u16(), 204 | 304) || req.method == http::Method::HEAD;
+    if !framed && !bodiless && req.version == http::Version::HTTP_11 {
+        h.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+    }
+    Ok(())
+}
+
 pub async fn send(
     session: &mut Session,
     request_id: &str,

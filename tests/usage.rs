@@ -460,6 +460,8 @@ async fn csv_export_has_the_contract_header_and_the_same_rows_as_json() {
     }
     let resp = get(&g.direct, "/api/usage.csv", Some(OTHER_KEY)).await;
     assert_eq!(resp.status(), 200);
+    // Chunked: a cut export shows as cut (not a body ended by a close).
+    assert_eq!(resp.headers()["transfer-encoding"], "chunked");
     assert!(
         resp.headers()["content-disposition"]
             .to_str()
@@ -837,4 +839,35 @@ async fn informational_upstream_replies_are_skipped_and_101_is_an_upstream_error
     assert_eq!(r["status"], 502, "{r}");
     let log = g.stop_and_stderr();
     assert!(!log.contains("panicked"), "{log}");
+}
+
+/// An upstream reply that breaks off after its header reaches the client as cut, never as a
+/// whole reply: a stream's body goes chunked (the final chunk never comes), a plain one keeps
+/// its length.
+#[tokio::test]
+async fn a_reply_the_upstream_breaks_off_shows_as_cut() {
+    let g = start();
+    for stream in [true, false] {
+        let resp = send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &chat_body("echo-1", stream),
+            &[("x-mock-garbage", "1")],
+        )
+        .await;
+        let id = request_id(&resp);
+        let framing = if stream {
+            "transfer-encoding"
+        } else {
+            "content-length"
+        };
+        assert!(resp.headers().contains_key(framing), "{:?}", resp.headers());
+        assert!(
+            resp.bytes().await.is_err(),
+            "stream={stream}: read as whole"
+        );
+        let r = record_of(&g.main, KEY, &id).await;
+        assert_eq!(r["status"], 502, "{r}");
+    }
 }

@@ -454,6 +454,7 @@ async fn stream_reply(
         return pass_error(connections, session, ctx, pool, upstream, resp).await;
     }
     ctx.accepted = true;
+    crate::respond::frame_unknown_length(session, &mut resp)?;
     if let Err(e) = session.write_response_header(Box::new(resp), false).await {
         ctx.outcome = Outcome::ClientGone;
         return Err(e);

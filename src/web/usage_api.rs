@@ -203,6 +203,7 @@ pub async fn send_csv(
     h.insert_header("x-request-id", ex.request_id.as_str())?;
     h.insert_header("cache-control", "no-store")?;
     crate::cors::decorate(&mut h, ex.cors.as_ref())?;
+    crate::respond::frame_unknown_length(session, &mut h)?;
     ex.status = 200;
     session.write_response_header(Box::new(h), false).await?;
     // A small channel between the blocking reader and this task: memory stays a few chunks.
