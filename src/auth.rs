@@ -46,8 +46,10 @@ pub fn presented(headers: &http::HeaderMap, x_api_key: bool) -> Option<&[u8]> {
 }
 
 /// The key for `token`, guarded against guessing: an address that presented too many wrong
-/// keys is refused (429) before its key is looked at, and each wrong key counts against it
-/// and in the metrics. No token at all is a client not set up yet, not a guess: 401 only.
+/// keys is refused (429) for any key it has not used before (a right guess looks like a wrong
+/// one), and each wrong key counts against it and in the metrics. A key that address used last
+/// goes on working, so one client with a wrong key does not lock out the others behind the
+/// same address. No token at all is a client not set up yet, not a guess: 401 only.
 pub fn authenticate_guarded(
     table: &KeyTable,
     throttle: &crate::web::Throttle,
@@ -55,9 +57,16 @@ pub fn authenticate_guarded(
     token: Option<&[u8]>,
     now_unix: i64,
 ) -> Result<Arc<Key>, GatewayError> {
+    use std::sync::atomic::Ordering::Relaxed;
     let now = std::time::Instant::now();
-    if let Some(ip) = client {
-        if let Err(wait) = throttle.check(ip, now) {
+    let client_id = client.map(crate::web::throttle::client_id);
+    let throttled = client.and_then(|ip| throttle.check(ip, now).err());
+    let found = authenticate_token(table, token, now_unix);
+    if let Some(wait) = throttled {
+        let known = found
+            .as_ref()
+            .is_ok_and(|k| client_id == Some(k.last_client.load(Relaxed)));
+        if !known {
             return Err(GatewayError::RateLimited {
                 message: "Too many wrong keys from this address; try again later.".into(),
                 retry_after: crate::limit::rate::retry_after_secs(wait),
@@ -65,7 +74,12 @@ pub fn authenticate_guarded(
             });
         }
     }
-    let found = authenticate_token(table, token, now_unix);
+    if let (Ok(key), Some(id)) = (&found, client_id) {
+        // A store only when the client changes (no shared cache line written per request).
+        if key.last_client.load(Relaxed) != id {
+            key.last_client.store(id, Relaxed);
+        }
+    }
     if found.is_err() && token.is_some() {
         if let Some(ip) = client {
             throttle.fail(ip, now);

@@ -132,7 +132,8 @@ upstream_model = "echo-1"
         .await;
         assert_eq!(resp.status(), 200);
     }
-    // 10 wrong keys (the default limit), then the address is throttled even with a good key.
+    // 10 wrong keys (the default limit), then the address is throttled even with a good key
+    // it has not used before.
     for i in 0..10 {
         let resp = send(
             &g.main,
@@ -144,7 +145,14 @@ upstream_model = "echo-1"
         .await;
         assert_eq!(resp.status(), 401, "try {i}");
     }
-    let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(OTHER_KEY),
+        &chat_body("echo-1", false),
+        &[],
+    )
+    .await;
     assert_eq!(resp.status(), 429);
     assert!(resp.headers().contains_key("retry-after"));
     let made = 5 + 2 + 3 + 2 + 10 + 1;

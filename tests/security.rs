@@ -211,7 +211,8 @@ async fn ten_thousand_wrong_keys_are_throttled_and_never_reach_the_upstream() {
             *counts.entry(s).or_default() += n;
         }
     }
-    // The default allowance is 10 wrong keys a minute per address: then 429, whatever key.
+    // The default allowance is 10 wrong keys a minute per address: then 429, for any key that
+    // address has not used (a right guess looks like a wrong one).
     assert_eq!(
         counts,
         [(401, 10), (429, 9_990)].into_iter().collect(),
@@ -222,23 +223,36 @@ async fn ten_thousand_wrong_keys_are_throttled_and_never_reach_the_upstream() {
     assert_eq!(
         throttled.status(),
         429,
-        "the address is throttled whatever key"
+        "the address is throttled for a key it has not used"
     );
 
     // Another address is not: the right key from 127.0.0.2 is served.
-    let other = reqwest::Client::builder()
-        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
-        .build()
-        .expect("client");
-    let ok = other
-        .post(&url)
-        .bearer_auth(KEY)
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(ok.status(), 200);
+    let from = |last: u8| {
+        reqwest::Client::builder()
+            .local_address(std::net::IpAddr::from([127, 0, 0, last]))
+            .build()
+            .expect("client")
+    };
+    let call = |c: reqwest::Client, key: String| {
+        let (url, body) = (url.clone(), body.clone());
+        async move {
+            let resp = c.post(&url).bearer_auth(key).json(&body).send().await;
+            resp.expect("send").status().as_u16()
+        }
+    };
+    assert_eq!(call(from(2), KEY.into()).await, 200);
     assert_eq!(rec.seen().len(), 1);
+
+    // Behind one address (a NAT), one client's wrong key does not lock out the others: a key
+    // used from there before goes on working; a key new to it, and more wrong ones, get 429.
+    assert_eq!(call(from(3), KEY.into()).await, 200);
+    for i in 0..10 {
+        assert_eq!(call(from(3), format!("sk-misconfigured-{i}")).await, 401);
+    }
+    assert_eq!(call(from(3), "sk-misconfigured".into()).await, 429);
+    assert_eq!(call(from(3), OTHER_KEY.into()).await, 429);
+    assert_eq!(call(from(3), KEY.into()).await, 200);
+    assert_eq!(rec.seen().len(), 3);
 }
 
 /// The median of the differences of paired timings, in microseconds.

@@ -40,6 +40,9 @@ pub struct Key {
     /// The start and last 4 characters of the secret, for people to tell keys apart; None when
     /// only its SHA-256 is known.
     pub hint: Option<String>,
+    /// The client (`throttle::client_id`) that last used this key: while that address is
+    /// throttled for wrong keys, a key it already used goes on working (0: none yet).
+    pub last_client: std::sync::atomic::AtomicU64,
 }
 
 impl Key {
@@ -274,6 +277,7 @@ impl KeyTable {
                     disabled: rk.disabled,
                     expires_at,
                     hint,
+                    last_client: Default::default(),
                 };
                 if by_hash.insert(sha256, Arc::new(key)).is_some() {
                     p.push(Problem::new(

@@ -1,7 +1,9 @@
 //! Guessing guard: wrong keys presented to `/v1`, the usage and billing APIs are counted per
 //! client address in a sliding minute (`[limits] auth_failures_per_minute`, default 10); past
-//! the limit that address gets 429 with `Retry-After` (whatever key it sends) until its oldest
-//! failure leaves the window. So no path can be used to try keys at speed.
+//! the limit that address gets 429 with `Retry-After` until its oldest failure leaves the
+//! window, for any key it has not used before. So no path can be used to try keys at speed,
+//! while one client with a wrong key cannot lock out the others behind its address (a NAT):
+//! a key already used from that address goes on working (`Key::last_client`).
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -26,6 +28,15 @@ fn group(ip: IpAddr) -> IpAddr {
             seg[4..].fill(0);
             IpAddr::V6(seg.into())
         }
+    }
+}
+
+/// The client as the throttle counts it, as a number (never 0): the IPv4 address, or the
+/// IPv6 /64.
+pub fn client_id(ip: IpAddr) -> u64 {
+    match group(ip) {
+        IpAddr::V4(v4) => (1 << 32) | u64::from(u32::from(v4)),
+        IpAddr::V6(v6) => (u128::from(v6) >> 64) as u64 | (1 << 63),
     }
 }
 
