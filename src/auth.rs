@@ -21,15 +21,44 @@ pub fn bearer(header: Option<&[u8]>) -> Option<&[u8]> {
     (!token.is_empty()).then_some(token)
 }
 
-/// Query parameters that would carry a key. Such a URL is refused outright: a key in a URL
-/// ends up in logs and histories.
-const KEY_PARAMS: [&str; 5] = ["api_key", "key", "token", "access_token", "authorization"];
+/// Query parameters that would carry a key, as `key_param` spells them (decoded, lower case,
+/// without `-` and `_`: `api_key`, `api-key`, `apiKey`, `api%5Fkey`, `x-api-key`…). Such a URL
+/// is refused outright: a key in a URL ends up in logs and histories.
+const KEY_PARAMS: [&str; 6] = [
+    "apikey",
+    "xapikey",
+    "key",
+    "token",
+    "accesstoken",
+    "authorization",
+];
 
-pub fn key_in_query(query: Option<&str>) -> bool {
-    query.unwrap_or("").split('&').any(|pair| {
-        let name = pair.split('=').next().unwrap_or("");
-        KEY_PARAMS.iter().any(|k| k.eq_ignore_ascii_case(name))
+fn key_param(name: &str) -> bool {
+    let name: String = crate::web::params::decode(name)
+        .chars()
+        .filter(|c| *c != '-' && *c != '_')
+        .flat_map(char::to_lowercase)
+        .collect();
+    KEY_PARAMS.contains(&name.as_str())
+}
+
+/// Whether a query string carries a key: under a name keys go by, or under any name when the
+/// value is a key of `table` (it must not go upstream or into a log either way).
+pub fn key_in_query(query: Option<&str>, table: &KeyTable) -> bool {
+    let Some(query) = query.filter(|q| !q.is_empty()) else {
+        return false;
+    };
+    query.split('&').any(|pair| {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        key_param(name)
+            || (!value.is_empty() && is_secret(table, &crate::web::params::decode(value)))
     })
+}
+
+/// Whether `text` is the secret of a key in `table` (a key pasted where it does not belong):
+/// a reply must not repeat it.
+pub fn is_secret(table: &KeyTable, text: &str) -> bool {
+    table.get_by_hash(&sha256(text.as_bytes())).is_some()
 }
 
 /// The token a request presents: `Authorization: Bearer`, or, where Anthropic's clients may

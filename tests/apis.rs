@@ -509,3 +509,31 @@ async fn the_gateways_errors_on_messages_are_in_anthropics_shape() {
     let (status, e) = error_of(resp).await;
     assert_eq!((status, e["code"].as_str()), (401, Some("invalid_api_key")));
 }
+
+/// The SDKs send a model id as one encoded path segment: `org/model` arrives as `org%2Fmodel`.
+#[tokio::test]
+async fn a_model_id_with_a_slash_is_retrieved_encoded_or_not() {
+    let g = start_with(Setup {
+        extra_config:
+            "[[models]]\nname = \"acme/llama 3\"\npool = \"local\"\nupstream_model = \"echo-1\"\n"
+                .into(),
+        ..Setup::default()
+    });
+    for path in [
+        "/v1/models/acme%2Fllama%203",
+        "/v1/models/acme/llama%203",
+        "/v1/models/acme%2fllama%203",
+    ] {
+        let resp = get(&g.main, path, Some(KEY)).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        let v: serde_json::Value = resp.json().await.expect("json");
+        assert_eq!(v["id"], "acme/llama 3", "{path}");
+    }
+    let resp = get(&g.main, "/v1/models/acme%2Fnope", Some(KEY)).await;
+    let (status, e) = error_of(resp).await;
+    assert_eq!(status, 404);
+    assert!(
+        e["message"].as_str().unwrap_or("").contains("acme/nope"),
+        "{e}"
+    );
+}

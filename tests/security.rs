@@ -731,3 +731,68 @@ fn the_docker_image_runs_as_a_non_root_user() {
         "the entry point runs as the service user"
     );
 }
+
+/// A key in the URL, however its parameter is spelled or encoded, or under any name at all, is
+/// refused before anything goes upstream, and never repeated: neither in the reply nor the log.
+/// A key pasted as a model id gets a 404 that does not repeat it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_in_the_url_in_any_spelling_is_refused_and_never_repeated() {
+    let rec = Recorder::start().await;
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        ..Setup::default()
+    });
+    let body = chat_body("recorded", false);
+    for q in [
+        format!("api-key={KEY}"),
+        format!("apiKey={KEY}"),
+        format!("api%5Fkey={KEY}"),
+        format!("%61pi_key={KEY}"),
+        format!("X-Api-Key={KEY}"),
+        format!("access-token={KEY}"),
+        format!("anything={KEY}"),
+        format!("q={}", KEY.replace('-', "%2D")),
+    ] {
+        for base in [&g.main, &g.direct] {
+            let resp = send(
+                base,
+                &format!("/v1/chat/completions?{q}"),
+                Some(KEY),
+                &body,
+                &[],
+            )
+            .await;
+            let (status, e) = error_of(resp).await;
+            assert_eq!(
+                (status, e["code"].as_str()),
+                (400, Some("invalid_parameter")),
+                "{q}"
+            );
+            assert!(!e.to_string().contains(KEY), "{e}");
+            let resp = get(base, &format!("/api/usage?{q}"), Some(KEY)).await;
+            assert_eq!(error_of(resp).await.0, 400, "{q}");
+        }
+    }
+    assert!(
+        rec.seen().is_empty(),
+        "a request with a key in its URL went upstream"
+    );
+    // A query that carries no key is not refused for it.
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions?beta=true",
+        Some(KEY),
+        &body,
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let resp = get(&g.main, &format!("/v1/models/{KEY}"), Some(KEY)).await;
+    let (status, e) = error_of(resp).await;
+    assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")));
+    assert!(!e.to_string().contains(KEY), "{e}");
+    // SIGTERM: the access log's lines are all written before the exit.
+    let (_, log) = g.terminate_and_stderr();
+    assert!(!log.contains(KEY), "the key is in the log");
+    assert!(log.contains("/v1/models/[redacted]"), "{log}");
+}

@@ -51,9 +51,9 @@ impl From<Box<Error>> for Stop {
 
 impl Gateway {
     pub(super) async fn decide(&self, session: &mut Session, ctx: &mut Ctx) -> Result<(), Stop> {
-        let target = target(session, ctx)?;
         // One snapshot of keys and router for the whole request.
         let snapshot = self.shared.live.snapshot();
+        let target = target(session, ctx, &snapshot.keys)?;
         let key = self.authenticate(&snapshot.keys, session, ctx);
         if let Some(t) = ctx.trace.as_mut() {
             t.auth_done = Some(std::time::Instant::now());
@@ -67,7 +67,10 @@ impl Gateway {
                 let body = read_body(session, ctx, &self.shared.live.config).await?;
                 return route_stored(&self.shared.stored, &snapshot.router, &key, &id, ctx, body);
             }
-            other => return Err(answer_models(session, ctx, &key, &snapshot.router, other).await),
+            other => {
+                let router = &snapshot.router;
+                return Err(answer_models(session, ctx, &key, router, &snapshot.keys, other).await);
+            }
         };
         // A path the contract does not name is an endpoint (`other`) only when its body names
         // a model: else it is a 404, whatever the key may use.
@@ -188,7 +191,7 @@ impl Gateway {
 }
 
 /// What the request is, from method and path; a key in the URL is refused before anything.
-fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
+fn target(session: &Session, ctx: &mut Ctx, keys: &KeyTable) -> Result<Target, Stop> {
     let req = session.req_header();
     ctx.shape = crate::route::endpoint::error_shape(req.uri.path(), &req.headers);
     let target = classify(&req.method, req.uri.path());
@@ -202,7 +205,7 @@ fn target(session: &Session, ctx: &mut Ctx) -> Result<Target, Stop> {
         Target::Proxy(ep) => ep.group.name(),
         _ => Group::Models.name(),
     };
-    if auth::key_in_query(req.uri.query()) {
+    if auth::key_in_query(req.uri.query(), keys) {
         let message =
             "Keys are read only from 'Authorization: Bearer' or 'x-api-key', never from the URL.";
         return Err(GatewayError::InvalidParameter {
@@ -280,6 +283,7 @@ async fn answer_models(
     ctx: &mut Ctx,
     key: &Key,
     router: &Router,
+    keys: &KeyTable,
     target: Target,
 ) -> Stop {
     if !key.may_use(Group::Models) {
@@ -288,6 +292,10 @@ async fn answer_models(
     let body = match target {
         Target::GetModel(id) => match models::get(router, key, &id, ctx.shape) {
             Some(body) => body,
+            // A key pasted as the id is not repeated back.
+            None if auth::is_secret(keys, &id) => {
+                return GatewayError::ModelNotFound("[redacted]".into()).into();
+            }
             None => return GatewayError::ModelNotFound(id).into(),
         },
         _ => models::list(router, key, ctx.shape),

@@ -367,7 +367,16 @@ impl ProxyHttp for Gateway {
         // Every request gets its access-log line, refused ones (no key) included.
         if let Some(log) = &self.shared.access_log {
             let req = session.req_header();
-            log.log(&r, req.method.as_str(), req.uri.path());
+            let mut path = req.uri.path();
+            // A key pasted as a model id stays out of the log.
+            let pasted = |id| {
+                let keys = &self.shared.live.snapshot().keys;
+                crate::auth::is_secret(keys, &crate::web::params::decode_path(id))
+            };
+            if path.strip_prefix("/v1/models/").is_some_and(pasted) {
+                path = "/v1/models/[redacted]";
+            }
+            log.log(&r, req.method.as_str(), path);
         }
         if let Some(m) = crate::metrics::get() {
             observe(m, ctx, &r, ended);

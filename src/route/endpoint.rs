@@ -123,7 +123,8 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
             return Target::ListModels;
         }
         if let Some(id) = path.strip_prefix("/v1/models/") {
-            return Target::GetModel(id.to_string());
+            // SDKs encode the id as one path segment (`org%2Fmodel`).
+            return Target::GetModel(crate::web::params::decode_path(id));
         }
     } else if models {
         return Target::WrongMethod("GET");

@@ -108,7 +108,7 @@ pub async fn serve(
 ) -> pingora_error::Result<()> {
     let req = session.req_header();
     let path = req.uri.path().to_string();
-    if auth::key_in_query(req.uri.query()) {
+    if auth::key_in_query(req.uri.query(), &shared.live.snapshot().keys) {
         let message = "Keys are read only from 'Authorization: Bearer', never from the URL.";
         let e = GatewayError::InvalidParameter {
             param: "api_key",

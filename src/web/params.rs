@@ -51,6 +51,18 @@ pub fn parse(
 
 /// `application/x-www-form-urlencoded` decoding: `%XX` and `+` for a space.
 pub fn decode(s: &str) -> String {
+    decode_with(s, true)
+}
+
+/// A path segment's decoding: `%XX` only (a `+` is itself).
+pub fn decode_path(s: &str) -> String {
+    decode_with(s, false)
+}
+
+fn decode_with(s: &str, plus_is_space: bool) -> String {
+    if !s.contains(['%', '+']) {
+        return s.to_string();
+    }
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -63,7 +75,7 @@ pub fn decode(s: &str) -> String {
                 out.push(b);
                 i += 3;
             }
-            (b'+', _) => {
+            (b'+', _) if plus_is_space => {
                 out.push(b' ');
                 i += 1;
             }
