@@ -232,3 +232,41 @@ async fn every_framing_sees_the_same_cut_stream_and_the_same_dead_upstream() {
         );
     }
 }
+
+/// A compressed body cannot be read for its model: a clear 400 naming the header. A body
+/// declared over the limit gets its 413 before a `100 Continue` would invite it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compressed_body_is_refused_clearly_and_an_oversized_one_before_its_100_continue() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start_with(Setup {
+        max_body_bytes: 1000,
+        ..Setup::default()
+    });
+    let resp = client()
+        .post(format!("{}/v1/chat/completions", g.main))
+        .bearer_auth(KEY)
+        .header("content-type", "application/json")
+        .header("content-encoding", "gzip")
+        .body(vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3])
+        .send()
+        .await
+        .expect("send");
+    let (status, e) = error_of(resp).await;
+    assert_eq!(
+        (status, e["param"].as_str()),
+        (400, Some("content-encoding")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap_or("").contains("gzip"), "{e}");
+
+    let mut s = raw_connect(&g.main).await;
+    let head = chat_head(KEY, 5_000, "Expect: 100-continue\r\n");
+    s.write_all(head.as_bytes()).await.expect("head");
+    let mut reply = vec![0u8; 4096];
+    let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut reply))
+        .await
+        .expect("answered at once")
+        .expect("read");
+    let reply = String::from_utf8_lossy(&reply[..n]);
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+}

@@ -129,6 +129,9 @@ async fn tpm_counts_the_metered_tokens_and_refuses_while_the_window_is_full() {
         header(&second, "x-ratelimit-remaining-tokens").as_deref(),
         Some("8")
     );
+    // With tokens counted, the reset is when they leave the window (OpenAI's meaning), not 0.
+    let reset = header(&second, "x-ratelimit-reset-tokens").unwrap_or_default();
+    assert!(reset.ends_with('s') && !reset.ends_with("ms"), "{reset}");
     second.bytes().await.expect("body");
     // 24 >= 20 once the second is counted: refused while the window is full.
     let deadline = Instant::now() + Duration::from_secs(5);

@@ -98,7 +98,8 @@ impl Recorder {
             buf.drain(..head_end + length);
             seen.lock().expect("lock").push(Seen { head, body });
             let reply = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{REPLY}",
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                 x-ratelimit-limit-requests: 10000\r\nx-ratelimit-remaining-requests: 9999\r\n\r\n{REPLY}",
                 REPLY.len()
             );
             if conn.write_all(reply.as_bytes()).await.is_err() {
@@ -795,4 +796,66 @@ async fn a_key_in_the_url_in_any_spelling_is_refused_and_never_repeated() {
     let (_, log) = g.terminate_and_stderr();
     assert!(!log.contains(KEY), "the key is in the log");
     assert!(log.contains("/v1/models/[redacted]"), "{log}");
+}
+
+/// Hop-by-hop headers describe the client's connection, not the request: none goes upstream
+/// (nor a header `Connection` names), so a client's `Connection: close` does not close the
+/// pool's connection either. The upstream's rate-limit headers describe the pool's account:
+/// the client sees its key's own, or none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_headers_stay_on_their_hop_and_the_upstreams_limits_stay_upstream() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rec = Recorder::start().await;
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        ..Setup::default()
+    });
+    let body = serde_json::to_vec(&chat_body("recorded", false)).expect("json");
+    let mut s = raw_connect(&g.main).await;
+    let head = chat_head(
+        KEY,
+        body.len(),
+        "Connection: close, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n\
+         Upgrade: h2c\r\nProxy-Connection: keep-alive\r\nTrailer: x-t\r\nX-Kept: 1\r\n",
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(&body).await.expect("body");
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).await.expect("reply");
+    let reply = String::from_utf8_lossy(&reply).to_ascii_lowercase();
+    assert!(reply.starts_with("http/1.1 200"), "{reply}");
+    assert!(
+        !reply.contains("x-ratelimit-"),
+        "the upstream's limits: {reply}"
+    );
+    let seen = rec.seen();
+    let up = seen
+        .last()
+        .expect("sent upstream")
+        .head
+        .to_ascii_lowercase();
+    for gone in [
+        "x-hop",
+        "keep-alive:",
+        "\r\nte:",
+        "upgrade:",
+        "proxy-connection:",
+        "trailer:",
+        "connection:",
+    ] {
+        assert!(!up.contains(gone), "{gone} went upstream: {up}");
+    }
+    assert!(up.contains("x-kept: 1"), "{up}");
+    assert!(up.contains("x-request-id:"), "{up}");
+    // A key with an rpm sees its own limits, not the upstream's.
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(RPM100_KEY),
+        &chat_body("recorded", false),
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["x-ratelimit-limit-requests"], "100");
 }

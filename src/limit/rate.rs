@@ -94,6 +94,19 @@ impl KeyWindows {
         })
     }
 
+    /// For the header: time until the sum drops below `tpm` when it is not below, else until
+    /// the oldest tokens leave the window and their share comes back (as for requests; 0 only
+    /// when no token is counted).
+    fn tokens_reset_header(&self, now: Instant, tpm: u64) -> Duration {
+        let until_allowed = self.tokens_reset(now, tpm);
+        if !until_allowed.is_zero() {
+            return until_allowed;
+        }
+        self.tokens.front().map_or(Duration::ZERO, |(t, _)| {
+            (*t + WINDOW).saturating_duration_since(now)
+        })
+    }
+
     /// Time until enough tokens leave the window for the sum to drop below `tpm`.
     fn tokens_reset(&self, now: Instant, tpm: u64) -> Duration {
         let mut sum = self.token_sum;
@@ -148,7 +161,7 @@ impl Limiter {
         let mut head = Headroom::default();
         let mut refusal = None;
         if let Some(tpm) = key.tpm {
-            let reset = w.tokens_reset(now, tpm);
+            let reset = w.tokens_reset_header(now, tpm);
             head.tokens = Some((tpm, tpm.saturating_sub(w.token_sum), reset));
             if w.token_sum >= tpm {
                 refusal = Some(refusal_tpm(tpm, reset));

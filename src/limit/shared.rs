@@ -71,6 +71,9 @@ if tpm > 0 then
       end
     end
     refusal, retry = 'tpm', tok_reset
+  elseif tok_sum > 0 then
+    local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+    if #first == 2 then tok_reset = tonumber(first[2]) + win - now end
   end
 end
 local used, req_reset = 0, 0

@@ -317,6 +317,9 @@ fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), S
 /// Reads the whole body before any upstream; a client waiting for `100 Continue` gets it now
 /// (only once its key has passed, and its permission and budget but on an `other` path).
 async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Result<Bytes, Stop> {
+    if let Some(e) = body::refuse_unread(session, config.max_body_bytes) {
+        return Err(e.into());
+    }
     ctx.body_asked = true;
     if body::expects_continue(session) {
         session

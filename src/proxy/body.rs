@@ -6,15 +6,44 @@ use pingora_proxy::Session;
 
 use crate::error::GatewayError;
 
+/// The body's declared length.
+fn declared_length(session: &Session) -> Option<usize> {
+    session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.trim().parse().ok())
+}
+
+/// Why a body must be refused before a byte of it is read (and before a client waiting on
+/// `Expect: 100-continue` is told to send it): a declared length over `limit`, or a
+/// compressed body, which the gateway cannot read for its model (nor meter).
+pub fn refuse_unread(session: &Session, limit: usize) -> Option<GatewayError> {
+    if declared_length(session).is_some_and(|n| n > limit) {
+        return Some(GatewayError::RequestTooLarge(limit));
+    }
+    let encoding = session
+        .req_header()
+        .headers
+        .get(http::header::CONTENT_ENCODING)?;
+    let identity = encoding
+        .as_bytes()
+        .trim_ascii()
+        .eq_ignore_ascii_case(b"identity");
+    (!identity).then(|| GatewayError::InvalidParameter {
+        param: "content-encoding",
+        message: format!(
+            "Request bodies are read uncompressed: send it without Content-Encoding ({} was given).",
+            String::from_utf8_lossy(encoding.as_bytes())
+        ),
+    })
+}
+
 pub async fn read(
     session: &mut Session,
     limit: usize,
 ) -> pingora_error::Result<Result<Bytes, GatewayError>> {
-    let cl: Option<usize> = session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.trim().parse().ok());
+    let cl = declared_length(session);
     if cl.is_some_and(|n| n > limit) {
         return Ok(Err(GatewayError::RequestTooLarge(limit)));
     }

@@ -32,6 +32,17 @@ pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_e
         _ => {}
     }
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
+    // The upstream's rate-limit headers describe the pool's account, not the client's key:
+    // the key's own (if it has limits) replace them.
+    let theirs: Vec<http::HeaderName> = resp
+        .headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-ratelimit-"))
+        .cloned()
+        .collect();
+    for name in theirs {
+        resp.remove_header(&name);
+    }
     super::respond::reply_headers(ctx, resp)?;
     ctx.outcome = Outcome::Upstream(resp.status.as_u16());
     if !ctx.outcome.succeeded() {

@@ -116,6 +116,18 @@ fn one_write(req: &RequestHeader, body_len: usize) -> bool {
 }
 
 /// Rewrites the client's request header into the upstream's.
+/// Hop-by-hop headers (RFC 9110 §7.6.1): they are about the client's connection to the
+/// gateway, not the request; the upstream connection is the gateway's own (kept alive in the
+/// pool: a client's `Connection: close` must not close it).
+const HOP_BY_HOP: [&str; 6] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
 pub fn rewrite_request(
     req: &mut RequestHeader,
     up: &Upstream,
@@ -123,6 +135,21 @@ pub fn rewrite_request(
     request_id: &str,
 ) -> pingora_error::Result<()> {
     for h in CLIENT_CREDENTIALS {
+        req.remove_header(h);
+    }
+    // The headers `Connection` names are hop-by-hop too (removed before the gateway's own
+    // go in, so none of those can be named away).
+    if let Some(listed) = req.headers.get(http::header::CONNECTION) {
+        let names: Vec<String> = String::from_utf8_lossy(listed.as_bytes())
+            .split(',')
+            .map(|n| n.trim().to_ascii_lowercase())
+            .filter(|n| !n.is_empty())
+            .collect();
+        for name in names {
+            req.remove_header(&name);
+        }
+    }
+    for h in HOP_BY_HOP {
         req.remove_header(h);
     }
     // Upstreams are spoken to in HTTP/1.1, whatever the client spoke (HTTP/2 on a TLS
