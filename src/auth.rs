@@ -62,8 +62,25 @@ pub fn is_secret(table: &KeyTable, text: &str) -> bool {
 }
 
 /// The token a request presents: `Authorization: Bearer`, or, where Anthropic's clients may
-/// call (`x_api_key`), the bare key in `x-api-key` when there is no `Authorization`.
-pub fn presented(headers: &http::HeaderMap, x_api_key: bool) -> Option<&[u8]> {
+/// call (`x_api_key`), the bare key in `x-api-key` when there is no `Authorization`. Two of
+/// either header are refused: which one counts would be a guess (a proxy before the gateway
+/// may read the other).
+pub fn presented(
+    headers: &http::HeaderMap,
+    x_api_key: bool,
+) -> Result<Option<&[u8]>, GatewayError> {
+    for name in [http::header::AUTHORIZATION.as_str(), "x-api-key"] {
+        if headers.get_all(name).iter().nth(1).is_some() {
+            return Err(GatewayError::InvalidParameter {
+                param: "authorization",
+                message: format!("The request has more than one '{name}' header: send one."),
+            });
+        }
+    }
+    Ok(presented_one(headers, x_api_key))
+}
+
+fn presented_one(headers: &http::HeaderMap, x_api_key: bool) -> Option<&[u8]> {
     match headers.get(http::header::AUTHORIZATION) {
         Some(v) => bearer(Some(v.as_bytes())),
         None if x_api_key => headers

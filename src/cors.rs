@@ -10,7 +10,8 @@ use pingora_http::ResponseHeader;
 /// Response headers a browser client may read.
 const EXPOSE: &str = "x-request-id, retry-after, x-ratelimit-limit-requests, \
      x-ratelimit-remaining-requests, x-ratelimit-reset-requests, x-ratelimit-limit-tokens, \
-     x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens, content-disposition";
+     x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens, x-ratelimit-limit-concurrency, \
+     x-ratelimit-remaining-concurrency, content-disposition";
 
 #[derive(Debug, Clone)]
 pub struct Cors {

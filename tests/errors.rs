@@ -538,3 +538,43 @@ async fn an_unparseable_request_gets_the_contracts_400() {
         assert_eq!(resp.status(), 200);
     }
 }
+
+/// Two `Authorization` (or `x-api-key`) headers: which one counts would be a guess, so 400,
+/// whichever comes first. HEAD on the model list answers as GET does, without the body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_authorization_headers_are_refused_and_head_on_models_answers() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start();
+    for (path, first, second) in [
+        ("/v1/models", KEY, "sk-wrong"),
+        ("/v1/models", "sk-wrong", KEY),
+        ("/api/usage", KEY, KEY),
+    ] {
+        let mut s = raw_connect(&g.main).await;
+        let req = format!(
+            "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {first}\r\n\
+             Authorization: Bearer {second}\r\nConnection: close\r\n\r\n"
+        );
+        s.write_all(req.as_bytes()).await.expect("write");
+        let mut reply = Vec::new();
+        s.read_to_end(&mut reply).await.expect("read");
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 400"), "{path}: {reply}");
+        assert!(reply.contains("\"param\":\"authorization\""), "{reply}");
+        assert!(!reply.contains(KEY), "{reply}");
+    }
+    let resp = client()
+        .head(format!("{}/v1/models", g.main))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("head");
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers()["content-type"]
+            .to_str()
+            .unwrap_or("")
+            .starts_with("application/json")
+    );
+    assert!(resp.bytes().await.expect("body").is_empty());
+}

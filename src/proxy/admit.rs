@@ -180,7 +180,7 @@ impl Gateway {
         // Anthropic's clients send the key in `x-api-key`; elsewhere only `Authorization:
         // Bearer` carries it (the contract).
         let anthropic = ctx.shape == crate::error::ErrorShape::Anthropic;
-        let token = auth::presented(&session.req_header().headers, anthropic);
+        let token = auth::presented(&session.req_header().headers, anthropic)?;
         let throttle = &self.shared.web.throttle;
         // Key expiry is judged at the request's arrival (no second clock read).
         let now_unix = ctx.time_ms.div_euclid(1000);

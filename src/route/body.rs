@@ -180,6 +180,16 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
             .is_some_and(|n| n.eq_ignore_ascii_case("model"))
         {
             model_fields += 1;
+            // A file part named `model` is a file to a form parser upstream, not the field the
+            // gateway would route and charge by.
+            if field.file_name().is_some() {
+                return Err(GatewayError::InvalidParameter {
+                    param: "model",
+                    message: "The form's 'model' part is a file (it has a filename): send the \
+                              model as a plain field."
+                        .into(),
+                });
+            }
         }
         match field.name() {
             Some("model") if model.is_none() => {
@@ -462,6 +472,15 @@ mod tests {
             b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nabc",
         );
         assert!(probe_multipart(&broken, "XyZ").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_model_part_that_is_a_file_is_refused() {
+        let file = Bytes::from_static(b"--XyZ\r\nContent-Disposition: form-data; name=\"model\"; filename=\"m.txt\"\r\n\r\nwhisper-1\r\n--XyZ--\r\n");
+        assert!(matches!(
+            probe_multipart(&file, "XyZ").await,
+            Err(GatewayError::InvalidParameter { param: "model", .. })
+        ));
     }
 
     #[tokio::test]

@@ -118,7 +118,8 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
         .filter(|p| !p.is_empty())
         .unwrap_or(path);
     let models = path == "/v1/models" || path.starts_with("/v1/models/");
-    if method == http::Method::GET {
+    // HEAD is GET without the body (RFC 9110 §9.3.2): a monitor's probe.
+    if method == http::Method::GET || method == http::Method::HEAD {
         if path == "/v1/models" {
             return Target::ListModels;
         }

@@ -37,7 +37,11 @@ pub async fn subscription(
         "system_hard_limit_usd": limit,
         "access_until": key.expires_at.unwrap_or(0),
         "plan": {"title": "modelgate", "id": "modelgate"},
-        "modelgate": {"key_id": key.id, "spend": spend, "remaining": key.budget.map(|b| (b - spend).max(0.0))},
+        "modelgate": {
+            "key_id": key.id,
+            "spend": super::summary::credits(spend),
+            "remaining": key.budget.map(|b| super::summary::credits((b - spend).max(0.0))),
+        },
     });
     super::json(session, ex, &body).await
 }

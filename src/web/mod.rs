@@ -147,7 +147,13 @@ async fn authorize(
     session: &mut Session,
     ex: &mut Exchange,
 ) -> pingora_error::Result<Option<Arc<Key>>> {
-    let token = auth::presented(&session.req_header().headers, false);
+    let token = match auth::presented(&session.req_header().headers, false) {
+        Ok(token) => token,
+        Err(e) => {
+            fail(session, ex, &e).await?;
+            return Ok(None);
+        }
+    };
     let keys = &shared.live.snapshot().keys;
     let throttle = &shared.web.throttle;
     match auth::authenticate_guarded(keys, throttle, ex.client, token, now_unix()) {

@@ -168,7 +168,7 @@ fn ok(status: u16) -> bool {
 }
 
 /// Cost sums of many f64 additions, shown without float noise.
-fn credits(c: f64) -> f64 {
+pub(super) fn credits(c: f64) -> f64 {
     (c * 1e9).round() / 1e9
 }
 
