@@ -10,7 +10,9 @@
 //!   (`null` on every event, or the counts on the last content event), and an event is
 //!   dropped only when nothing else is left in it (`choices` empty, or one choice with an
 //!   empty delta and no finish reason). The client sees what it would have seen without the
-//!   gateway, `[DONE]` or not.
+//!   gateway.
+//! - A chat or completions stream the upstream ended whole without `data: [DONE]` gets it
+//!   (the API's terminator, which clients wait for); a stream cut short never does.
 
 use std::borrow::Cow;
 
@@ -81,6 +83,9 @@ pub struct SseMeter {
     pub saw_content: bool,
     /// Content events seen, raw and newline-separated (parsed only for an estimate).
     raw_content: Vec<u8>,
+    /// The last bytes sent on, to end the stream on an event boundary before a `[DONE]`
+    /// of the gateway's.
+    tail: [u8; 4],
 }
 
 /// A chat or completions event that carries usage.
@@ -209,10 +214,49 @@ impl SseMeter {
     }
 
     /// Feeds one piece. Returns the bytes to send on in its place: the piece itself in
-    /// observe mode, the completed (and edited) events in strip mode.
+    /// observe mode, the completed (and edited) events in strip mode; at the end of a chat
+    /// stream that had no `[DONE]`, with one after them.
     pub fn feed(&mut self, piece: Bytes, end: bool) -> Bytes {
+        let out = self.pass(piece, end);
+        if !end || self.dialect != Dialect::Chat || self.done || self.events == 0 {
+            self.note_tail(&out);
+            return out;
+        }
+        self.done = true;
+        let mut with = Vec::with_capacity(out.len() + 16);
+        with.extend_from_slice(&out);
+        self.note_tail(&out);
+        let tail = self.tail;
+        if !(tail.ends_with(b"\n\n") || tail == *b"\r\n\r\n") {
+            with.extend_from_slice(if tail.ends_with(b"\n") {
+                b"\n"
+            } else {
+                b"\n\n"
+            });
+        }
+        with.extend_from_slice(b"data: [DONE]\n\n");
+        Bytes::from(with)
+    }
+
+    fn note_tail(&mut self, out: &[u8]) {
+        if out.len() >= 4 {
+            self.tail.copy_from_slice(&out[out.len() - 4..]);
+        } else {
+            for &b in out {
+                self.tail.rotate_left(1);
+                self.tail[3] = b;
+            }
+        }
+    }
+
+    fn pass(&mut self, piece: Bytes, end: bool) -> Bytes {
         if !self.strip_usage {
             self.observe(&piece);
+            // The last line of a stream that ends without a newline is a line all the same.
+            if end && !self.held.is_empty() && !self.skipping {
+                let last = std::mem::take(&mut self.held);
+                self.line(&last);
+            }
             return piece;
         }
         // What was held had no complete event, so an event end must touch the new bytes:
@@ -617,6 +661,38 @@ mod tests {
     }
 
     #[test]
+    fn a_whole_chat_stream_without_done_gets_it_on_an_event_boundary_and_a_cut_one_does_not() {
+        let event =
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}";
+        for (ending, joint) in [("\n\n", ""), ("\r\n\r\n", ""), ("\n", "\n"), ("", "\n\n")] {
+            let input = format!("{event}{ending}");
+            for strip in [false, true] {
+                for size in [1, 3, input.len()] {
+                    let (m, out) = run(input.as_bytes(), strip, size);
+                    let out = String::from_utf8(out).expect("utf-8");
+                    assert_eq!(
+                        out,
+                        format!("{input}{joint}data: [DONE]\n\n"),
+                        "{ending:?} {size}"
+                    );
+                    assert!(m.done);
+                }
+            }
+        }
+        // Not ended (the upstream cut it): the feed never says `end`, no terminator.
+        let mut m = SseMeter::new(false);
+        let out = m.feed(Bytes::from(format!("{event}\n\n")), false);
+        assert!(!String::from_utf8_lossy(&out).contains("[DONE]"));
+        // Not a stream of events at all (a JSON reply to a stream request): left alone.
+        let (_, out) = run(b"{\"error\":\"x\"}", false, 4);
+        assert_eq!(out, b"{\"error\":\"x\"}");
+        // Other dialects have their own ends.
+        let mut m = SseMeter::of(Dialect::Responses);
+        let out = m.feed(Bytes::from(format!("{event}\n\n")), true);
+        assert!(!String::from_utf8_lossy(&out).contains("[DONE]"));
+    }
+
+    #[test]
     fn observe_mode_meters_at_every_piece_size_and_changes_nothing() {
         let input = WITH_USAGE.as_bytes();
         for size in 1..=input.len() {
@@ -674,7 +750,7 @@ mod tests {
                 "data: [DONE]\n\n",
             ),
         ),
-        // Usage first in the final content event, and no [DONE].
+        // Usage first in the final content event, and no [DONE] (the gateway's ends it).
         (
             concat!(
                 "data: {\"usage\": null, \"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
@@ -683,6 +759,7 @@ mod tests {
             concat!(
                 "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
                 "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"length\"}]}\n\n",
+                "data: [DONE]\n\n",
             ),
         ),
         // `"usage": null` on every event, the usage event with `choices: []`, no [DONE].
@@ -691,7 +768,7 @@ mod tests {
                 "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"hi\"}],\"usage\": null}\n\n",
                 "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":3}}\n\n",
             ),
-            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"hi\"}]}\n\n",
+            "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"hi\"}]}\n\ndata: [DONE]\n\n",
         ),
     ];
 
@@ -709,9 +786,15 @@ mod tests {
                 assert_eq!((u.prompt_tokens, u.completion_tokens), (7, 3));
                 assert_eq!(m.text(), "hi");
             }
-            // Observe mode (the client asked for usage itself) changes nothing.
+            // Observe mode (the client asked for usage itself) changes nothing but the
+            // terminator a stream without one gets.
             let (m, out) = run(input.as_bytes(), false, 5);
-            assert_eq!(out, input.as_bytes());
+            let whole = if input.contains("[DONE]") {
+                input.to_string()
+            } else {
+                format!("{input}data: [DONE]\n\n")
+            };
+            assert_eq!(String::from_utf8(out).expect("utf-8"), whole);
             assert_eq!(m.usage.map(|u| u.total_tokens), Some(10));
         }
     }
