@@ -59,6 +59,17 @@ impl Gateway {
                 .div_ceil(1000);
             downstream.set_keepalive(Some(secs.max(1) as u64));
         }
+        if malformed_target(session.req_header().raw_path()) {
+            let e = crate::error::GatewayError::InvalidParameter {
+                param: "request",
+                message: "The request line is not valid HTTP/1.1: a space too many around its \
+                          target."
+                    .into(),
+            };
+            session.as_downstream_mut().set_keepalive(None);
+            respond::error(session, ctx, &e).await?;
+            return Ok(true);
+        }
         let path = session.req_header().uri.path();
         let web = web::owns(path);
         let cors_applies = !web || web::cors_path(path);
@@ -103,6 +114,15 @@ impl Gateway {
             Err(Stop::Io(e)) => Err(e),
         }
     }
+}
+
+/// A request target Pingora rebuilt from a request line with a space too many (it escapes
+/// what lies between the method and the version, spaces included, rather than refuse it):
+/// `GET  /v1/models` reads as `%20/v1/models`, `POST /v1/x  HTTP/1.1` as `/v1/x%20`. No path of
+/// the API begins or ends with a space, so either is the client's malformed line.
+fn malformed_target(raw: &[u8]) -> bool {
+    let path = raw.split(|b| *b == b'?').next().unwrap_or(raw);
+    raw.starts_with(b"%20") || path.ends_with(b"%20")
 }
 
 /// How long a refused client may go on sending the body it had started.
