@@ -67,6 +67,9 @@ pub struct Config {
     pub client_header_timeout: Duration,
     /// The whole request body must arrive within this, else 408.
     pub client_body_timeout: Duration,
+    /// A reply write the client takes nothing of for this long ends the reply (a client that
+    /// stopped reading holds no stream, upstream connection or export for good).
+    pub client_send_timeout: Duration,
     /// An idle keep-alive connection is closed after this.
     pub keepalive_timeout: Duration,
     /// Share of requests in the access log (0: off).
@@ -378,6 +381,7 @@ struct RawServer {
     upgrade_sock: Option<String>,
     client_header_timeout_ms: Option<u64>,
     client_body_timeout_ms: Option<u64>,
+    client_send_timeout_ms: Option<u64>,
     keepalive_timeout_ms: Option<u64>,
 }
 
@@ -944,6 +948,13 @@ impl Config {
                     .as_ref()
                     .and_then(|s| s.client_body_timeout_ms)
                     .unwrap_or(60_000),
+            ),
+            client_send_timeout: Duration::from_millis(
+                server
+                    .as_ref()
+                    .and_then(|s| s.client_send_timeout_ms)
+                    .unwrap_or(60_000)
+                    .max(1),
             ),
             keepalive_timeout: Duration::from_millis(
                 server

@@ -71,6 +71,8 @@ pub struct Ctx {
     pub trace: Option<crate::telemetry::Trace>,
     /// The body was asked for: a client waiting on `Expect: 100-continue` got its `100`.
     pub body_asked: bool,
+    /// `client_send_timeout_ms`: how long a reply write may wait on a client reading nothing.
+    pub send_timeout: std::time::Duration,
 }
 
 impl Ctx {
@@ -108,6 +110,7 @@ impl Ctx {
             waited: std::time::Duration::ZERO,
             refusal: None,
             body_asked: false,
+            send_timeout: std::time::Duration::from_secs(60),
             trace: None,
         }
     }

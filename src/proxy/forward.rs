@@ -535,9 +535,10 @@ async fn stream_reply(
     Ok(())
 }
 
-/// Writes a piece of the reply to the client. A client that does not read holds the write; the
-/// shutdown ends it all the same (`biased`: a write that completes at once never looks at the
-/// cut). Either failure names the outcome.
+/// Writes a piece of the reply to the client. A write that completes at once (the usual case)
+/// costs no timer. A client that does not read holds the write for at most
+/// `client_send_timeout_ms` (then the reply ends as the client's: 499); the shutdown ends it
+/// all the same. Either failure names the outcome.
 async fn write_body(
     session: &mut Session,
     ctx: &mut Ctx,
@@ -545,10 +546,20 @@ async fn write_body(
     piece: Option<Bytes>,
     done: bool,
 ) -> pingora_error::Result<()> {
-    let wrote = tokio::select! {
-        biased;
-        r = session.write_response_body(piece, done) => r,
-        () = cut(life) => return Err(shut(ctx)),
+    let mut write = std::pin::pin!(session.write_response_body(piece, done));
+    let wrote = match write.as_mut().now_or_never() {
+        Some(r) => r,
+        None => tokio::select! {
+            biased;
+            r = fast_timeout(ctx.send_timeout, write) => r.unwrap_or_else(|_| {
+                Err(Error::explain(
+                    ErrorType::WriteTimedout,
+                    "the client took nothing of the reply within client_send_timeout_ms",
+                )
+                .into_down())
+            }),
+            () = cut(life) => return Err(shut(ctx)),
+        },
     };
     wrote.inspect_err(|_| ctx.outcome = Outcome::ClientGone)
 }

@@ -300,6 +300,7 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Ctx {
         let mut ctx = Ctx::new(self.listener);
         ctx.life = Some(self.shared.lifecycle.enter());
+        ctx.send_timeout = self.shared.live.config.client_send_timeout;
         ctx
     }
 

@@ -220,6 +220,7 @@ pub async fn send_csv(
             crate::proxy::reply::shutdown_cut(),
         ))
     };
+    let send_timeout = shared.live.config.client_send_timeout;
     loop {
         let next = tokio::select! {
             biased;
@@ -229,7 +230,18 @@ pub async fn send_csv(
         let wrote = match next {
             Ok(Some(chunk)) => tokio::select! {
                 biased;
-                r = session.write_response_body(Some(chunk), false) => r.map_err(|e| (499, e)),
+                r = tokio::time::timeout(
+                    send_timeout,
+                    session.write_response_body(Some(chunk), false),
+                ) => match r {
+                    Ok(r) => r.map_err(|e| (499, e)),
+                    // A client that takes nothing holds no export (nor its reader) for good.
+                    Err(_) => Err((499, pingora_error::Error::explain(
+                        pingora_error::ErrorType::WriteTimedout,
+                        "the client took nothing of the export within client_send_timeout_ms",
+                    )
+                    .into_down())),
+                },
                 () = shared.lifecycle.cut_requested() => cut(),
             },
             Ok(None) => break,
