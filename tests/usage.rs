@@ -871,3 +871,30 @@ async fn a_reply_the_upstream_breaks_off_shows_as_cut() {
         assert_eq!(r["status"], 502, "{r}");
     }
 }
+
+/// A web page where the API's reply belongs (a proxy's login page answering 200) is garbage:
+/// 502 `upstream_error`, never passed on as a success or charged.
+#[tokio::test]
+async fn a_web_page_for_a_reply_is_an_upstream_error() {
+    let g = start();
+    for stream in [false, true] {
+        let resp = send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &chat_body("echo-1", stream),
+            &[("x-mock-html", "1")],
+        )
+        .await;
+        let id = request_id(&resp);
+        let (status, e) = error_of(resp).await;
+        assert_eq!(
+            (status, e["code"].as_str()),
+            (502, Some("upstream_error")),
+            "{e}"
+        );
+        let r = record_of(&g.main, KEY, &id).await;
+        assert_eq!(r["status"], 502, "{r}");
+        assert_eq!(r["cost"], 0.0, "{r}");
+    }
+}

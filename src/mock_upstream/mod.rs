@@ -229,7 +229,15 @@ impl HttpServerApp for MockUpstream {
             return None;
         }
 
-        let reply = if let Some(status) = overrides.status {
+        let reply = if overrides.html {
+            Reply {
+                status: 200,
+                content_type: "text/html; charset=utf-8",
+                body: ReplyBody::Full(bytes::Bytes::from_static(
+                    b"<html><body>Please sign in to continue.</body></html>",
+                )),
+            }
+        } else if let Some(status) = overrides.status {
             let mut r = forced_error(status);
             if overrides.empty_body {
                 r.body = ReplyBody::Full(bytes::Bytes::new());

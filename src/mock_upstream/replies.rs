@@ -473,6 +473,7 @@ mod tests {
             usage_shape: Default::default(),
             usage: None,
             informational: None,
+            html: false,
         }
     }
 

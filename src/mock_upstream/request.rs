@@ -46,6 +46,9 @@ pub(super) struct Overrides {
     /// `x-mock-informational: N` (100–199): an `N` header goes first (`103 Early Hints`, say);
     /// `101` is then the only header, as from a server switching protocols.
     pub(super) informational: Option<u16>,
+    /// `x-mock-html: 1`: a 200 with a web page where the API's reply belongs (a proxy's
+    /// login or error page).
+    pub(super) html: bool,
 }
 
 impl Overrides {
@@ -72,6 +75,7 @@ impl Overrides {
             usage: serde_json::from_slice(header_bytes(headers, "x-mock-usage")).ok(),
             informational: header_parse::<u16>(headers, "x-mock-informational")
                 .filter(|s| (100..=199).contains(s)),
+            html: header_flag(headers, "x-mock-html"),
         }
     }
 }

@@ -48,6 +48,14 @@ pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_e
     if !ctx.outcome.succeeded() {
         // An error reply carries no usage; it passes through unmetered.
         ctx.meter = Meter::None;
+    } else if ctx.meter.is_metered() && is_web_page(resp) {
+        // A web page where the API's reply belongs (a proxy's login or error page, a host
+        // that is not the model server): garbage, 502, never passed on as a success.
+        return Err(Error::explain(
+            ErrorType::Custom(UPSTREAM_PAGE),
+            "the upstream answered a web page",
+        )
+        .into_up());
     } else if ctx.meter.edits_body() {
         // Events are edited on the way (usage stripped): the length is no longer known.
         resp.remove_header(&http::header::CONTENT_LENGTH);
@@ -64,6 +72,15 @@ pub fn on_body(ctx: &mut Ctx, body: &mut Option<Bytes>, end: bool) {
 }
 
 const UPSTREAM_401: &str = "upstream answered 401";
+const UPSTREAM_PAGE: &str = "upstream answered a web page";
+
+fn is_web_page(resp: &ResponseHeader) -> bool {
+    resp.headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| {
+            v.as_bytes().len() >= 9 && v.as_bytes()[..9].eq_ignore_ascii_case(b"text/html")
+        })
+}
 const SHUT_DOWN: &str = "ended by the shutdown";
 
 /// The error that ends a reply the shutdown cut (its record says 503 `shutting_down`).
@@ -86,6 +103,9 @@ pub fn classify_failure(e: &Error) -> Option<GatewayError> {
         Custom(code @ (UPSTREAM_401 | UPSTREAM_403)) => GatewayError::UpstreamError(format!(
             "The upstream refused the gateway's credential ({code}); check the pool's api_key."
         )),
+        Custom(UPSTREAM_PAGE) => GatewayError::UpstreamError(
+            "The upstream answered with a web page (text/html), not the API's reply.".into(),
+        ),
         // No connection within `connect_timeout_ms` (a host that drops the SYN, a full
         // backlog): the upstream is unreachable, 502 like a refused connect, not "too slow".
         ConnectTimedout | TLSHandshakeTimedout if e.esource() != &ErrorSource::Downstream => {
