@@ -73,6 +73,8 @@ pub struct Ctx {
     pub body_asked: bool,
     /// `client_send_timeout_ms`: how long a reply write may wait on a client reading nothing.
     pub send_timeout: std::time::Duration,
+    /// When a refusal was sent, if the connection then lingers to drain the upload.
+    pub answered: Option<Instant>,
 }
 
 impl Ctx {
@@ -111,6 +113,7 @@ impl Ctx {
             refusal: None,
             body_asked: false,
             send_timeout: std::time::Duration::from_secs(60),
+            answered: None,
             trace: None,
         }
     }

@@ -105,6 +105,7 @@ impl Gateway {
                 respond::error(session, ctx, &e).await?;
                 // The shutdown's cut waits for no upload.
                 if !held_back && !matches!(e, crate::error::GatewayError::ShuttingDown) {
+                    ctx.answered = Some(std::time::Instant::now());
                     let max_body = self.shared.live.config.max_body_bytes;
                     let cap = max_body.saturating_mul(2).max(LINGER_BYTES);
                     body::linger(session, cap, LINGER).await;
@@ -373,8 +374,9 @@ impl ProxyHttp for Gateway {
             ctx.outcome = ctx.outcome.cut(e.esource() == &ErrorSource::Downstream);
         }
         let key = ctx.key.clone();
-        // One clock read for the request's end: its latency, its metrics, its tpm tokens.
-        let ended = std::time::Instant::now();
+        // One clock read for the request's end: its latency, its metrics, its tpm tokens. A
+        // refusal ended when it was sent (the upload drained after it is not its latency).
+        let ended = ctx.answered.unwrap_or_else(std::time::Instant::now);
         // The request is over: its concurrency slot is free before any estimate is counted.
         ctx.slot = None;
         ctx.lease = None;
