@@ -42,8 +42,8 @@ fn key_param(name: &str) -> bool {
     KEY_PARAMS.contains(&name.as_str())
 }
 
-/// Whether a query string carries a key: under a name keys go by, or under any name when the
-/// value is a key of `table` (it must not go upstream or into a log either way).
+/// Whether a query string carries a key: under a name keys go by, or anywhere in it when it
+/// holds a key of `table` (it must not go upstream or into a log either way).
 pub fn key_in_query(query: Option<&str>, table: &KeyTable) -> bool {
     let Some(query) = query.filter(|q| !q.is_empty()) else {
         return false;
@@ -51,14 +51,48 @@ pub fn key_in_query(query: Option<&str>, table: &KeyTable) -> bool {
     query.split('&').any(|pair| {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         key_param(name)
-            || (!value.is_empty() && is_secret(table, &crate::web::params::decode(value)))
-    })
+            || (!value.is_empty()
+                && table
+                    .get_by_hash(&sha256(crate::web::params::decode(value).as_bytes()))
+                    .is_some())
+    }) || mentions_secret(table, query)
 }
 
-/// Whether `text` is the secret of a key in `table` (a key pasted where it does not belong):
-/// a reply must not repeat it.
+/// The fewest characters a secret is looked for in (shorter words are not hashed).
+const SECRET_MIN: usize = 8;
+/// The most words of a text hashed to look for a secret: a long URL costs no more.
+const WORDS_MAX: usize = 64;
+
+/// Whether `text` holds the secret of a key in `table` (a key pasted where it does not belong,
+/// maybe as `Bearer sk-…`, quoted, or percent-encoded once or twice): a reply must not repeat
+/// it, and it must go nowhere. Its words (split at whatever cannot be part of a key) are
+/// looked up by hash, as a presented key is.
+pub fn mentions_secret(table: &KeyTable, text: &str) -> bool {
+    let mut decoded = std::borrow::Cow::Borrowed(text);
+    // Twice at most: `%2573k-…` is `%73k-…` is `sk-…`.
+    for _ in 0..3 {
+        let words = decoded
+            .split(|c: char| {
+                !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '~' | '%'))
+            })
+            .filter(|w| w.len() >= SECRET_MIN)
+            .take(WORDS_MAX);
+        for word in words {
+            if table.get_by_hash(&sha256(word.as_bytes())).is_some() {
+                return true;
+            }
+        }
+        if !decoded.contains(['%', '+']) {
+            return false;
+        }
+        decoded = std::borrow::Cow::Owned(crate::web::params::decode(&decoded));
+    }
+    false
+}
+
+/// Whether `text` is, or holds, the secret of a key in `table`.
 pub fn is_secret(table: &KeyTable, text: &str) -> bool {
-    table.get_by_hash(&sha256(text.as_bytes())).is_some()
+    table.get_by_hash(&sha256(text.as_bytes())).is_some() || mentions_secret(table, text)
 }
 
 /// The token a request presents: `Authorization: Bearer`, or, where Anthropic's clients may

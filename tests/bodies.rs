@@ -259,6 +259,22 @@ async fn a_compressed_body_is_refused_clearly_and_an_oversized_one_before_its_10
     );
     assert!(e["message"].as_str().unwrap_or("").contains("gzip"), "{e}");
 
+    // Every Content-Encoding header counts: `identity` then `gzip` is gzip to the upstream.
+    let body = serde_json::to_vec(&chat_body("echo-1", false)).expect("json");
+    let mut s = raw_connect(&g.main).await;
+    let head = chat_head(
+        KEY,
+        body.len(),
+        "Content-Encoding: identity\r\nContent-Encoding: gzip\r\nConnection: close\r\n",
+    );
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(&body).await.expect("body");
+    let mut reply = Vec::new();
+    s.read_to_end(&mut reply).await.expect("read");
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    assert!(reply.contains("content-encoding"), "{reply}");
+
     let mut s = raw_connect(&g.main).await;
     let head = chat_head(KEY, 5_000, "Expect: 100-continue\r\n");
     s.write_all(head.as_bytes()).await.expect("head");

@@ -753,6 +753,13 @@ async fn a_key_in_the_url_in_any_spelling_is_refused_and_never_repeated() {
         format!("access-token={KEY}"),
         format!("anything={KEY}"),
         format!("q={}", KEY.replace('-', "%2D")),
+        // Inside a value, as a bare word, encoded twice.
+        format!("q=Bearer%20{KEY}"),
+        format!("q=Bearer+{KEY}"),
+        KEY.to_string(),
+        format!("{KEY}=1"),
+        format!("q=%22{KEY}%22"),
+        format!("q=%2573{}", &KEY[1..]),
     ] {
         for base in [&g.main, &g.direct] {
             let resp = send(
@@ -788,14 +795,42 @@ async fn a_key_in_the_url_in_any_spelling_is_refused_and_never_repeated() {
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let resp = get(&g.main, &format!("/v1/models/{KEY}"), Some(KEY)).await;
+    for id in [KEY.to_string(), format!("Bearer%20{KEY}")] {
+        let resp = get(&g.main, &format!("/v1/models/{id}"), Some(KEY)).await;
+        let (status, e) = error_of(resp).await;
+        assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")));
+        assert!(!e.to_string().contains(KEY), "{e}");
+    }
+    // As the model of a call, or a path the `other` group would send on.
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body(&format!("Bearer {KEY}"), false),
+        &[],
+    )
+    .await;
+    let id = resp.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
     let (status, e) = error_of(resp).await;
     assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")));
     assert!(!e.to_string().contains(KEY), "{e}");
+    let record = await_record(&g, &id).await;
+    assert_eq!(record["model"], "[redacted]", "{record}");
+    let resp = send(&g.main, &format!("/v1/x/{KEY}"), Some(KEY), &body, &[]).await;
+    let (status, e) = error_of(resp).await;
+    assert_eq!(status, 404);
+    assert!(!e.to_string().contains(KEY), "{e}");
+    assert!(
+        rec.seen().iter().all(|s| !s.head.contains(KEY)),
+        "a key in a path went upstream"
+    );
     // SIGTERM: the access log's lines are all written before the exit.
     let (_, log) = g.terminate_and_stderr();
     assert!(!log.contains(KEY), "the key is in the log");
-    assert!(log.contains("/v1/models/[redacted]"), "{log}");
+    assert!(log.contains("\"path\":\"[redacted]\""), "{log}");
 }
 
 /// Hop-by-hop headers describe the client's connection, not the request: none goes upstream

@@ -96,7 +96,16 @@ impl Gateway {
         }
         ctx.model = probe.model.clone();
         ctx.stream = probe.stream;
-        let route = route_model(&snapshot.router, &key, &probe.model)?;
+        let route = match route_model(&snapshot.router, &key, &probe.model) {
+            // A key pasted as the model is neither repeated nor kept in the record.
+            Err(Stop::Refuse(GatewayError::ModelNotFound(_)))
+                if auth::mentions_secret(&snapshot.keys, &probe.model) =>
+            {
+                ctx.model = REDACTED.into();
+                return Err(GatewayError::ModelNotFound(REDACTED.into()).into());
+            }
+            routed => routed?,
+        };
         prepare_upstream(ctx, endpoint, route, &snapshot.router, probe, read)
     }
 
@@ -195,6 +204,21 @@ fn target(session: &Session, ctx: &mut Ctx, keys: &KeyTable) -> Result<Target, S
     let req = session.req_header();
     ctx.shape = crate::route::endpoint::error_shape(req.uri.path(), &req.headers);
     let target = classify(&req.method, req.uri.path());
+    // A path that is not the API's, or one the `other` group would send on as it is, must not
+    // carry a key: not repeated in the 404, not sent upstream.
+    let path_key = |path| {
+        matches!(
+            target,
+            Target::Other
+                | Target::Proxy(Endpoint {
+                    group: Group::Other,
+                    ..
+                })
+        ) && auth::mentions_secret(keys, path)
+    };
+    if path_key(req.uri.path()) {
+        return Err(GatewayError::NotFound(format!("/v1/{REDACTED}")).into());
+    }
     match target {
         Target::Other => return Err(GatewayError::NotFound(req.uri.path().to_string()).into()),
         Target::WrongMethod(allow) => return Err(GatewayError::MethodNotAllowed(allow).into()),
@@ -216,6 +240,9 @@ fn target(session: &Session, ctx: &mut Ctx, keys: &KeyTable) -> Result<Target, S
     }
     Ok(target)
 }
+
+/// What stands in for a key a client pasted where it does not belong.
+const REDACTED: &str = "[redacted]";
 
 /// `/v1/responses/{id}`: the Responses group; no model in the body, no tokens.
 const STORED_RESPONSE: Endpoint = Endpoint {
@@ -294,7 +321,7 @@ async fn answer_models(
             Some(body) => body,
             // A key pasted as the id is not repeated back.
             None if auth::is_secret(keys, &id) => {
-                return GatewayError::ModelNotFound("[redacted]".into()).into();
+                return GatewayError::ModelNotFound(REDACTED.into()).into();
             }
             None => return GatewayError::ModelNotFound(id).into(),
         },

@@ -22,15 +22,18 @@ pub fn refuse_unread(session: &Session, limit: usize) -> Option<GatewayError> {
     if declared_length(session).is_some_and(|n| n > limit) {
         return Some(GatewayError::RequestTooLarge(limit));
     }
+    // Every header and every coding in each: `identity` then `gzip` is gzip to the upstream.
     let encoding = session
         .req_header()
         .headers
-        .get(http::header::CONTENT_ENCODING)?;
-    let identity = encoding
-        .as_bytes()
-        .trim_ascii()
-        .eq_ignore_ascii_case(b"identity");
-    (!identity).then(|| GatewayError::InvalidParameter {
+        .get_all(http::header::CONTENT_ENCODING)
+        .iter()
+        .find(|v| {
+            v.as_bytes()
+                .split(|b| *b == b',')
+                .any(|c| !c.trim_ascii().eq_ignore_ascii_case(b"identity"))
+        })?;
+    Some(GatewayError::InvalidParameter {
         param: "content-encoding",
         message: format!(
             "Request bodies are read uncompressed: send it without Content-Encoding ({} was given).",

@@ -391,13 +391,13 @@ impl ProxyHttp for Gateway {
         if let Some(log) = &self.shared.access_log {
             let req = session.req_header();
             let mut path = req.uri.path();
-            // A key pasted as a model id stays out of the log.
-            let pasted = |id| {
+            // A key pasted into a path (a model id, say) stays out of the log: such a request
+            // was refused, so only refusals are looked into.
+            if r.status >= 400 && r.status < 500 {
                 let keys = &self.shared.live.snapshot().keys;
-                crate::auth::is_secret(keys, &crate::web::params::decode_path(id))
-            };
-            if path.strip_prefix("/v1/models/").is_some_and(pasted) {
-                path = "/v1/models/[redacted]";
+                if crate::auth::mentions_secret(keys, path) {
+                    path = "[redacted]";
+                }
             }
             log.log(&r, req.method.as_str(), path);
         }
