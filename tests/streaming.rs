@@ -222,3 +222,34 @@ async fn usage_in_every_server_shape_is_metered_and_hidden_from_a_client_that_di
         }
     }
 }
+
+/// The gateway ends a chat stream with `[DONE]` only when the upstream's end is known to be
+/// its end: a stream ended by the upstream closing its connection (no length, no chunks) may
+/// have been cut, so it gets none (and the client's copy ends as the upstream's did).
+#[tokio::test]
+async fn a_close_delimited_stream_gets_no_done_of_the_gateways() {
+    let g = start();
+    for (headers, done) in [
+        (vec![("x-mock-usage-shape", "no-done")], true),
+        (
+            vec![
+                ("x-mock-usage-shape", "no-done"),
+                ("x-mock-close-delimited", "1"),
+            ],
+            false,
+        ),
+    ] {
+        let resp = send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &chat_body("echo-1", true),
+            &headers,
+        )
+        .await;
+        assert_eq!(resp.status(), 200);
+        let text = String::from_utf8_lossy(&resp.bytes().await.unwrap_or_default()).into_owned();
+        assert!(text.contains("Hello"), "{text}");
+        assert_eq!(text.contains("[DONE]"), done, "{headers:?}: {text}");
+    }
+}

@@ -86,6 +86,9 @@ pub struct SseMeter {
     /// The last bytes sent on, to end the stream on an event boundary before a `[DONE]`
     /// of the gateway's.
     tail: [u8; 4],
+    /// No `[DONE]` of the gateway's: the upstream's end cannot be told from a cut (a body
+    /// ended by a close), or the reply keeps the upstream's length (no byte may be added).
+    no_terminator: bool,
 }
 
 /// A chat or completions event that carries usage.
@@ -192,6 +195,11 @@ impl SseMeter {
         }
     }
 
+    /// The reply's end may not get a `[DONE]` of the gateway's (see `no_terminator`).
+    pub fn keep_unterminated(&mut self) {
+        self.no_terminator = true;
+    }
+
     /// A Responses or Messages stream (their usage is always sent: nothing to strip).
     pub fn of(dialect: Dialect) -> SseMeter {
         SseMeter {
@@ -218,7 +226,12 @@ impl SseMeter {
     /// stream that had no `[DONE]`, with one after them.
     pub fn feed(&mut self, piece: Bytes, end: bool) -> Bytes {
         let out = self.pass(piece, end);
-        if !end || self.dialect != Dialect::Chat || self.done || self.events == 0 {
+        if !end
+            || self.dialect != Dialect::Chat
+            || self.done
+            || self.events == 0
+            || self.no_terminator
+        {
             self.note_tail(&out);
             return out;
         }

@@ -320,7 +320,11 @@ async fn write_reply(
         }
         ReplyBody::Events(events) => {
             header.insert_header("cache-control", "no-cache")?;
-            header.insert_header("transfer-encoding", "chunked")?;
+            if ov.close_delimited {
+                session.set_keepalive(None);
+            } else {
+                header.insert_header("transfer-encoding", "chunked")?;
+            }
             session.write_response_header(Box::new(header)).await?;
             write_events(session, events, ov).await?;
         }

@@ -474,6 +474,7 @@ mod tests {
             usage: None,
             informational: None,
             html: false,
+            close_delimited: false,
         }
     }
 

@@ -49,6 +49,9 @@ pub(super) struct Overrides {
     /// `x-mock-html: 1`: a 200 with a web page where the API's reply belongs (a proxy's
     /// login or error page).
     pub(super) html: bool,
+    /// `x-mock-close-delimited: 1`: a stream without chunks or length, ended by closing the
+    /// connection (an HTTP/1.0-style server).
+    pub(super) close_delimited: bool,
 }
 
 impl Overrides {
@@ -76,6 +79,7 @@ impl Overrides {
             informational: header_parse::<u16>(headers, "x-mock-informational")
                 .filter(|s| (100..=199).contains(s)),
             html: header_flag(headers, "x-mock-html"),
+            close_delimited: header_flag(headers, "x-mock-close-delimited"),
         }
     }
 }

@@ -443,6 +443,17 @@ async fn stream_reply(
     mut upstream: Upstreamed,
     mut resp: ResponseHeader,
 ) -> pingora_error::Result<()> {
+    // Whether the upstream's body has a known end (a length or chunks): else its close is
+    // its end, which a cut looks like too.
+    let framed = resp.headers.contains_key(http::header::CONTENT_LENGTH)
+        || resp
+            .headers
+            .get(http::header::TRANSFER_ENCODING)
+            .is_some_and(|v| {
+                v.as_bytes()
+                    .windows(7)
+                    .any(|w| w.eq_ignore_ascii_case(b"chunked"))
+            });
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
         if let Some(g) = reply::classify_failure(&e) {
             let _ = respond::error(session, ctx, &g).await;
@@ -454,6 +465,11 @@ async fn stream_reply(
         return pass_error(connections, session, ctx, pool, upstream, resp).await;
     }
     ctx.accepted = true;
+    if let crate::meter::Meter::Sse(m) = &mut ctx.meter {
+        if !framed || resp.headers.contains_key(http::header::CONTENT_LENGTH) {
+            m.keep_unterminated();
+        }
+    }
     crate::respond::frame_unknown_length(session, &mut resp)?;
     if let Err(e) = session.write_response_header(Box::new(resp), false).await {
         ctx.outcome = Outcome::ClientGone;
