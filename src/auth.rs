@@ -142,11 +142,15 @@ pub fn authenticate_guarded(
     let client_id = client.map(crate::web::throttle::client_id);
     let throttled = client.and_then(|ip| throttle.check(ip, now).err());
     let found = authenticate_token(table, token, now_unix);
-    if let Some(wait) = throttled {
+    if let Some((wait, hard)) = throttled {
         let known = found
             .as_ref()
             .is_ok_and(|k| client_id == Some(k.last_client.load(Relaxed)));
-        if !known {
+        if hard || !known {
+            // A wrong key counts on while throttled, up to the hard limit.
+            if let (Err(_), Some(ip), Some(_)) = (&found, client, token) {
+                throttle.fail(ip, now);
+            }
             return Err(GatewayError::RateLimited {
                 message: "Too many wrong keys from this address; try again later.".into(),
                 retry_after: crate::limit::rate::retry_after_secs(wait),

@@ -254,6 +254,14 @@ async fn ten_thousand_wrong_keys_are_throttled_and_never_reach_the_upstream() {
     assert_eq!(call(from(3), OTHER_KEY.into()).await, 429);
     assert_eq!(call(from(3), KEY.into()).await, 200);
     assert_eq!(rec.seen().len(), 3);
+    // Wrong keys count on while throttled: at three times the limit nothing passes, so no
+    // one behind the address can guess on at speed (a right guess would pass).
+    // (11 counted so far: 10 answered 401, one 429.)
+    for i in 0..19 {
+        assert_eq!(call(from(3), format!("sk-guess-more-{i}")).await, 429);
+    }
+    assert_eq!(call(from(3), KEY.into()).await, 429);
+    assert_eq!(rec.seen().len(), 3);
 }
 
 /// The median of the differences of paired timings, in microseconds.

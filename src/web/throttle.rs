@@ -15,6 +15,11 @@ use dashmap::DashMap;
 pub const FAILURES_PER_WINDOW: usize = 10;
 pub const WINDOW: Duration = Duration::from_secs(60);
 
+/// While an address is throttled, a key it used last goes on working, but only until its wrong
+/// keys reach this many times the limit: then nothing from it passes until they age out, so
+/// no one behind it guesses on at speed (a right guess would pass where a wrong one counts).
+pub const HARD_FACTOR: usize = 3;
+
 /// Addresses tracked before stale ones are swept (bounds memory under a spread-out attack).
 const SWEEP_AT: usize = 65_536;
 
@@ -67,8 +72,9 @@ impl Throttle {
         }
     }
 
-    /// Ok, or how long until this address may try again.
-    pub fn check(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+    /// Ok, or how long until this address may try again, and whether it is past the hard
+    /// limit (`HARD_FACTOR` times the limit).
+    pub fn check(&self, ip: IpAddr, now: Instant) -> Result<(), (Duration, bool)> {
         let Some(mut log) = self.failures.get_mut(&group(ip)) else {
             return Ok(());
         };
@@ -76,8 +82,10 @@ impl Throttle {
         if log.len() < self.limit {
             return Ok(());
         }
-        let oldest = log.front().copied().unwrap_or(now);
-        Err((oldest + self.window).saturating_duration_since(now))
+        // Under the limit again once this many of the oldest have left the window.
+        let freeing = log.get(log.len() - self.limit).copied().unwrap_or(now);
+        let hard = log.len() >= self.limit.saturating_mul(HARD_FACTOR);
+        Err(((freeing + self.window).saturating_duration_since(now), hard))
     }
 
     /// Counts an attempt as failed before it is checked, atomically with the limit check, so
@@ -110,12 +118,12 @@ impl Throttle {
         }
     }
 
-    /// Counts one wrong key from `ip`.
+    /// Counts one wrong key from `ip` (at most `HARD_FACTOR` times the limit are kept).
     pub fn fail(&self, ip: IpAddr, now: Instant) {
         self.sweep(now);
         let mut log = self.failures.entry(group(ip)).or_default();
         self.expire(&mut log, now);
-        if log.len() >= self.limit {
+        if log.len() >= self.limit.saturating_mul(HARD_FACTOR) {
             log.pop_front();
         }
         log.push_back(now);
@@ -147,12 +155,34 @@ mod tests {
             t.fail(a, t0 + Duration::from_secs(i));
         }
         let wait = t.check(a, t0 + Duration::from_secs(10)).unwrap_err();
-        assert_eq!(wait, Duration::from_secs(50));
+        assert_eq!(wait, (Duration::from_secs(50), false));
         assert!(
             t.check(b, t0 + Duration::from_secs(10)).is_ok(),
             "per address"
         );
         assert!(t.check(a, t0 + Duration::from_secs(60)).is_ok());
+    }
+
+    #[test]
+    fn failures_past_the_limit_count_on_to_the_hard_limit_and_no_further() {
+        let t = Throttle::default();
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let t0 = Instant::now();
+        for _ in 0..10 * HARD_FACTOR - 1 {
+            t.fail(a, t0);
+        }
+        assert_eq!(t.check(a, t0), Err((Duration::from_secs(60), false)));
+        t.fail(a, t0 + Duration::from_secs(1));
+        assert_eq!(
+            t.check(a, t0 + Duration::from_secs(1)),
+            Err((Duration::from_secs(59), true))
+        );
+        // More are not kept: the log stays at the hard limit, and ages out as it came.
+        for _ in 0..100 {
+            t.fail(a, t0 + Duration::from_secs(2));
+        }
+        assert_eq!(t.failures.get(&a).map(|l| l.len()), Some(10 * HARD_FACTOR));
+        assert!(t.check(a, t0 + Duration::from_secs(62)).is_ok());
     }
 
     #[test]
