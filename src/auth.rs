@@ -103,7 +103,13 @@ pub fn presented(
     headers: &http::HeaderMap,
     x_api_key: bool,
 ) -> Result<Option<&[u8]>, GatewayError> {
-    for name in [http::header::AUTHORIZATION.as_str(), "x-api-key"] {
+    // `x-api-key` only where it is read.
+    let read: &[&str] = if x_api_key {
+        &["authorization", "x-api-key"]
+    } else {
+        &["authorization"]
+    };
+    for &name in read {
         if headers.get_all(name).iter().nth(1).is_some() {
             return Err(GatewayError::InvalidParameter {
                 param: "authorization",

@@ -41,6 +41,11 @@ pub async fn send(
     h.insert_header("content-length", body.len().to_string())?;
     h.insert_header("x-request-id", request_id)?;
     decorate(&mut h)?;
+    // HEAD: the header says what GET's body would be, and no body follows (HTTP/2 would send
+    // one as DATA frames, which a client must refuse).
+    if session.req_header().method == http::Method::HEAD {
+        return session.write_response_header(Box::new(h), true).await;
+    }
     session.write_response_header(Box::new(h), false).await?;
     session.write_response_body(Some(body), true).await?;
     Ok(())

@@ -439,8 +439,8 @@ async fn a_known_path_with_the_wrong_method_is_405_with_allow() {
         for (method, path, allow) in [
             (reqwest::Method::GET, "/v1/chat/completions", "POST"),
             (reqwest::Method::PUT, "/v1/embeddings", "POST"),
-            (reqwest::Method::POST, "/v1/models", "GET"),
-            (reqwest::Method::DELETE, "/v1/models/echo-1", "GET"),
+            (reqwest::Method::POST, "/v1/models", "GET, HEAD"),
+            (reqwest::Method::DELETE, "/v1/models/echo-1", "GET, HEAD"),
         ] {
             let resp = client()
                 .request(method.clone(), format!("{base}{path}"))
@@ -567,18 +567,46 @@ async fn two_authorization_headers_are_refused_and_head_on_models_answers() {
         assert!(reply.contains("\"param\":\"authorization\""), "{reply}");
         assert!(!reply.contains(KEY), "{reply}");
     }
+    // On the wire: HEAD's header, no body, and the connection serves the next request.
+    let mut s = raw_connect(&g.main).await;
+    let req = |method: &str| {
+        format!("{method} /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n")
+    };
+    s.write_all((req("HEAD") + &req("GET")).as_bytes())
+        .await
+        .expect("write");
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while String::from_utf8_lossy(&got)
+        .matches("HTTP/1.1 200")
+        .count()
+        < 2
+        || !got.ends_with(b"}")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            String::from_utf8_lossy(&got)
+        );
+        let mut buf = [0u8; 8192];
+        let n = s.read(&mut buf).await.expect("read");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&got);
+    let (head, get) = text.split_at(text.rfind("HTTP/1.1 200").unwrap_or(0));
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{head}"
+    );
+    assert!(head.ends_with("\r\n\r\n"), "HEAD had a body: {head}");
+    assert!(get.contains("\"object\":\"list\""), "{get}");
     let resp = client()
-        .head(format!("{}/v1/models", g.main))
+        .post(format!("{}/v1/models", g.main))
         .bearer_auth(KEY)
         .send()
         .await
-        .expect("head");
-    assert_eq!(resp.status(), 200);
-    assert!(
-        resp.headers()["content-type"]
-            .to_str()
-            .unwrap_or("")
-            .starts_with("application/json")
-    );
-    assert!(resp.bytes().await.expect("body").is_empty());
+        .expect("post");
+    assert_eq!(resp.headers()["allow"], "GET, HEAD");
 }

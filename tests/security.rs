@@ -827,6 +827,10 @@ async fn a_key_in_the_url_in_any_spelling_is_refused_and_never_repeated() {
     assert!(!e.to_string().contains(KEY), "{e}");
     let record = await_record(&g, &id).await;
     assert_eq!(record["model"], "[redacted]", "{record}");
+    let resp = get(&g.main, &format!("/v1/responses/{KEY}"), Some(KEY)).await;
+    let (status, e) = error_of(resp).await;
+    assert_eq!(status, 404);
+    assert!(!e.to_string().contains(KEY), "{e}");
     let resp = send(&g.main, &format!("/v1/x/{KEY}"), Some(KEY), &body, &[]).await;
     let (status, e) = error_of(resp).await;
     assert_eq!(status, 404);

@@ -141,6 +141,16 @@ impl From<RawUsage> for Usage {
             .fold(0u64, u64::saturating_add)
         });
         let completion = r.completion_tokens.or(r.output_tokens).unwrap_or(0);
+        // A total alone (some embeddings servers): what is not completion is the prompt.
+        let prompt = match (
+            r.has_prompt()
+                || r.cache_read_input_tokens.is_some()
+                || r.cache_creation_input_tokens.is_some(),
+            r.total_tokens,
+        ) {
+            (false, Some(total)) => total.saturating_sub(completion),
+            _ => prompt,
+        };
         // A total below the sum of its parts is not one; above it (a server counting thinking
         // tokens apart, say) it stands as sent. Neither changes the cost.
         let sum = prompt.saturating_add(completion);
@@ -343,6 +353,12 @@ mod tests {
         let high =
             counted(r#"{"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":20}}"#);
         assert_eq!(high.map(|u| u.total_tokens), Some(20));
+        // A total alone (some embeddings servers) is the prompt's.
+        let total = counted(r#"{"usage":{"total_tokens":12}}"#);
+        assert_eq!(
+            total.map(|u| (u.prompt_tokens, u.completion_tokens)),
+            Some((12, 0))
+        );
         let zero = counted(r#"{"usage":{"prompt_tokens":0,"completion_tokens":0}}"#);
         assert_eq!(zero, Some(Usage::default()), "zero is a count");
     }

@@ -210,6 +210,7 @@ fn target(session: &Session, ctx: &mut Ctx, keys: &KeyTable) -> Result<Target, S
         matches!(
             target,
             Target::Other
+                | Target::StoredResponse(_)
                 | Target::Proxy(Endpoint {
                     group: Group::Other,
                     ..

@@ -122,6 +122,7 @@ impl Gateway {
 /// `GET  /v1/models` reads as `%20/v1/models`, `POST /v1/x  HTTP/1.1` as `/v1/x%20`. No path of
 /// the API begins or ends with a space, so either is the client's malformed line.
 fn malformed_target(raw: &[u8]) -> bool {
+    // (After a query the space is let be: a query value may end in an encoded space.)
     let path = raw.split(|b| *b == b'?').next().unwrap_or(raw);
     raw.starts_with(b"%20") || path.ends_with(b"%20")
 }

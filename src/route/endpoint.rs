@@ -128,7 +128,7 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
             return Target::GetModel(crate::web::params::decode_path(id));
         }
     } else if models {
-        return Target::WrongMethod("GET");
+        return Target::WrongMethod("GET, HEAD");
     }
     if let Some(rest) = path.strip_prefix("/v1/responses/") {
         return stored_response(method, rest);
@@ -238,7 +238,7 @@ mod tests {
         );
         assert_eq!(
             classify(&Method::DELETE, "/v1/models/x"),
-            Target::WrongMethod("GET")
+            Target::WrongMethod("GET, HEAD")
         );
         assert_eq!(classify(&Method::GET, "/v1/nope"), Target::Other);
         assert_eq!(

@@ -139,10 +139,18 @@ pub fn rewrite_request(
     }
     // The headers `Connection` names are hop-by-hop too (removed before the gateway's own
     // go in, so none of those can be named away).
-    if let Some(listed) = req.headers.get(http::header::CONNECTION) {
-        let names: Vec<String> = String::from_utf8_lossy(listed.as_bytes())
-            .split(',')
-            .map(|n| n.trim().to_ascii_lowercase())
+    if req.headers.contains_key(http::header::CONNECTION) {
+        let names: Vec<String> = req
+            .headers
+            .get_all(http::header::CONNECTION)
+            .iter()
+            .flat_map(|v| {
+                String::from_utf8_lossy(v.as_bytes())
+                    .into_owned()
+                    .split(',')
+                    .map(|n| n.trim().to_ascii_lowercase())
+                    .collect::<Vec<_>>()
+            })
             .filter(|n| !n.is_empty())
             .collect();
         for name in names {

@@ -263,10 +263,14 @@ pub async fn send_csv(
         Ok(_rows) => session.write_response_body(Some(Bytes::new()), true).await,
         Err(e) => {
             tracing::error!(request_id = %ex.request_id, "usage export failed: {e}");
-            // The header is out: all that is left is to cut the reply so it cannot look complete.
+            // The header is out: all that is left is to cut the reply so it cannot look
+            // complete. An error ends it without its final chunk (a return would finish it).
             ex.status = 500;
             session.as_downstream_mut().set_keepalive(None);
-            Ok(())
+            Err(pingora_error::Error::explain(
+                pingora_error::ErrorType::InternalError,
+                "the usage export failed",
+            ))
         }
     }
 }
