@@ -140,19 +140,16 @@ pub fn rewrite_request(
     // The headers `Connection` names are hop-by-hop too (removed before the gateway's own
     // go in, so none of those can be named away).
     if req.headers.contains_key(http::header::CONNECTION) {
-        let names: Vec<String> = req
-            .headers
-            .get_all(http::header::CONNECTION)
-            .iter()
-            .flat_map(|v| {
-                String::from_utf8_lossy(v.as_bytes())
-                    .into_owned()
+        let mut names: Vec<String> = Vec::new();
+        for v in req.headers.get_all(http::header::CONNECTION) {
+            let listed = String::from_utf8_lossy(v.as_bytes());
+            names.extend(
+                listed
                     .split(',')
                     .map(|n| n.trim().to_ascii_lowercase())
-                    .collect::<Vec<_>>()
-            })
-            .filter(|n| !n.is_empty())
-            .collect();
+                    .filter(|n| !n.is_empty()),
+            );
+        }
         for name in names {
             req.remove_header(&name);
         }
