@@ -304,7 +304,6 @@ async fn a_slow_header_of_a_pipelined_request_is_cut_at_its_deadline() {
 /// recorded as the client's (499).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
-    use modelgate::store::{Store, StoreOptions, UsageRecord};
     let g = start_with(Setup {
         server_extra: "client_send_timeout_ms = 500".into(),
         ..Setup::default()
@@ -312,39 +311,14 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
     // A stream far larger than the sockets between hold.
     let body = chat_json(true);
     let head = chat_head(KEY, body.len(), "x-mock-chunks: 200000\r\n") + &body;
-    let (_stream_reader, stream_id) = tokio::task::block_in_place(|| stop_reading(&g.main, &head));
+    let (_stream_reader, stream_id) =
+        tokio::task::block_in_place(|| stop_reading_after_the_header(&g.main, &head));
     // An export of 60,000 records (about 8 MB).
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    let store = Store::open(&g.dir.path().join("usage.db"), StoreOptions::default()).expect("db");
-    for i in 0..60_000i64 {
-        store.record(UsageRecord {
-            time_ms: now - 120_000 + i,
-            request_id: format!("req_seeded_{i:08}"),
-            key_id: "full".into(),
-            listener: "direct".into(),
-            endpoint: "chat".into(),
-            model: "echo-1".into(),
-            status: 200,
-            stream: false,
-            prompt_tokens: 12,
-            completion_tokens: 34,
-            total_tokens: 46,
-            cost: 0.25,
-            latency_ms: 17,
-            ttft_ms: None,
-            upstream: "http://127.0.0.1:9100".into(),
-            estimated: false,
-            attempts: 1,
-            served_model: "echo-1".into(),
-        });
-    }
-    store.close();
+    seed_records(&g, 60_000, 60_000);
     let csv =
         format!("GET /api/usage.csv HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
-    let (_csv_reader, csv_id) = tokio::task::block_in_place(|| stop_reading(&g.direct, &csv));
+    let (_csv_reader, csv_id) =
+        tokio::task::block_in_place(|| stop_reading_after_the_header(&g.direct, &csv));
     for (id, endpoint) in [(&stream_id, "chat"), (&csv_id, "usage")] {
         // The stream's output is estimated (about 30,000 tokens, slow in a debug build).
         let r = record_within(&g, id, Duration::from_secs(60)).await;
@@ -356,18 +330,6 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
         let took = r["latency_ms"].as_u64().unwrap_or(0);
         assert!((500..10_000).contains(&took), "{r}");
     }
-}
-
-/// Sends `request` and reads the first piece of its 200 reply, then no more: the connection
-/// (kept open) and the reply's request id.
-fn stop_reading(base: &str, request: &str) -> (TcpStream, String) {
-    let mut s = blocking_connect(base, Duration::from_secs(20));
-    s.write_all(request.as_bytes()).expect("request");
-    let mut buf = [0u8; 4096];
-    let n = s.read(&mut buf).expect("reply");
-    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    (s, request_id_in(&head))
 }
 
 async fn record_within(g: &Gateway, id: &str, within: Duration) -> serde_json::Value {

@@ -150,40 +150,12 @@ async fn a_stalled_upload_and_a_client_that_stops_reading_are_cut_with_a_record_
 /// A CSV export to a client that stops reading: the shutdown ends it too, with its record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_csv_export_to_a_client_that_stops_reading_is_cut_with_its_record() {
-    use modelgate::store::{Store, StoreOptions, UsageRecord};
     let mut g = start_with(Setup {
         grace_seconds: 1,
         ..Setup::default()
     });
     // 60,000 records of the key: a CSV of about 8 MB, more than the sockets between hold.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_millis() as i64;
-    let store = Store::open(&g.dir.path().join("usage.db"), StoreOptions::default()).expect("db");
-    for i in 0..60_000i64 {
-        store.record(UsageRecord {
-            time_ms: now - 60_000 + i,
-            request_id: format!("req_seeded_{i:08}"),
-            key_id: "full".into(),
-            listener: "direct".into(),
-            endpoint: "chat".into(),
-            model: "echo-1".into(),
-            status: 200,
-            stream: false,
-            prompt_tokens: 12,
-            completion_tokens: 34,
-            total_tokens: 46,
-            cost: 0.25,
-            latency_ms: 17,
-            ttft_ms: None,
-            upstream: "http://127.0.0.1:9100".into(),
-            estimated: false,
-            attempts: 1,
-            served_model: "echo-1".into(),
-        });
-    }
-    store.close();
+    seed_records(&g, 60_000, 0);
     let req =
         format!("GET /api/usage.csv HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
     let (_reader, id) = stop_reading_after_the_header(&g.direct, &req);
@@ -205,20 +177,6 @@ async fn a_csv_export_to_a_client_that_stops_reading_is_cut_with_its_record() {
         (Some(id.as_str()), Some("usage"), Some(503)),
         "{page}"
     );
-}
-
-/// Sends `request` and reads up to the first piece of its 200 reply, then no more: returns the
-/// connection (to keep it open) and the reply's request id.
-fn stop_reading_after_the_header(base: &str, request: &str) -> (std::net::TcpStream, String) {
-    use std::io::{Read, Write};
-    let mut s = blocking_connect(base, Duration::from_secs(20));
-    s.write_all(request.as_bytes()).expect("request");
-    let mut buf = [0u8; 4096];
-    let n = s.read(&mut buf).expect("reply");
-    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let id = request_id_in(&head);
-    (s, id)
 }
 
 /// SIGTERM with a grace period of 1 s: the exit comes right after it (the cut requests end at

@@ -604,3 +604,50 @@ retry_base_ms = 10
 name = "all-dead-model"
 pool = "all-dead"
 "#;
+
+/// Sends `request` and reads up to the first piece of its 200 reply, then no more: returns the
+/// connection (to keep it open) and the reply's request id.
+pub fn stop_reading_after_the_header(base: &str, request: &str) -> (std::net::TcpStream, String) {
+    let mut s = blocking_connect(base, Duration::from_secs(20));
+    std::io::Write::write_all(&mut s, request.as_bytes()).expect("request");
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).expect("reply");
+    let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let id = request_id_in(&head);
+    (s, id)
+}
+
+/// Writes `n` records of the test key (`full`) straight into the gateway's store, ending
+/// `before_ms` before now: a CSV export of about 140 bytes a record.
+pub fn seed_records(g: &Gateway, n: i64, before_ms: i64) {
+    use modelgate::store::{Store, StoreOptions, UsageRecord};
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let store = Store::open(&g.dir.path().join("usage.db"), StoreOptions::default()).expect("db");
+    for i in 0..n {
+        store.record(UsageRecord {
+            time_ms: now - before_ms - n + i,
+            request_id: format!("req_seeded_{i:08}"),
+            key_id: "full".into(),
+            listener: "direct".into(),
+            endpoint: "chat".into(),
+            model: "echo-1".into(),
+            status: 200,
+            stream: false,
+            prompt_tokens: 12,
+            completion_tokens: 34,
+            total_tokens: 46,
+            cost: 0.25,
+            latency_ms: 17,
+            ttft_ms: None,
+            upstream: "http://127.0.0.1:9100".into(),
+            estimated: false,
+            attempts: 1,
+            served_model: "echo-1".into(),
+        });
+    }
+    store.close();
+}
