@@ -117,6 +117,25 @@ pub fn presented(
             });
         }
     }
+    // Both, naming different keys: which one counts would be a guess too.
+    if x_api_key {
+        let api_key = headers.get("x-api-key").map(|v| v.as_bytes().trim_ascii());
+        let bearer = bearer(
+            headers
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+        );
+        if let (Some(a), Some(b)) = (api_key, bearer) {
+            if a != b {
+                return Err(GatewayError::InvalidParameter {
+                    param: "authorization",
+                    message: "The request names two different keys ('Authorization' and \
+                              'x-api-key'): send one."
+                        .into(),
+                });
+            }
+        }
+    }
     Ok(presented_one(headers, x_api_key))
 }
 

@@ -287,7 +287,15 @@ impl GatewayError {
                     503 | 529 => "overloaded_error",
                     _ => "api_error",
                 };
-                let message = format!("{} ({})", p.message, p.code);
+                // Anthropic's clients send the key in `x-api-key`: say so.
+                let message = if matches!(self, GatewayError::InvalidApiKey) {
+                    "Incorrect or missing API key. Send it as 'x-api-key: <key>' (or \
+                     'Authorization: Bearer <key>')."
+                        .to_string()
+                } else {
+                    p.message
+                };
+                let message = format!("{message} ({})", p.code);
                 json!({"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id})
                     .to_string()
                     .into_bytes()

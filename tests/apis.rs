@@ -537,3 +537,72 @@ async fn a_model_id_with_a_slash_is_retrieved_encoded_or_not() {
         "{e}"
     );
 }
+
+/// What Messages require besides the model is the gateway's to refuse, in Anthropic's shape:
+/// `messages` and a positive `max_tokens` (count_tokens: `messages`). A wrong key is told to
+/// come in `x-api-key`; two different keys in `x-api-key` and `Authorization` are refused.
+#[tokio::test]
+async fn messages_need_their_fields_and_one_key() {
+    let g = start();
+    let mut no_max = messages_body(false);
+    no_max.as_object_mut().expect("object").remove("max_tokens");
+    let mut zero_max = messages_body(false);
+    zero_max["max_tokens"] = json!(0);
+    let mut no_messages = messages_body(false);
+    no_messages
+        .as_object_mut()
+        .expect("object")
+        .remove("messages");
+    for (path, body, names) in [
+        ("/v1/messages", no_max, "max_tokens"),
+        ("/v1/messages", zero_max, "max_tokens"),
+        ("/v1/messages", no_messages.clone(), "messages"),
+        ("/v1/messages/count_tokens", no_messages, "messages"),
+    ] {
+        let resp = anthropic(&g.main, path, KEY, &body, &[]).await;
+        assert_eq!(resp.status(), 400, "{path} {names}");
+        let v: Value = resp.json().await.expect("json");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        assert!(
+            v["error"]["message"].as_str().unwrap_or("").contains(names),
+            "{v}"
+        );
+    }
+    let resp = anthropic(
+        &g.main,
+        "/v1/messages",
+        "sk-wrong",
+        &messages_body(false),
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), 401);
+    let v: Value = resp.json().await.expect("json");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("x-api-key"),
+        "{v}"
+    );
+    let bearer = format!("Bearer {OTHER_KEY}");
+    let resp = anthropic(
+        &g.main,
+        "/v1/messages",
+        KEY,
+        &messages_body(false),
+        &[("authorization", &bearer)],
+    )
+    .await;
+    assert_eq!(resp.status(), 400);
+    let same = format!("Bearer {KEY}");
+    let resp = anthropic(
+        &g.main,
+        "/v1/messages",
+        KEY,
+        &messages_body(false),
+        &[("authorization", &same)],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+}

@@ -91,8 +91,17 @@ impl Gateway {
         if other {
             self.permit(&key, endpoint, fleet_spend)?;
         }
-        if session.req_header().uri.path() == "/v1/chat/completions" {
-            route_body::require_messages(&probe)?;
+        // The fields each API requires besides `model` (caught here, the client gets the
+        // gateway's 400 in its API's shape, not whatever the upstream makes of it).
+        match session.req_header().uri.path() {
+            "/v1/chat/completions" | "/v1/messages/count_tokens" => {
+                route_body::require_messages(&probe)?;
+            }
+            "/v1/messages" => {
+                route_body::require_messages(&probe)?;
+                route_body::require_max_tokens(&probe)?;
+            }
+            _ => {}
         }
         ctx.model = probe.model.clone();
         ctx.stream = probe.stream;

@@ -24,6 +24,8 @@ pub struct Probe {
     pub stream_options_span: Option<(usize, usize)>,
     /// `messages`: None when absent (or null), else whether it is an array (JSON only).
     pub messages: Option<bool>,
+    /// `max_tokens`: None when absent (or null), else whether it is a positive integer.
+    pub max_tokens: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -37,6 +39,8 @@ struct JsonProbe<'a> {
     stream_options: Option<&'a RawValue>,
     #[serde(default, borrow)]
     messages: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    max_tokens: Option<&'a RawValue>,
 }
 
 fn raw_even_null<'de, D: serde::Deserializer<'de>>(
@@ -117,12 +121,29 @@ pub fn probe_json(body: &[u8]) -> Result<Probe, GatewayError> {
             .messages
             .filter(|m| m.get() != "null")
             .map(|m| m.get().starts_with('[')),
+        max_tokens: p
+            .max_tokens
+            .filter(|m| m.get() != "null")
+            .map(|m| m.get().parse::<u64>().is_ok_and(|n| n > 0)),
     })
 }
 
 /// A chat completion names its conversation: `messages`, an array (the API's only required
 /// field besides `model`). Caught here, the client gets the contract's 400 instead of
 /// whatever the upstream makes of it.
+/// An Anthropic message asks for a reply of at most `max_tokens` (required there, a positive
+/// integer).
+pub fn require_max_tokens(p: &Probe) -> Result<(), GatewayError> {
+    match p.max_tokens {
+        None => Err(GatewayError::MissingParameter("max_tokens")),
+        Some(false) => Err(GatewayError::InvalidParameter {
+            param: "max_tokens",
+            message: "'max_tokens' must be a positive integer.".into(),
+        }),
+        Some(true) => Ok(()),
+    }
+}
+
 pub fn require_messages(p: &Probe) -> Result<(), GatewayError> {
     match p.messages {
         None => Err(GatewayError::MissingParameter("messages")),
@@ -245,6 +266,7 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
         include_usage: false,
         stream_options_span: None,
         messages: None,
+        max_tokens: None,
     })
 }
 
