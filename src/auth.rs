@@ -50,12 +50,13 @@ pub fn key_in_query(query: Option<&str>, table: &KeyTable) -> bool {
     };
     query.split('&').any(|pair| {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        key_param(name)
-            || (!value.is_empty()
-                && table
-                    .get_by_hash(&sha256(crate::web::params::decode(value).as_bytes()))
-                    .is_some())
+        key_param(name) || (!value.is_empty() && is_key(table, &crate::web::params::decode(value)))
     }) || mentions_secret(table, query)
+}
+
+/// Whether `text` is exactly the secret of a key in `table`.
+fn is_key(table: &KeyTable, text: &str) -> bool {
+    table.get_by_hash(&sha256(text.as_bytes())).is_some()
 }
 
 /// The fewest characters a secret is looked for in (shorter words are not hashed).
@@ -77,10 +78,8 @@ pub fn mentions_secret(table: &KeyTable, text: &str) -> bool {
             })
             .filter(|w| w.len() >= SECRET_MIN)
             .take(WORDS_MAX);
-        for word in words {
-            if table.get_by_hash(&sha256(word.as_bytes())).is_some() {
-                return true;
-            }
+        if words.into_iter().any(|w| is_key(table, w)) {
+            return true;
         }
         if !decoded.contains(['%', '+']) {
             return false;
@@ -92,7 +91,7 @@ pub fn mentions_secret(table: &KeyTable, text: &str) -> bool {
 
 /// Whether `text` is, or holds, the secret of a key in `table`.
 pub fn is_secret(table: &KeyTable, text: &str) -> bool {
-    table.get_by_hash(&sha256(text.as_bytes())).is_some() || mentions_secret(table, text)
+    is_key(table, text) || mentions_secret(table, text)
 }
 
 /// The token a request presents: `Authorization: Bearer`, or, where Anthropic's clients may

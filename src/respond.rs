@@ -18,14 +18,49 @@ pub fn frame_unknown_length(
     session: &Session,
     h: &mut ResponseHeader,
 ) -> pingora_error::Result<()> {
-    let framed = h.headers.contains_key(http::header::CONTENT_LENGTH)
-        || h.headers.contains_key(http::header::TRANSFER_ENCODING);
     let req = session.req_header();
     let bodiless = matches!(h.status.as_u16(), 204 | 304) || req.method == http::Method::HEAD;
-    if !framed && !bodiless && req.version == http::Version::HTTP_11 {
+    if !framed(&h.headers) && !bodiless && req.version == http::Version::HTTP_11 {
         h.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
     }
     Ok(())
+}
+
+/// Whether a reply's body has a known end: a length, or chunks. Else its end is the close of
+/// the connection, which a cut looks like too.
+pub fn framed(headers: &http::HeaderMap) -> bool {
+    headers.contains_key(http::header::CONTENT_LENGTH)
+        || headers
+            .get(http::header::TRANSFER_ENCODING)
+            .is_some_and(|v| {
+                v.as_bytes()
+                    .windows(7)
+                    .any(|w| w.eq_ignore_ascii_case(b"chunked"))
+            })
+}
+
+/// Writes a piece of a reply's body, waiting at most `limit` on a client that takes nothing
+/// (`client_send_timeout_ms`; the error is the client's). A write that completes at once, the
+/// usual case, arms no timer.
+pub async fn write_within(
+    session: &mut Session,
+    piece: Option<Bytes>,
+    done: bool,
+    limit: std::time::Duration,
+) -> pingora_error::Result<()> {
+    let mut write = std::pin::pin!(session.write_response_body(piece, done));
+    if let Some(wrote) = write.as_mut().now_or_never() {
+        return wrote;
+    }
+    pingora_timeout::fast_timeout::fast_timeout(limit, write)
+        .await
+        .unwrap_or_else(|_| {
+            Err(pingora_error::Error::explain(
+                pingora_error::ErrorType::WriteTimedout,
+                "the client took nothing of the reply within client_send_timeout_ms",
+            )
+            .into_down())
+        })
 }
 
 pub async fn send(

@@ -321,7 +321,7 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
         tokio::task::block_in_place(|| stop_reading_after_the_header(&g.direct, &csv));
     for (id, endpoint) in [(&stream_id, "chat"), (&csv_id, "usage")] {
         // The stream's output is estimated (about 30,000 tokens, slow in a debug build).
-        let r = record_within(&g, id, Duration::from_secs(60)).await;
+        let r = await_record_within(&client(), &g.direct, id, Duration::from_secs(60)).await;
         assert_eq!(
             (r["status"].as_u64(), r["endpoint"].as_str()),
             (Some(499), Some(endpoint)),
@@ -329,24 +329,5 @@ async fn a_client_that_stops_reading_is_cut_after_the_send_timeout() {
         );
         let took = r["latency_ms"].as_u64().unwrap_or(0);
         assert!((500..10_000).contains(&took), "{r}");
-    }
-}
-
-async fn record_within(g: &Gateway, id: &str, within: Duration) -> serde_json::Value {
-    let deadline = Instant::now() + within;
-    loop {
-        let page: serde_json::Value = get(&g.direct, "/api/usage?limit=1000&order=desc", Some(KEY))
-            .await
-            .json()
-            .await
-            .expect("json");
-        let found = page["data"]
-            .as_array()
-            .and_then(|d| d.iter().find(|r| r["request_id"] == id));
-        if let Some(r) = found {
-            return r.clone();
-        }
-        assert!(Instant::now() < deadline, "no record {id}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -130,26 +130,20 @@ impl RawUsage {
 
 impl From<RawUsage> for Usage {
     fn from(r: RawUsage) -> Usage {
-        let prompt = r.prompt_tokens.unwrap_or_else(|| {
-            [
-                r.input_tokens,
-                r.cache_creation_input_tokens,
-                r.cache_read_input_tokens,
-            ]
-            .into_iter()
-            .flatten()
-            .fold(0u64, u64::saturating_add)
-        });
         let completion = r.completion_tokens.or(r.output_tokens).unwrap_or(0);
-        // A total alone (some embeddings servers): what is not completion is the prompt.
-        let prompt = match (
-            r.has_prompt()
-                || r.cache_read_input_tokens.is_some()
-                || r.cache_creation_input_tokens.is_some(),
-            r.total_tokens,
-        ) {
-            (false, Some(total)) => total.saturating_sub(completion),
-            _ => prompt,
+        let prompt_side = [
+            r.input_tokens,
+            r.cache_creation_input_tokens,
+            r.cache_read_input_tokens,
+        ];
+        let prompt = match r.prompt_tokens {
+            Some(p) => p,
+            None if prompt_side.iter().any(Option::is_some) => prompt_side
+                .into_iter()
+                .flatten()
+                .fold(0u64, u64::saturating_add),
+            // A total alone (some embeddings servers): what is not completion is the prompt.
+            None => r.total_tokens.map_or(0, |t| t.saturating_sub(completion)),
         };
         // A total below the sum of its parts is not one; above it (a server counting thinking
         // tokens apart, say) it stands as sent. Neither changes the cost.

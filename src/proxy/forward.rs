@@ -443,17 +443,8 @@ async fn stream_reply(
     mut upstream: Upstreamed,
     mut resp: ResponseHeader,
 ) -> pingora_error::Result<()> {
-    // Whether the upstream's body has a known end (a length or chunks): else its close is
-    // its end, which a cut looks like too.
-    let framed = resp.headers.contains_key(http::header::CONTENT_LENGTH)
-        || resp
-            .headers
-            .get(http::header::TRANSFER_ENCODING)
-            .is_some_and(|v| {
-                v.as_bytes()
-                    .windows(7)
-                    .any(|w| w.eq_ignore_ascii_case(b"chunked"))
-            });
+    // Whether the upstream's body has a known end (before the header is edited).
+    let framed = crate::respond::framed(&resp.headers);
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
         if let Some(g) = reply::classify_failure(&e) {
             let _ = respond::error(session, ctx, &g).await;
@@ -551,10 +542,10 @@ async fn stream_reply(
     Ok(())
 }
 
-/// Writes a piece of the reply to the client. A write that completes at once (the usual case)
-/// costs no timer. A client that does not read holds the write for at most
-/// `client_send_timeout_ms` (then the reply ends as the client's: 499); the shutdown ends it
-/// all the same. Either failure names the outcome.
+/// Writes a piece of the reply to the client. A client that does not read holds the write for
+/// at most `client_send_timeout_ms` (then the reply ends as the client's: 499); the shutdown
+/// ends it all the same (`biased`: a write that completes at once never looks at the cut).
+/// Either failure names the outcome.
 async fn write_body(
     session: &mut Session,
     ctx: &mut Ctx,
@@ -562,20 +553,11 @@ async fn write_body(
     piece: Option<Bytes>,
     done: bool,
 ) -> pingora_error::Result<()> {
-    let mut write = std::pin::pin!(session.write_response_body(piece, done));
-    let wrote = match write.as_mut().now_or_never() {
-        Some(r) => r,
-        None => tokio::select! {
-            biased;
-            r = fast_timeout(ctx.send_timeout, write) => r.unwrap_or_else(|_| {
-                Err(Error::explain(
-                    ErrorType::WriteTimedout,
-                    "the client took nothing of the reply within client_send_timeout_ms",
-                )
-                .into_down())
-            }),
-            () = cut(life) => return Err(shut(ctx)),
-        },
+    let limit = ctx.send_timeout;
+    let wrote = tokio::select! {
+        biased;
+        r = crate::respond::write_within(session, piece, done, limit) => r,
+        () = cut(life) => return Err(shut(ctx)),
     };
     wrote.inspect_err(|_| ctx.outcome = Outcome::ClientGone)
 }

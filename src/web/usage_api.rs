@@ -228,20 +228,12 @@ pub async fn send_csv(
             () = shared.lifecycle.cut_requested() => Err(()),
         };
         let wrote = match next {
+            // A client that takes nothing holds no export (nor its reader) for good.
             Ok(Some(chunk)) => tokio::select! {
                 biased;
-                r = tokio::time::timeout(
-                    send_timeout,
-                    session.write_response_body(Some(chunk), false),
-                ) => match r {
-                    Ok(r) => r.map_err(|e| (499, e)),
-                    // A client that takes nothing holds no export (nor its reader) for good.
-                    Err(_) => Err((499, pingora_error::Error::explain(
-                        pingora_error::ErrorType::WriteTimedout,
-                        "the client took nothing of the export within client_send_timeout_ms",
-                    )
-                    .into_down())),
-                },
+                r = crate::respond::write_within(session, Some(chunk), false, send_timeout) => {
+                    r.map_err(|e| (499, e))
+                }
                 () = shared.lifecycle.cut_requested() => cut(),
             },
             Ok(None) => break,

@@ -556,10 +556,21 @@ pub async fn await_record_via(
     direct: &str,
     request_id: &str,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    await_record_within(client, direct, request_id, Duration::from_secs(5)).await
+}
+
+/// `await_record_via`, waiting up to `within` (a record whose estimate is slow to count), among
+/// the newest 1,000 records.
+pub async fn await_record_within(
+    client: &reqwest::Client,
+    direct: &str,
+    request_id: &str,
+    within: Duration,
+) -> serde_json::Value {
+    let deadline = Instant::now() + within;
     loop {
         let page: serde_json::Value = client
-            .get(format!("{direct}/api/usage?limit=1000"))
+            .get(format!("{direct}/api/usage?limit=1000&order=desc"))
             .bearer_auth(KEY)
             .send()
             .await
