@@ -229,6 +229,58 @@ async fn every_response_carries_a_distinct_request_id() {
     assert!(a.to_str().expect("ascii").starts_with("req_"));
 }
 
+/// A path spelled another way than the API names it (an encoded `/` or letter, an empty or dot
+/// segment) is refused: the upstream decodes it, so `/v1/chat%2Fcompletions` would be a chat
+/// there while here it is another endpoint. And another endpoint's stream is metered from its
+/// events (it counted nothing before).
+#[tokio::test]
+async fn a_path_spelled_another_way_is_refused_and_another_endpoints_stream_is_metered() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start();
+    let body = serde_json::to_string(&chat_body("echo-1", true)).expect("json");
+    for path in [
+        "/v1/chat%2Fcompletions",
+        "/v1/%63hat/completions",
+        "/v1//chat/completions",
+        "/v1/x/../chat/completions",
+        "/v1/responses/%72esp_1/cancel",
+    ] {
+        let mut s = raw_connect(&g.main).await;
+        let head = chat_head(KEY, body.len(), "Connection: close\r\n").replacen(
+            "/v1/chat/completions",
+            path,
+            1,
+        );
+        s.write_all((head + &body).as_bytes()).await.expect("send");
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).await.expect("reply");
+        assert!(reply.starts_with("HTTP/1.1 400"), "{path}: {reply}");
+        assert!(reply.contains(r#""param":"path""#), "{path}: {reply}");
+    }
+    for (include_usage, estimated) in [(true, false), (false, true)] {
+        let mut body = chat_body("echo-1", true);
+        if include_usage {
+            body["stream_options"] = serde_json::json!({"include_usage": true});
+        }
+        let resp = send(&g.main, "/v1/generate", Some(KEY), &body, &[]).await;
+        assert_eq!(resp.status(), 200);
+        let id = resp.headers()["x-request-id"]
+            .to_str()
+            .expect("id")
+            .to_string();
+        let text = resp.text().await.expect("stream");
+        // Passed on as it came: the upstream's own end, once.
+        assert_eq!(text.matches("data: [DONE]").count(), 1, "{text}");
+        let r = await_record(&g, &id).await;
+        assert_eq!(
+            (r["endpoint"].as_str(), r["estimated"].as_bool()),
+            (Some("other"), Some(estimated)),
+            "{r}"
+        );
+        assert!(r["completion_tokens"].as_u64() > Some(0), "{r}");
+    }
+}
+
 /// Any other model-server `POST /v1/...` whose body names a model is routed by it (group
 /// `other`) and metered from the reply's `usage`; one that names none is 404.
 #[tokio::test]

@@ -195,7 +195,9 @@ pub(super) fn route(
     let result = match path {
         "/v1/models" if get => Ok(models_reply()),
         "/health" | "/healthz" if get => Ok(Reply::text(200, "ok".to_string())),
-        "/v1/chat/completions" if post => chat_completions(parsed, ov, model),
+        // `/v1/generate` stands for a model server's own path that streams as chat does (an
+        // `other` endpoint to the gateway).
+        "/v1/chat/completions" | "/v1/generate" if post => chat_completions(parsed, ov, model),
         "/v1/completions" if post => completions(parsed, ov, model),
         "/v1/embeddings" if post => embeddings(parsed, model),
         "/v1/moderations" if post => moderations(parsed, model),

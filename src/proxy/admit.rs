@@ -229,6 +229,21 @@ fn target(session: &Session, ctx: &mut Ctx, keys: &KeyTable) -> Result<Target, S
     if path_key(req.uri.path()) {
         return Err(GatewayError::NotFound(format!("/v1/{REDACTED}")).into());
     }
+    // Sent on as written, a path must mean to the upstream what it means here.
+    if matches!(target, Target::Proxy(_) | Target::StoredResponse(_))
+        && !crate::route::endpoint::canonical(req.uri.path())
+    {
+        let message = format!(
+            "The path '{}' is not written as the API names it: no percent-encoded letters, \
+             digits or '/', and no empty, '.' or '..' segments.",
+            crate::web::params::shown(req.uri.path())
+        );
+        return Err(GatewayError::InvalidParameter {
+            param: "path",
+            message,
+        }
+        .into());
+    }
     match target {
         Target::Other => return Err(GatewayError::NotFound(req.uri.path().to_string()).into()),
         Target::WrongMethod(allow) => return Err(GatewayError::MethodNotAllowed(allow).into()),
@@ -435,6 +450,13 @@ fn prepare_upstream(
         Metering::Messages if probe.stream => sse(SseMeter::of(Dialect::Messages)),
         Metering::Chat | Metering::Usage | Metering::Responses | Metering::Messages => {
             Meter::json()
+        }
+        // A stream of another endpoint counts the usage its events report, else an estimate
+        // of what it carried; it is passed on as it came (no `[DONE]` of the gateway's).
+        Metering::Reported if probe.stream => {
+            let mut m = SseMeter::new(false);
+            m.keep_unterminated();
+            sse(m)
         }
         Metering::Reported => Meter::json_reported(),
         Metering::PerRequest | Metering::Free => Meter::None,

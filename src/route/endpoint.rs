@@ -167,6 +167,25 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
     }
 }
 
+/// Whether a path is written as the API names it: no percent-encoded unreserved character or
+/// `/`, no empty segment, no `.` or `..` segment. Each of those is another spelling of a path to
+/// the upstream's server (which decodes and may normalise it), while the gateway classifies the
+/// bytes: `/v1/chat%2Fcompletions` would be `other` here and chat there, a stream then metered
+/// as neither.
+pub fn canonical(path: &str) -> bool {
+    let path = path.split('?').next().unwrap_or(path);
+    let b = path.as_bytes();
+    let encoded_alias = b.windows(3).any(|w| {
+        w[0] == b'%'
+            && std::str::from_utf8(&w[1..])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .is_some_and(|c| c.is_ascii_alphanumeric() || b"-._~/".contains(&c))
+    });
+    let odd_segment = path.contains("//") || path.split('/').any(|seg| matches!(seg, "." | ".."));
+    !encoded_alias && !odd_segment
+}
+
 /// `/v1/responses/{id}[/input_items|/cancel]` by method.
 fn stored_response(method: &http::Method, rest: &str) -> Target {
     let (id, tail) = rest.split_once('/').unwrap_or((rest, ""));
@@ -201,6 +220,36 @@ pub fn error_shape(path: &str, headers: &http::HeaderMap) -> crate::error::Error
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn only_the_api_spelling_of_a_path_is_canonical() {
+        for ok in [
+            "/v1/chat/completions",
+            "/v1/chat/completions/",
+            "/v1/rerank?x=%2F",
+            "/v1/responses/resp_1",
+            "/v1/x/caf%C3%A9",
+            "/v1/x/a%20b",
+            "/v1/x/a.b",
+        ] {
+            assert!(canonical(ok), "{ok}");
+        }
+        for alias in [
+            "/v1/chat%2Fcompletions",
+            "/v1/chat%2fcompletions",
+            "/v1/%63hat/completions",
+            "/v1/chat/completion%73",
+            "/v1//chat/completions",
+            "/v1/x/../chat/completions",
+            "/v1/./chat/completions",
+            "/v1/chat/completions/..",
+            "/v1/%2E%2E/v1/chat/completions",
+            "/v1/a%7Eb",
+        ] {
+            assert!(!canonical(alias), "{alias}");
+        }
+    }
+
     use super::*;
     use http::Method;
 
