@@ -20,8 +20,14 @@ pub const WINDOW: Duration = Duration::from_secs(60);
 /// no one behind it guesses on at speed (a right guess would pass where a wrong one counts).
 pub const HARD_FACTOR: usize = 3;
 
-/// Addresses tracked before stale ones are swept (bounds memory under a spread-out attack).
+/// Addresses tracked before stale ones are swept, at most once every `SWEEP_EVERY` (each sweep
+/// walks them all).
 const SWEEP_AT: usize = 65_536;
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Addresses tracked at most: past it a sweep drops those whose last failure is oldest, so an
+/// attack from many addresses (an IPv6 /48 holds 65,536 /64s) bounds memory, and the address
+/// that is guessing now keeps its count.
+const MAX_TRACKED: usize = 131_072;
 
 /// Who is counted as one client: an IPv4 address, or an IPv6 /64 (one host usually holds a
 /// whole /64, so counting single IPv6 addresses would let it try endlessly).
@@ -50,6 +56,8 @@ pub struct Throttle {
     failures: DashMap<IpAddr, VecDeque<Instant>>,
     limit: usize,
     window: Duration,
+    /// When the last sweep ran; held while one runs.
+    swept: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Default for Throttle {
@@ -69,6 +77,7 @@ impl Throttle {
             failures: DashMap::new(),
             limit: limit.max(1),
             window,
+            swept: std::sync::Mutex::new(None),
         }
     }
 
@@ -111,10 +120,45 @@ impl Throttle {
     }
 
     fn sweep(&self, now: Instant) {
-        if self.failures.len() >= SWEEP_AT {
-            let window = self.window;
-            self.failures
-                .retain(|_, log| log.back().is_some_and(|t| now.duration_since(*t) < window));
+        if self.failures.len() < SWEEP_AT {
+            return;
+        }
+        // One sweep at a time, once a second at most: the others go on without.
+        let Ok(mut swept) = self.swept.try_lock() else {
+            return;
+        };
+        if swept.is_some_and(|t| now.saturating_duration_since(t) < SWEEP_EVERY) {
+            return;
+        }
+        *swept = Some(now);
+        let window = self.window;
+        self.failures.retain(|_, log| {
+            log.back()
+                .is_some_and(|t| now.saturating_duration_since(*t) < window)
+        });
+        let over = self.failures.len().saturating_sub(MAX_TRACKED);
+        if over > 0 {
+            let mut last: Vec<Instant> = self
+                .failures
+                .iter()
+                .filter_map(|e| e.back().copied())
+                .collect();
+            let Some(at) = last.len().checked_sub(1).map(|end| over.min(end)) else {
+                return;
+            };
+            let cutoff = *last.select_nth_unstable(at).1;
+            // Exactly `over` go: all before the cutoff, then as many at it as are still due.
+            let before = last.iter().filter(|t| **t < cutoff).count();
+            let mut ties = over.saturating_sub(before);
+            self.failures.retain(|_, log| match log.back() {
+                Some(t) if *t < cutoff => false,
+                Some(t) if *t == cutoff && ties > 0 => {
+                    ties -= 1;
+                    false
+                }
+                Some(_) => true,
+                None => false,
+            });
         }
     }
 
@@ -208,5 +252,38 @@ mod tests {
         );
         let other: IpAddr = "2001:db8:0:1::1".parse().unwrap();
         assert!(t.begin(other, t0).is_ok());
+    }
+
+    #[test]
+    fn addresses_past_the_cap_are_swept_stalest_first_and_the_guessing_one_is_kept() {
+        let t = Throttle::default();
+        let t0 = Instant::now();
+        let v6 = |n: u32| {
+            IpAddr::V6(std::net::Ipv6Addr::new(
+                0x2001,
+                0xdb8,
+                (n >> 16) as u16,
+                n as u16,
+                0,
+                0,
+                0,
+                1,
+            ))
+        };
+        let guesser = v6(0);
+        for n in 1..=(MAX_TRACKED as u32 + 1_000) {
+            t.fail(v6(n), t0 + Duration::from_millis(u64::from(n % 900)));
+        }
+        for _ in 0..5 {
+            t.fail(guesser, t0 + Duration::from_millis(1_500));
+        }
+        // Swept once (at SWEEP_AT), not again within the second.
+        assert!(t.failures.len() > MAX_TRACKED);
+        t.fail(guesser, t0 + Duration::from_secs(2));
+        assert!(t.failures.len() <= MAX_TRACKED, "{}", t.failures.len());
+        assert_eq!(t.failures.get(&group(guesser)).map(|l| l.len()), Some(6));
+        // Past the window everything stale goes.
+        t.fail(guesser, t0 + Duration::from_secs(70));
+        assert_eq!(t.failures.len(), 1);
     }
 }
