@@ -9,6 +9,7 @@ use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
 use crate::error::{ErrorShape, GatewayError};
+use crate::lifecycle::Lifecycle;
 
 /// A reply whose length is not known up front goes chunked to an HTTP/1.1 client, so a reply
 /// cut short shows as cut (no final chunk). Without it Pingora would end the body by closing
@@ -39,33 +40,60 @@ pub fn framed(headers: &http::HeaderMap) -> bool {
             })
 }
 
-/// Writes a piece of a reply's body, waiting at most `limit` on a client that takes nothing
-/// (`client_send_timeout_ms`; the error is the client's). A write that completes at once, the
-/// usual case, arms no timer.
-pub async fn write_within(
-    session: &mut Session,
-    piece: Option<Bytes>,
-    done: bool,
-    limit: std::time::Duration,
-) -> pingora_error::Result<()> {
-    let mut write = std::pin::pin!(session.write_response_body(piece, done));
+/// What bounds every write of a reply to one client: a client that takes nothing for `limit`
+/// (`client_send_timeout_ms`) is cut, and so is every reply once the shutdown's grace period is
+/// over, so no write holds a request (and its record) past the exit.
+#[derive(Clone, Copy)]
+pub struct Bound<'a> {
+    pub limit: std::time::Duration,
+    pub life: Option<&'a Lifecycle>,
+}
+
+/// Runs one write to the client within `bound`. A write that completes at once, the usual
+/// case, arms no timer. One that waits ends in the client's error (a 499 in the record) after
+/// `limit`, or in `shutdown_cut` when the shutdown cuts (`biased`: a write that completes
+/// never looks at the cut).
+pub async fn bounded<T>(
+    bound: Bound<'_>,
+    write: impl std::future::Future<Output = pingora_error::Result<T>>,
+) -> pingora_error::Result<T> {
+    let mut write = std::pin::pin!(write);
     if let Some(wrote) = write.as_mut().now_or_never() {
         return wrote;
     }
-    pingora_timeout::fast_timeout::fast_timeout(limit, write)
-        .await
-        .unwrap_or_else(|_| {
-            Err(pingora_error::Error::explain(
-                pingora_error::ErrorType::WriteTimedout,
-                "the client took nothing of the reply within client_send_timeout_ms",
-            )
-            .into_down())
-        })
+    tokio::select! {
+        biased;
+        r = pingora_timeout::fast_timeout::fast_timeout(bound.limit, write) => {
+            r.unwrap_or_else(|_| {
+                Err(pingora_error::Error::explain(
+                    pingora_error::ErrorType::WriteTimedout,
+                    "the client took nothing of the reply within client_send_timeout_ms",
+                )
+                .into_down())
+            })
+        }
+        () = crate::lifecycle::cut(bound.life) => Err(shutdown_cut()),
+    }
+}
+
+const SHUT_DOWN: &str = "ended by the shutdown";
+
+/// The error that ends a reply the shutdown cut (its record says 503 `shutting_down`).
+pub fn shutdown_cut() -> Box<pingora_error::Error> {
+    pingora_error::Error::explain(
+        pingora_error::ErrorType::Custom(SHUT_DOWN),
+        "the grace period is over",
+    )
+}
+
+pub fn is_shutdown_cut(e: &pingora_error::Error) -> bool {
+    e.etype() == &pingora_error::ErrorType::Custom(SHUT_DOWN)
 }
 
 pub async fn send(
     session: &mut Session,
     request_id: &str,
+    bound: Bound<'_>,
     status: u16,
     content_type: &str,
     body: Bytes,
@@ -78,12 +106,17 @@ pub async fn send(
     decorate(&mut h)?;
     // HEAD: the header says what GET's body would be, and no body follows (HTTP/2 would send
     // one as DATA frames, which a client must refuse).
-    if session.req_header().method == http::Method::HEAD {
-        return session.write_response_header(Box::new(h), true).await;
-    }
-    session.write_response_header(Box::new(h), false).await?;
-    session.write_response_body(Some(body), true).await?;
-    Ok(())
+    let head_only = session.req_header().method == http::Method::HEAD;
+    bounded(bound, async {
+        session
+            .write_response_header(Box::new(h), head_only)
+            .await?;
+        if !head_only {
+            session.write_response_body(Some(body), true).await?;
+        }
+        Ok(())
+    })
+    .await
 }
 
 /// A refusal in the error shape of the request's API. If the request body has not been read, a small one is
@@ -92,6 +125,7 @@ pub async fn send(
 pub async fn error(
     session: &mut Session,
     request_id: &str,
+    bound: Bound<'_>,
     e: &GatewayError,
     shape: ErrorShape,
     decorate: impl FnOnce(&mut ResponseHeader) -> pingora_error::Result<()>,
@@ -116,6 +150,7 @@ pub async fn error(
     send(
         session,
         request_id,
+        bound,
         e.status(),
         "application/json",
         body,

@@ -179,6 +179,48 @@ async fn a_csv_export_to_a_client_that_stops_reading_is_cut_with_its_record() {
     );
 }
 
+/// A reply the gateway makes itself (a usage page, here of 10,000 records, sent twice on one
+/// connection) to a client that stops reading: the shutdown ends it too, with its record, and
+/// the exit does not wait for the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_page_to_a_client_that_stops_reading_is_cut_with_its_record() {
+    let mut g = start_with(Setup {
+        grace_seconds: 1,
+        ..Setup::default()
+    });
+    seed_records(&g, 10_000, 60_000);
+    // About 4.5 MB each: together more than the sockets between hold.
+    let one = format!(
+        "GET /api/usage?limit=10000 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n"
+    );
+    let (_reader, first) = stop_reading_after_the_header(&g.direct, &one.repeat(2));
+
+    terminate_past_the_grace_period(&mut g);
+    let g = g.restart_stopped();
+    let page: serde_json::Value = get(&g.direct, "/api/usage?limit=3&order=desc", Some(KEY))
+        .await
+        .json()
+        .await
+        .expect("json");
+    // The first page was cut, or it went whole and the second (its own id) was cut.
+    let cut: Vec<_> = page["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter(|r| r["endpoint"] == "usage")
+        .map(|r| {
+            (
+                r["request_id"].as_str() == Some(&first),
+                r["status"].as_u64(),
+            )
+        })
+        .collect();
+    assert!(
+        cut == [(true, Some(503))] || cut == [(false, Some(503)), (true, Some(200))],
+        "{page}"
+    );
+}
+
 /// SIGTERM with a grace period of 1 s: the exit comes right after it (the cut requests end at
 /// once), not after the wait for requests that ignore the cut.
 fn terminate_past_the_grace_period(g: &mut Gateway) {

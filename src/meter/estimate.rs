@@ -58,14 +58,21 @@ impl Job {
 
     /// The count, made on an estimator thread while the caller's task waits (its proxy thread
     /// goes on with other connections). When none can take it (none started, `QUEUE` jobs
-    /// already wait, or the count failed), about four bytes a token, never a tokenizer on the
-    /// proxy thread.
-    pub async fn count_off_thread(self) -> Usage {
+    /// already wait, or the count failed), or `give_up` resolves first (the shutdown's cut: a
+    /// record never waits behind a long queue of counts then), about four bytes a token, never
+    /// a tokenizer on the proxy thread.
+    pub async fn count_off_thread(self, give_up: impl std::future::Future<Output = ()>) -> Usage {
         let job = Arc::new(self);
         let (tx, rx) = tokio::sync::oneshot::channel();
         if estimator().is_some_and(|e| e.try_send((job.clone(), tx)).is_ok()) {
-            if let Ok(u) = rx.await {
-                return u;
+            tokio::select! {
+                biased;
+                () = give_up => {}
+                counted = rx => {
+                    if let Ok(u) = counted {
+                        return u;
+                    }
+                }
             }
         }
         job.rough()
@@ -338,14 +345,24 @@ mod tests {
         let here = job().count(&Tokenizers::default());
         assert_eq!((here.prompt_tokens, here.completion_tokens), (2, 2));
         for _ in 0..3 {
-            assert_eq!(job().count_off_thread().await, here);
+            assert_eq!(job().count_off_thread(std::future::pending()).await, here);
         }
+        // Given up on (the shutdown's cut), the count is the rough one at once.
+        let rough = job().rough();
+        assert_ne!(rough, here);
+        assert_eq!(job().count_off_thread(std::future::ready(())).await, rough);
         let reported = Job {
             reported_prompt: Some(7),
             output: Output::Nothing,
             ..job()
         };
-        assert_eq!(reported.count_off_thread().await.total_tokens, 7);
+        assert_eq!(
+            reported
+                .count_off_thread(std::future::pending())
+                .await
+                .total_tokens,
+            7
+        );
         // Two threads share the queue and the tokenizers, which go after a quiet spell and
         // are loaded again at the next estimate.
         let (tx, rx) = mpsc::channel();

@@ -117,6 +117,14 @@ impl Ctx {
             trace: None,
         }
     }
+
+    /// What bounds this request's writes to its client (see `respond::Bound`).
+    pub fn bound(&self) -> crate::respond::Bound<'_> {
+        crate::respond::Bound {
+            limit: self.send_timeout,
+            life: self.life.as_ref().map(crate::lifecycle::InFlight::get),
+        }
+    }
 }
 
 /// What it takes to send the request to a fallback model's pool instead: its routes, and the
@@ -157,12 +165,14 @@ impl Outcome {
         (200..300).contains(&self.status())
     }
 
-    /// A connection error ended the request. One that had not failed yet was cut: by the
-    /// client (499) or by the upstream (502). A failure already named stays as it was.
-    pub fn cut(self, by_client: bool) -> Outcome {
+    /// An error ended the request. One that had not failed yet was cut: by the shutdown (503),
+    /// the client (499) or the upstream (502). A failure already named stays as it was.
+    pub fn cut(self, e: &pingora_error::Error) -> Outcome {
         match self {
             Outcome::Pending | Outcome::Upstream(200..=299) | Outcome::Answered(200..=299) => {
-                if by_client {
+                if crate::respond::is_shutdown_cut(e) {
+                    Outcome::UpstreamFailed(crate::error::GatewayError::ShuttingDown.status())
+                } else if e.esource() == &pingora_error::ErrorSource::Downstream {
                     Outcome::ClientGone
                 } else {
                     Outcome::UpstreamFailed(502)
@@ -206,13 +216,19 @@ mod tests {
 
     #[test]
     fn a_cut_names_who_cut_unless_a_failure_is_already_named() {
-        assert_eq!(Outcome::Pending.cut(true), Outcome::ClientGone);
-        assert_eq!(Outcome::Upstream(200).cut(true).status(), 499);
-        assert_eq!(Outcome::Upstream(200).cut(false).status(), 502);
-        assert_eq!(Outcome::Answered(200).cut(false).status(), 502);
-        assert_eq!(Outcome::Upstream(429).cut(true).status(), 429);
-        assert_eq!(Outcome::UpstreamFailed(504).cut(true).status(), 504);
-        assert_eq!(Outcome::Answered(401).cut(true).status(), 401);
+        use pingora_error::{Error, ErrorType};
+        let client = Error::explain(ErrorType::WriteError, "gone").into_down();
+        let upstream = Error::explain(ErrorType::ReadError, "cut").into_up();
+        let shutdown = crate::respond::shutdown_cut();
+        assert_eq!(Outcome::Pending.cut(&client), Outcome::ClientGone);
+        assert_eq!(Outcome::Upstream(200).cut(&client).status(), 499);
+        assert_eq!(Outcome::Upstream(200).cut(&upstream).status(), 502);
+        assert_eq!(Outcome::Answered(200).cut(&upstream).status(), 502);
+        assert_eq!(Outcome::Answered(200).cut(&shutdown).status(), 503);
+        assert_eq!(Outcome::Upstream(200).cut(&shutdown).status(), 503);
+        assert_eq!(Outcome::Upstream(429).cut(&client).status(), 429);
+        assert_eq!(Outcome::UpstreamFailed(504).cut(&client).status(), 504);
+        assert_eq!(Outcome::Answered(401).cut(&shutdown).status(), 401);
         assert!(!Outcome::Pending.succeeded() && Outcome::Upstream(204).succeeded());
     }
 }

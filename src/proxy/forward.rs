@@ -462,11 +462,8 @@ async fn stream_reply(
         }
     }
     crate::respond::frame_unknown_length(session, &mut resp)?;
-    if let Err(e) = session.write_response_header(Box::new(resp), false).await {
-        ctx.outcome = Outcome::ClientGone;
-        return Err(e);
-    }
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
+    write_header(session, ctx, life.as_deref(), resp).await?;
     // A stream may go quiet for `idle_timeout` between events; a plain reply must be whole
     // within `request_timeout` of the start.
     let deadline = (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout);
@@ -544,8 +541,7 @@ async fn stream_reply(
 
 /// Writes a piece of the reply to the client. A client that does not read holds the write for
 /// at most `client_send_timeout_ms` (then the reply ends as the client's: 499); the shutdown
-/// ends it all the same (`biased`: a write that completes at once never looks at the cut).
-/// Either failure names the outcome.
+/// ends it all the same. Either failure names the outcome.
 async fn write_body(
     session: &mut Session,
     ctx: &mut Ctx,
@@ -553,19 +549,45 @@ async fn write_body(
     piece: Option<Bytes>,
     done: bool,
 ) -> pingora_error::Result<()> {
-    let limit = ctx.send_timeout;
-    let wrote = tokio::select! {
-        biased;
-        r = crate::respond::write_within(session, piece, done, limit) => r,
-        () = cut(life) => return Err(shut(ctx)),
+    let bound = crate::respond::Bound {
+        limit: ctx.send_timeout,
+        life,
     };
-    wrote.inspect_err(|_| ctx.outcome = Outcome::ClientGone)
+    crate::respond::bounded(bound, session.write_response_body(piece, done))
+        .await
+        .inspect_err(|e| ctx.outcome = cut_outcome(e))
+}
+
+/// Writes the reply's header to the client, bounded as its body is (a client that pipelined
+/// requests and reads nothing holds a header write too).
+async fn write_header(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    life: Option<&Lifecycle>,
+    resp: ResponseHeader,
+) -> pingora_error::Result<()> {
+    let bound = crate::respond::Bound {
+        limit: ctx.send_timeout,
+        life,
+    };
+    crate::respond::bounded(bound, session.write_response_header(Box::new(resp), false))
+        .await
+        .inspect_err(|e| ctx.outcome = cut_outcome(e))
+}
+
+/// The outcome of a reply whose write failed: the shutdown's cut, or the client's doing.
+fn cut_outcome(e: &Error) -> Outcome {
+    if crate::respond::is_shutdown_cut(e) {
+        Outcome::UpstreamFailed(GatewayError::ShuttingDown.status())
+    } else {
+        Outcome::ClientGone
+    }
 }
 
 /// A reply the shutdown ended: its record says 503, and the client's connection is cut.
 fn shut(ctx: &mut Ctx) -> Box<Error> {
     ctx.outcome = Outcome::UpstreamFailed(GatewayError::ShuttingDown.status());
-    reply::shutdown_cut()
+    crate::respond::shutdown_cut()
 }
 
 /// The most reply bytes gathered into one write to the client.
@@ -638,7 +660,14 @@ async fn pass_error(
         }
         Ok::<(), Box<Error>>(())
     };
-    let whole = match fast_timeout(pool.cfg.idle_timeout, read).await {
+    // An upstream that sends its error header and then stalls holds the request for at most
+    // the idle limit; the shutdown's cut ends the wait at once.
+    let life = ctx.life.as_ref().map(|l| l.lifecycle());
+    let read = tokio::select! {
+        r = fast_timeout(pool.cfg.idle_timeout, read) => r,
+        () = cut(life.as_deref()) => return Err(shut(ctx)),
+    };
+    let whole = match read {
         Ok(Ok(())) => body.len() <= ERROR_BODY_MAX,
         _ => false,
     };
@@ -660,12 +689,8 @@ async fn pass_error(
     };
     resp.remove_header(&http::header::TRANSFER_ENCODING);
     resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-    if let Err(e) = session.write_response_header(Box::new(resp), false).await {
-        ctx.outcome = Outcome::ClientGone;
-        return Err(e);
-    }
+    write_header(session, ctx, life.as_deref(), resp).await?;
     // Up to 1 MiB.
-    let life = ctx.life.as_ref().map(|l| l.lifecycle());
     write_body(session, ctx, life.as_deref(), Some(body), true).await?;
     if whole && upstream.client.response_done() {
         upstream.release(connections).await;

@@ -47,8 +47,11 @@ impl Gateway {
         ctx.trace = Some(crate::telemetry::Trace::from_headers(
             &session.req_header().headers,
         ));
-        // An idle keep-alive connection is closed after `keepalive_timeout_ms`.
+        // An idle keep-alive connection is closed after `keepalive_timeout_ms`; the body left
+        // unread by a reply (drained before the connection is used again) is waited for
+        // `client_body_timeout_ms` at most.
         let downstream = session.as_downstream_mut();
+        downstream.set_total_drain_timeout(Some(self.shared.live.config.client_body_timeout));
         if downstream.get_keepalive().is_some() {
             let secs = self
                 .shared
@@ -155,7 +158,8 @@ impl Gateway {
         resp.insert_header("x-request-id", ctx.request_id.as_str())?;
         cors.preflight(&mut resp, &allow, requested.as_ref())?;
         ctx.outcome = Outcome::Answered(204);
-        session.write_response_header(Box::new(resp), true).await
+        let header = session.write_response_header(Box::new(resp), true);
+        crate::respond::bounded(ctx.bound(), header).await
     }
 
     /// Hands a non-proxied path to the web stage; a key that passed auth there makes the
@@ -173,6 +177,8 @@ impl Gateway {
             status: 0,
             refusal: None,
             cors: ctx.cors.clone(),
+            send_timeout: ctx.send_timeout,
+            life: ctx.life.as_ref().map(crate::lifecycle::InFlight::lifecycle),
         };
         let sent = web::serve(&self.shared, session, &mut ex).await;
         ctx.key = ex.key;
@@ -337,7 +343,7 @@ impl ProxyHttp for Gateway {
     fn suppress_error_log(&self, _session: &Session, ctx: &Ctx, error: &Error) -> bool {
         error.esource() == &ErrorSource::Downstream
             || matches!(ctx.outcome, Outcome::ClientGone)
-            || reply::is_shutdown_cut(error)
+            || crate::respond::is_shutdown_cut(error)
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
@@ -370,9 +376,12 @@ impl ProxyHttp for Gateway {
 
     /// Every request that passed auth leaves exactly one usage record, whatever its outcome.
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
+        // The request is in flight until its record is queued (the end of this hook), not
+        // while Pingora then drains a body left unread: the shutdown waits for records only.
+        let in_flight = ctx.life.take();
         if let Some(e) = e {
             // A failure after the reply began (fail_to_proxy may not have run).
-            ctx.outcome = ctx.outcome.cut(e.esource() == &ErrorSource::Downstream);
+            ctx.outcome = ctx.outcome.cut(e);
         }
         let key = ctx.key.clone();
         // One clock read for the request's end: its latency, its metrics, its tpm tokens. A
@@ -381,7 +390,8 @@ impl ProxyHttp for Gateway {
         // The request is over: its concurrency slot is free before any estimate is counted.
         ctx.slot = None;
         ctx.lease = None;
-        let tokens = record::Tokens::of(ctx).resolve().await;
+        let life = in_flight.as_ref().map(crate::lifecycle::InFlight::get);
+        let tokens = record::Tokens::of(ctx).resolve(life).await;
         let r = record::build(
             ctx,
             key.as_ref().map_or("", |k| k.id.as_str()),

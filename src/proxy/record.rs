@@ -30,11 +30,15 @@ impl Tokens {
         }
     }
 
-    /// The usage, and whether it is estimated; an estimate is counted off the proxy's thread.
-    pub async fn resolve(self) -> (Usage, bool) {
+    /// The usage, and whether it is estimated; an estimate is counted off the proxy's thread,
+    /// or roughly once the shutdown cuts.
+    pub async fn resolve(self, life: Option<&crate::lifecycle::Lifecycle>) -> (Usage, bool) {
         match self {
             Tokens::Reported(u) => (u, false),
-            Tokens::Estimate(job) => (job.count_off_thread().await, true),
+            Tokens::Estimate(job) => {
+                let cut = crate::lifecycle::cut(life);
+                (job.count_off_thread(cut).await, true)
+            }
             Tokens::None => (Usage::default(), false),
         }
     }

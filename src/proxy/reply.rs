@@ -81,25 +81,17 @@ fn is_web_page(resp: &ResponseHeader) -> bool {
             v.as_bytes().len() >= 9 && v.as_bytes()[..9].eq_ignore_ascii_case(b"text/html")
         })
 }
-const SHUT_DOWN: &str = "ended by the shutdown";
-
-/// The error that ends a reply the shutdown cut (its record says 503 `shutting_down`).
-pub fn shutdown_cut() -> Box<Error> {
-    Error::explain(ErrorType::Custom(SHUT_DOWN), "the grace period is over")
-}
-
-pub fn is_shutdown_cut(e: &Error) -> bool {
-    e.etype() == &ErrorType::Custom(SHUT_DOWN)
-}
 const UPSTREAM_403: &str = "upstream answered 403";
 
 /// The gateway error for a failure while proxying, or None when the client itself went away
 /// (nobody to answer).
 pub fn classify_failure(e: &Error) -> Option<GatewayError> {
     use ErrorType::*;
+    if crate::respond::is_shutdown_cut(e) {
+        return Some(GatewayError::ShuttingDown);
+    }
     let what = || format!("upstream failed: {}", e.etype().as_str());
     Some(match e.etype() {
-        Custom(SHUT_DOWN) => GatewayError::ShuttingDown,
         Custom(code @ (UPSTREAM_401 | UPSTREAM_403)) => GatewayError::UpstreamError(format!(
             "The upstream refused the gateway's credential ({code}); check the pool's api_key."
         )),

@@ -19,6 +19,7 @@ pub async fn json(
     crate::respond::send(
         session,
         &ctx.request_id,
+        ctx.bound(),
         status,
         "application/json",
         Bytes::from(body),
@@ -48,7 +49,7 @@ pub async fn error(
         ctx.refusal = Some(e.reason());
     }
     let ctx = &*ctx;
-    crate::respond::error(session, &ctx.request_id, e, ctx.shape, |h| {
+    crate::respond::error(session, &ctx.request_id, ctx.bound(), e, ctx.shape, |h| {
         reply_headers(ctx, h)
     })
     .await

@@ -27,6 +27,9 @@ use pingora_error::{Error, ErrorType, RetryType};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
 
+/// The longest a connection's release (keeping it, or shutting it down) may take.
+const RELEASE_LIMIT: Duration = Duration::from_secs(1);
+
 /// Most idle connections kept, all upstreams together; past it the one nearest its timeout
 /// is closed.
 const MAX_IDLE: usize = 4096;
@@ -128,7 +131,10 @@ impl Connections {
             _ => return,
         };
         h1.respect_keepalive();
-        if let Some(stream) = h1.reuse().await {
+        // One that will not be kept is shut down, which on TLS writes a close_notify: an
+        // upstream that reads nothing must not hold the request's end for it.
+        let reused = fast_timeout(RELEASE_LIMIT, h1.reuse()).await;
+        if let Ok(Some(stream)) = reused {
             self.put(key(peer), stream, idle);
         }
     }

@@ -51,6 +51,18 @@ pub struct Exchange {
     /// `Access-Control-Allow-Origin` for an allowed browser origin (the key-authenticated
     /// APIs only, see `cors_path`).
     pub cors: Option<http::HeaderValue>,
+    /// What bounds the writes of the reply (see `respond::Bound`).
+    pub send_timeout: std::time::Duration,
+    pub life: Option<Arc<crate::lifecycle::Lifecycle>>,
+}
+
+impl Exchange {
+    pub fn bound(&self) -> respond::Bound<'_> {
+        respond::Bound {
+            limit: self.send_timeout,
+            life: self.life.as_deref(),
+        }
+    }
 }
 
 /// The paths this stage answers: all but the proxied `/v1` API.
@@ -186,9 +198,14 @@ async fn fail(
     if (400..500).contains(&ex.status) {
         ex.refusal = Some(e.reason());
     }
-    respond::error(session, &ex.request_id, e, ErrorShape::OpenAi, |h| {
-        crate::cors::decorate(h, ex.cors.as_ref())
-    })
+    respond::error(
+        session,
+        &ex.request_id,
+        ex.bound(),
+        e,
+        ErrorShape::OpenAi,
+        |h| crate::cors::decorate(h, ex.cors.as_ref()),
+    )
     .await
 }
 
@@ -204,6 +221,7 @@ async fn json(
     respond::send(
         session,
         &ex.request_id,
+        ex.bound(),
         200,
         "application/json",
         body,

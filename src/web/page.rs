@@ -92,6 +92,7 @@ async fn send_html(
     respond::send(
         session,
         &ex.request_id,
+        ex.bound(),
         200,
         "text/html; charset=utf-8",
         body,
@@ -109,6 +110,7 @@ pub async fn send_asset(
     respond::send(
         session,
         &ex.request_id,
+        ex.bound(),
         200,
         a.content_type,
         Bytes::from_static(a.body),

@@ -204,43 +204,39 @@ pub async fn send_csv(
     h.insert_header("cache-control", "no-store")?;
     crate::cors::decorate(&mut h, ex.cors.as_ref())?;
     crate::respond::frame_unknown_length(session, &mut h)?;
+    // A client that reads slowly holds a write, a long query the next chunk: the client's
+    // send timeout ends the one, the shutdown's cut either (and the export) all the same, so
+    // its record is written before the exit.
+    let life = ex.life.clone();
+    let bound = crate::respond::Bound {
+        limit: ex.send_timeout,
+        life: life.as_deref(),
+    };
     ex.status = 200;
-    session.write_response_header(Box::new(h), false).await?;
+    let header = session.write_response_header(Box::new(h), false);
+    if let Err(e) = crate::respond::bounded(bound, header).await {
+        ex.status = cut_status(&e);
+        return Err(e);
+    }
     // A small channel between the blocking reader and this task: memory stays a few chunks.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let s = shared.store.clone();
     let reader = tokio::task::spawn_blocking(move || {
         s.export_csv(&query, &mut |chunk| tx.blocking_send(chunk).is_ok())
     });
-    // A client that reads slowly holds the write, a long query the next chunk; a shutdown's
-    // cut ends either (and the export) all the same, so its record is written before the exit.
-    let cut = || {
-        Err::<(), _>((
-            GatewayError::ShuttingDown.status(),
-            crate::proxy::reply::shutdown_cut(),
-        ))
-    };
-    let send_timeout = shared.live.config.client_send_timeout;
     loop {
         let next = tokio::select! {
             biased;
-            c = rx.recv() => Ok(c),
-            () = shared.lifecycle.cut_requested() => Err(()),
+            c = rx.recv() => c,
+            () = crate::lifecycle::cut(bound.life) => {
+                ex.status = GatewayError::ShuttingDown.status();
+                return Err(crate::respond::shutdown_cut());
+            }
         };
-        let wrote = match next {
-            // A client that takes nothing holds no export (nor its reader) for good.
-            Ok(Some(chunk)) => tokio::select! {
-                biased;
-                r = crate::respond::write_within(session, Some(chunk), false, send_timeout) => {
-                    r.map_err(|e| (499, e))
-                }
-                () = shared.lifecycle.cut_requested() => cut(),
-            },
-            Ok(None) => break,
-            Err(()) => cut(),
-        };
-        if let Err((status, e)) = wrote {
-            ex.status = status;
+        let Some(chunk) = next else { break };
+        let write = session.write_response_body(Some(chunk), false);
+        if let Err(e) = crate::respond::bounded(bound, write).await {
+            ex.status = cut_status(&e);
             // The reader stops at its next chunk (the channel is gone); not waited for.
             drop(rx);
             return Err(e);
@@ -252,7 +248,12 @@ pub async fn send_csv(
         )))
     });
     match done {
-        Ok(_rows) => session.write_response_body(Some(Bytes::new()), true).await,
+        Ok(_rows) => {
+            let end = session.write_response_body(Some(Bytes::new()), true);
+            crate::respond::bounded(bound, end)
+                .await
+                .inspect_err(|e| ex.status = cut_status(e))
+        }
         Err(e) => {
             tracing::error!(request_id = %ex.request_id, "usage export failed: {e}");
             // The header is out: all that is left is to cut the reply so it cannot look
@@ -264,6 +265,16 @@ pub async fn send_csv(
                 "the usage export failed",
             ))
         }
+    }
+}
+
+/// The status of an export whose write failed: the shutdown's cut, or a client that left or
+/// took nothing within `client_send_timeout_ms`.
+fn cut_status(e: &pingora_error::Error) -> u16 {
+    if crate::respond::is_shutdown_cut(e) {
+        GatewayError::ShuttingDown.status()
+    } else {
+        499
     }
 }
 

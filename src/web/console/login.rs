@@ -231,6 +231,7 @@ pub async fn login(
     crate::respond::send(
         session,
         &ex.request_id,
+        ex.bound(),
         204,
         "application/json",
         Bytes::new(),
@@ -271,6 +272,7 @@ pub async fn logout(
     crate::respond::send(
         session,
         &ex.request_id,
+        ex.bound(),
         204,
         "application/json",
         Bytes::new(),

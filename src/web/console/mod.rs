@@ -80,11 +80,25 @@ fn changes_state(r: &Route) -> bool {
     )
 }
 
-/// Reads a small request body; None once a refusal is sent.
-async fn body(session: &mut Session, ex: &mut Exchange) -> pingora_error::Result<Option<Vec<u8>>> {
+/// Reads a small request body within `client_body_timeout_ms`; None once a refusal is sent
+/// (413 for a body over `MAX_BODY`, 408 for one that stalls: a client trickling a sign-in
+/// holds no connection for long).
+async fn body(
+    session: &mut Session,
+    ex: &mut Exchange,
+    limit: std::time::Duration,
+) -> pingora_error::Result<Option<Vec<u8>>> {
+    let deadline = tokio::time::Instant::now() + limit;
     let mut buf = Vec::new();
     loop {
-        match session.read_request_body().await? {
+        let Ok(next) = tokio::time::timeout_at(deadline, session.read_request_body()).await else {
+            // The rest of the body would be read as the next request.
+            session.as_downstream_mut().set_keepalive(None);
+            let ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+            fail(session, ex, &GatewayError::RequestTimeout(ms)).await?;
+            return Ok(None);
+        };
+        match next? {
             Some(chunk) => {
                 buf.extend_from_slice(&chunk);
                 if buf.len() > MAX_BODY {
@@ -110,7 +124,7 @@ pub async fn serve(
     match route {
         Route::Page => return super::page::send_console(session, ex).await,
         Route::Login => {
-            let Some(b) = body(session, ex).await? else {
+            let Some(b) = body(session, ex, shared.live.config.client_body_timeout).await? else {
                 return Ok(());
             };
             return login::login(shared, session, ex, &console, &b).await;
@@ -145,14 +159,18 @@ pub async fn serve(
             super::json(session, ex, &v).await
         }
         Route::Keys => keys::list(shared, session, ex).await,
-        Route::CreateKey => match body(session, ex).await? {
-            Some(b) => keys::create(shared, session, ex, &who, &b).await,
-            None => Ok(()),
-        },
-        Route::UpdateKey(id) => match body(session, ex).await? {
-            Some(b) => keys::update(shared, session, ex, &who, &id, &b).await,
-            None => Ok(()),
-        },
+        Route::CreateKey => {
+            match body(session, ex, shared.live.config.client_body_timeout).await? {
+                Some(b) => keys::create(shared, session, ex, &who, &b).await,
+                None => Ok(()),
+            }
+        }
+        Route::UpdateKey(id) => {
+            match body(session, ex, shared.live.config.client_body_timeout).await? {
+                Some(b) => keys::update(shared, session, ex, &who, &id, &b).await,
+                None => Ok(()),
+            }
+        }
         Route::DeleteKey(id) => keys::delete(shared, session, ex, &who, &id).await,
         Route::RotateKey(id) => keys::rotate(shared, session, ex, &who, &id).await,
         Route::Usage { csv } => usage(shared, session, ex, csv).await,
