@@ -275,6 +275,9 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     if let Some(sync) = &spend_sync {
         sync.set_spend(Arc::downgrade(&shared));
     }
+    let signals = crate::lifecycle::Signals {
+        lifecycle: shared.lifecycle.clone(),
+    };
     let server = match crate::server::build(shared, upgrade) {
         Ok(s) => s,
         Err(e) => {
@@ -283,7 +286,9 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    server.run(pingora_core::server::RunArgs::default());
+    server.run(pingora_core::server::RunArgs {
+        shutdown_signal: Box::new(signals),
+    });
     drop(spend_sync);
     // Every runtime has exited, so every request has handed over its record: write them all.
     store.close();

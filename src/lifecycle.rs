@@ -5,13 +5,16 @@
 //! (`cut`): a stream stops without its final chunk, a request still waiting for its upstream
 //! gets 503 `shutting_down`, and each writes its record. Then the store is flushed and the
 //! process exits 0, as soon as that is done rather than after the whole grace period.
+//!
+//! SIGINT (Ctrl-C) shuts down the same way (`Signals`); a second one ends the grace period at
+//! once, so the requests in flight are cut then, each still with its record.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use pingora_core::server::ShutdownWatch;
+use pingora_core::server::{ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
 use pingora_core::services::background::BackgroundService;
 use tokio::sync::watch;
 
@@ -141,5 +144,45 @@ impl BackgroundService for Drain {
             "usage records written; exiting"
         );
         std::process::exit(0);
+    }
+}
+
+/// The signals that end the process: SIGTERM and SIGINT shut down gracefully, SIGQUIT hands
+/// the listeners over to a new instance (Pingora's upgrade). Pingora's own watch takes SIGINT
+/// for a fast shutdown, which stops the runtimes at once: every request in flight lost its
+/// record. Here a second SIGINT asks the requests in flight to end now (`cut`).
+pub struct Signals {
+    pub lifecycle: Arc<Lifecycle>,
+}
+
+#[async_trait]
+impl ShutdownSignalWatch for Signals {
+    async fn recv(&self) -> ShutdownSignal {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut quit), Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::quit()),
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
+            tracing::error!("cannot watch the shutdown signals; stop the process with SIGKILL");
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = quit.recv() => ShutdownSignal::GracefulUpgrade,
+            _ = term.recv() => ShutdownSignal::GracefulTerminate,
+            _ = int.recv() => {
+                let lifecycle = self.lifecycle.clone();
+                tokio::spawn(async move {
+                    if int.recv().await.is_some() {
+                        tracing::warn!(
+                            in_flight = lifecycle.inflight(),
+                            "interrupted again: ending the requests in flight now"
+                        );
+                        lifecycle.cut();
+                    }
+                });
+                ShutdownSignal::GracefulTerminate
+            }
+        }
     }
 }

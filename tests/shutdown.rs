@@ -92,6 +92,84 @@ async fn streams_longer_than_the_grace_period_are_cut_and_each_leaves_a_record()
     }
 }
 
+/// Ctrl-C shuts down as SIGTERM does (Pingora's own handling stopped at once and lost the
+/// records in flight); a second Ctrl-C ends the grace period (a minute here) at once, and the
+/// streams in flight are cut, each with its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_shuts_down_with_every_record_and_a_second_one_ends_the_wait() {
+    let mut g = start_with(Setup {
+        grace_seconds: 60,
+        ..Setup::default()
+    });
+    let c = client();
+    let mut ids = Vec::new();
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        let resp = c
+            .post(format!("{}/v1/chat/completions", g.main))
+            .bearer_auth(KEY)
+            .header("x-mock-chunks", "100")
+            .header("x-mock-delay-ms", "200")
+            .json(&chat_body("echo-1", true))
+            .send()
+            .await
+            .expect("stream starts");
+        assert_eq!(resp.status(), 200);
+        ids.push(
+            resp.headers()["x-request-id"]
+                .to_str()
+                .expect("id")
+                .to_string(),
+        );
+        streams.push(tokio::spawn(async move {
+            let mut resp = resp;
+            while let Ok(Some(_)) = resp.chunk().await {}
+        }));
+    }
+    g.send_signal("-INT");
+    // The first one is taken once the listener stops accepting; the streams go on meanwhile.
+    let addr = g.main.trim_start_matches("http://").to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&addr).is_ok() {
+        assert!(Instant::now() < deadline, "still accepting after SIGINT");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(g.running(), "exited at once");
+    let started = Instant::now();
+    g.send_signal("-INT");
+    let status = tokio::task::block_in_place(|| g.wait());
+    assert!(status.success(), "{status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+    for s in streams {
+        s.await.expect("stream task");
+    }
+    let g = g.restart_stopped();
+    let page: serde_json::Value = get(&g.direct, "/api/usage?limit=100", Some(KEY))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let mut got: Vec<(String, u64)> = page["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|r| {
+            (
+                r["request_id"].as_str().unwrap_or_default().to_string(),
+                r["status"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    got.sort();
+    ids.sort();
+    let want: Vec<(String, u64)> = ids.into_iter().map(|id| (id, 503)).collect();
+    assert_eq!(got, want, "{page}");
+}
+
 /// Requests that hold the shutdown on the client's side: an upload that stalls half way, and
 /// a stream whose client stops reading (the gateway's write to it waits). The shutdown ends
 /// them too after the grace period, each with its record.

@@ -385,9 +385,23 @@ impl Gateway {
 
     /// Sends a signal (`-TERM`, `-INT`, …) and waits for the process to exit.
     pub fn signal(&mut self, sig: &str) -> std::process::ExitStatus {
+        self.send_signal(sig);
+        self.wait()
+    }
+
+    /// Sends a signal (`-TERM`, `-INT`, …) without waiting.
+    pub fn send_signal(&self, sig: &str) {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args([sig, &pid]).status();
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
         self.child.wait().expect("wait")
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("wait").is_none()
     }
 
     /// Stops it with SIGTERM and starts it again on the same folder (same store) and ports.
