@@ -202,8 +202,12 @@ pub(super) fn aggregate<'a>(
 
 /// Adds a batch to the rollups, inside the writer's transaction. A row's histogram is merged
 /// with the stored one here (the writer is the only one writing, so read-then-write holds).
-pub(super) fn add_batch(tx: &Transaction<'_>, batch: &[UsageRecord]) -> Result<(), String> {
-    let err = |what: &str, e: rusqlite::Error| format!("usage store: rollup {what}: {e}");
+pub(super) fn add_batch(
+    tx: &Transaction<'_>,
+    batch: &[UsageRecord],
+) -> Result<(), super::engine::WriteError> {
+    let err =
+        |what: &str, e: rusqlite::Error| super::sqlite::write_err(&format!("rollup {what}"), e);
     let mut select = tx
         .prepare_cached(SELECT_LATENCY)
         .map_err(|e| err("prepare", e))?;
@@ -268,11 +272,11 @@ pub(super) fn backfill(conn: &mut Connection) -> Result<(), String> {
             read_row(row, &mut rec).map_err(err)?;
             chunk.push(rec.clone());
             if chunk.len() == 65_536 {
-                add_batch(&tx, &chunk)?;
+                add_batch(&tx, &chunk).map_err(|e| e.msg)?;
                 chunk.clear();
             }
         }
-        add_batch(&tx, &chunk)?;
+        add_batch(&tx, &chunk).map_err(|e| e.msg)?;
     }
     tx.commit().map_err(err)
 }

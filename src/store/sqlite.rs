@@ -100,6 +100,22 @@ fn db_err(what: &str, e: rusqlite::Error) -> String {
     format!("usage store: {what}: {e}")
 }
 
+/// A failed write of a batch. Transient when waiting can mend it: the lock held by another
+/// connection, a full disk, a read-only or failing file system, a file that cannot be opened.
+/// The batch then waits in the spool (on its own file system, it has room where the database
+/// has none) and is tried again, rather than being counted lost.
+pub(super) fn write_err(what: &str, e: rusqlite::Error) -> super::engine::WriteError {
+    use rusqlite::ErrorCode::*;
+    let transient = matches!(
+        e.sqlite_error_code(),
+        Some(DatabaseBusy | DatabaseLocked | DiskFull | SystemIoFailure | ReadOnly | CannotOpen)
+    );
+    super::engine::WriteError {
+        msg: db_err(what, e),
+        transient,
+    }
+}
+
 /// Opens (creating if needed) the database the writer thread owns, in WAL mode so readers
 /// never wait on it; `synchronous=NORMAL` is durable across process crashes in WAL mode and only
 /// risks the last commits on power loss, the usual trade for a usage log.
@@ -175,18 +191,18 @@ fn migrate_rowid_table(conn: &mut Connection) -> Result<(), String> {
 
 /// The `seq` the next insert takes: kept in `usage_seq`, or one past the largest in the table
 /// (once, for a table that has none yet).
-fn next_seq(tx: &Connection) -> Result<i64, String> {
+fn next_seq(tx: &Connection) -> Result<i64, super::engine::WriteError> {
     let kept: Option<i64> = tx
         .query_row("SELECT next FROM usage_seq WHERE id = 0", [], |r| r.get(0))
         .optional()
-        .map_err(|e| db_err("reading usage_seq", e))?;
+        .map_err(|e| write_err("reading usage_seq", e))?;
     match kept {
         Some(n) => Ok(n),
         None => tx
             .query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM usage", [], |r| {
                 r.get(0)
             })
-            .map_err(|e| db_err("reading the largest seq", e)),
+            .map_err(|e| write_err("reading the largest seq", e)),
     }
 }
 
@@ -261,22 +277,13 @@ pub(super) fn insert_batch(
 ) -> Result<(), super::engine::WriteError> {
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(|e| {
-            let transient = matches!(
-                e.sqlite_error_code(),
-                Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
-            );
-            super::engine::WriteError {
-                msg: db_err("begin", e),
-                transient,
-            }
-        })?;
+        .map_err(|e| write_err("begin", e))?;
     let mut spend: HashMap<&str, (f64, i64)> = HashMap::new();
     let mut seq = next_seq(&tx)?;
     {
         let mut insert = tx
             .prepare_cached(INSERT)
-            .map_err(|e| db_err("prepare insert", e))?;
+            .map_err(|e| write_err("prepare insert", e))?;
         for r in batch {
             insert
                 .execute(params![
@@ -300,7 +307,7 @@ pub(super) fn insert_batch(
                     r.attempts,
                     r.served_model,
                 ])
-                .map_err(|e| db_err("insert", e))?;
+                .map_err(|e| write_err("insert", e))?;
             seq += 1;
             if seq % YIELD_EVERY == 0 {
                 // Requests sharing this core wait at most this many rows for it.
@@ -312,18 +319,18 @@ pub(super) fn insert_batch(
         }
         let mut upsert = tx
             .prepare_cached(SPEND_UPSERT)
-            .map_err(|e| db_err("prepare spend", e))?;
+            .map_err(|e| write_err("prepare spend", e))?;
         for (key, (cost, last)) in spend {
             upsert
                 .execute(params![key, cost, last])
-                .map_err(|e| db_err("spend", e))?;
+                .map_err(|e| write_err("spend", e))?;
         }
     }
     tx.prepare_cached("INSERT OR REPLACE INTO usage_seq (id, next) VALUES (0, ?1)")
         .and_then(|mut s| s.execute(params![seq]))
-        .map_err(|e| db_err("usage_seq", e))?;
+        .map_err(|e| write_err("usage_seq", e))?;
     super::rollup::add_batch(&tx, batch)?;
-    Ok(tx.commit().map_err(|e| db_err("commit", e))?)
+    tx.commit().map_err(|e| write_err("commit", e))
 }
 
 /// Deletes at most one chunk of rows older than `cutoff_ms`; returns how many went. The
@@ -605,6 +612,61 @@ mod tests {
             (stats.written, stats.write_errors, stats.spool_bytes),
             (101, 0, 0)
         );
+    }
+
+    #[test]
+    fn a_full_database_is_a_transient_failure_and_the_batch_is_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut conn = open_writer(&dir.path().join("u.db")).unwrap();
+        // No page more than it has: the next batch finds the "disk" full.
+        let pages: i64 = conn
+            .query_row("PRAGMA page_count", [], |r| r.get(0))
+            .unwrap();
+        conn.pragma_update(None, "max_page_count", pages).unwrap();
+        let batch: Vec<UsageRecord> = (0..2_000)
+            .map(|i| sample_record(i, "k", 1_000 + i as i64))
+            .collect();
+        let e = insert_batch(&mut conn, &batch).unwrap_err();
+        assert!(e.transient, "{}", e.msg);
+        assert!(e.msg.contains("full"), "{}", e.msg);
+        // Room again: the same batch commits whole.
+        conn.pragma_update(None, "max_page_count", 1_000_000_000)
+            .unwrap();
+        insert_batch(&mut conn, &batch).unwrap();
+        let n: i64 = conn
+            .query_row("SELECT COUNT(*) FROM usage", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, 2_000);
+    }
+
+    /// The database file deleted under the running store: the next batch opens one anew at the
+    /// path, and the readers read that one.
+    #[test]
+    fn a_deleted_database_file_is_opened_anew_and_read_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.db");
+        let store = Store::open(&path, StoreOptions::default()).unwrap();
+        let all = Query {
+            key_id: None,
+            start_ms: 0,
+            end_ms: i64::MAX,
+            limit: 100,
+            ..Query::default()
+        };
+        store.record(sample_record(0, "k", 1_000));
+        assert!(store.flush(Duration::from_secs(10)));
+        assert_eq!(store.query(&all).unwrap().records.len(), 1);
+        for f in ["u.db", "u.db-wal", "u.db-shm"] {
+            let _ = std::fs::remove_file(dir.path().join(f));
+        }
+        store.record(sample_record(1, "k", 2_000));
+        assert!(store.flush(Duration::from_secs(10)));
+        assert!(path.exists());
+        let got = store.query(&all).unwrap().records;
+        assert_eq!(got.iter().map(|r| r.time_ms).collect::<Vec<_>>(), [2_000]);
+        store.close();
+        let again = Store::open(&path, StoreOptions::default()).unwrap();
+        assert_eq!(again.query(&all).unwrap().records.len(), 1);
     }
 
     #[test]

@@ -4,9 +4,9 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, SyncSender};
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use rusqlite::Connection;
@@ -31,12 +31,60 @@ fn export_workers() -> usize {
 /// waits for the sender (memory stays bounded at about (workers + 2) × 1 MiB).
 const SLICE_CHUNKS: usize = 16;
 
+/// Which file a path names now (device and inode), or None when it names none.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The database file the connections use, and a count of the times it was opened anew: a
+/// connection opened before the last time reads a file no longer at the path.
+#[derive(Default)]
+pub(super) struct DbFile {
+    generation: AtomicU64,
+}
+
+impl DbFile {
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+}
+
 pub(super) struct SqliteWriter {
     conn: Connection,
+    path: PathBuf,
+    id: Option<(u64, u64)>,
+    file: Arc<DbFile>,
+}
+
+impl SqliteWriter {
+    /// Before each batch: the database file deleted or replaced under the running gateway
+    /// (its rows would go on into a file no one can open, and be lost at exit) is opened anew
+    /// at its path, loudly; the readers and the console follow. When that fails, the batch
+    /// waits in the spool.
+    fn follow_the_file(&mut self) -> Result<(), WriteError> {
+        if file_id(&self.path) == self.id {
+            return Ok(());
+        }
+        tracing::error!(
+            path = %self.path.display(),
+            "usage store: the database file was deleted or replaced while in use; opening one \
+             at its path (what was written to the old file since went with it)"
+        );
+        let conn = sqlite::open_writer(&self.path).map_err(|msg| WriteError {
+            msg,
+            transient: true,
+        })?;
+        self.conn = conn;
+        self.id = file_id(&self.path);
+        self.file.generation.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
 }
 
 impl BatchWriter for SqliteWriter {
     fn insert_batch(&mut self, batch: &[UsageRecord]) -> Result<(), WriteError> {
+        self.follow_the_file()?;
         sqlite::insert_batch(&mut self.conn, batch)
     }
 
@@ -55,7 +103,9 @@ impl BatchWriter for SqliteWriter {
 
 pub(super) struct SqliteEngine {
     path: PathBuf,
-    readers: Mutex<Vec<Connection>>,
+    file: Arc<DbFile>,
+    /// Idle readers, each with the file generation it was opened on.
+    readers: Mutex<Vec<(u64, Connection)>>,
     closed: AtomicBool,
     console: SqliteConsole,
 }
@@ -65,14 +115,22 @@ impl SqliteEngine {
     /// 5 s) and its schema; returns the engine and the writer thread's connection.
     pub fn open(path: &Path) -> Result<(SqliteEngine, SqliteWriter), String> {
         let conn = sqlite::open_writer(path)?;
-        let console = SqliteConsole::open(path)?;
+        let file = Arc::new(DbFile::default());
+        let console = SqliteConsole::open(path, file.clone())?;
         let engine = SqliteEngine {
             path: path.to_path_buf(),
+            file: file.clone(),
             readers: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             console,
         };
-        Ok((engine, SqliteWriter { conn }))
+        let writer = SqliteWriter {
+            conn,
+            path: path.to_path_buf(),
+            id: file_id(path),
+            file,
+        };
+        Ok((engine, writer))
     }
 
     /// Runs `f` on a pooled read-only connection (opened on demand); a connection that saw an
@@ -81,16 +139,17 @@ impl SqliteEngine {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        let generation = self.file.generation();
         let pooled = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let conn = match pooled {
-            Some(c) => c,
-            None => sqlite::open_reader(&self.path).map_err(StoreError)?,
+            Some((g, c)) if g == generation => c,
+            _ => sqlite::open_reader(&self.path).map_err(StoreError)?,
         };
         let out = f(&conn);
         if out.is_ok() && !self.closed.load(Ordering::SeqCst) {
             let mut pool = self.readers.lock().unwrap_or_else(|e| e.into_inner());
             if pool.len() < READER_POOL {
-                pool.push(conn);
+                pool.push((generation, conn));
             }
         }
         out
