@@ -531,6 +531,68 @@ async fn records_spooled_at_a_stop_are_written_at_the_next_start() {
     await_rows(&pg, &ids, Duration::from_secs(15));
 }
 
+/// Postgres that stops answering without closing its connections (its processes frozen, as a
+/// host gone quiet behind a live kernel): the gateway answers on, its records go to the spool
+/// once a batch has waited 10 s, a SIGTERM exits at once instead of waiting on the database
+/// for good, and the records are all written, once each, when it answers again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_that_stops_answering_holds_no_record_and_no_shutdown() {
+    let pg = Postgres::start();
+    let mut g = start_with(Setup {
+        extra_config: pg_config(&pg),
+        ..Setup::default()
+    });
+    let body = chat_body("echo-1", false);
+    let main = g.main.clone();
+    let chat = || send(&main, "/v1/chat/completions", Some(KEY), &body, &[]);
+    let mut ids: HashSet<String> = request_ids(vec![chat().await]).await.into_iter().collect();
+    await_rows(&pg, &ids, Duration::from_secs(15));
+    // Every server process of the gateway's connections, frozen.
+    let pids: Vec<i32> = common::pg::off_runtime(|| {
+        pg.client()
+            .query(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = 'modelgate'",
+                &[],
+            )
+            .expect("pids")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    });
+    assert!(!pids.is_empty());
+    let signal = |sig: &str| {
+        for pid in &pids {
+            let _ = std::process::Command::new("kill")
+                .args([sig, &pid.to_string()])
+                .status();
+        }
+    };
+    signal("-STOP");
+    for _ in 0..20 {
+        ids.extend(request_ids(vec![chat().await]).await);
+    }
+    let spooled = || {
+        std::fs::read_to_string(g.dir.path().join("usage-spool.jsonl"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while spooled() < 20 {
+        assert!(Instant::now() < deadline, "{} records spooled", spooled());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = Instant::now();
+    assert!(tokio::task::block_in_place(|| g.terminate()).success());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    signal("-CONT");
+    let _g = g.restart_stopped();
+    await_rows(&pg, &ids, Duration::from_secs(15));
+}
+
 /// Keys kept in Postgres (`[keys] source = "postgres"`): a key imported from a file works on
 /// every gateway without its secret in the table; a key created in one gateway's console
 /// works on the other within a second, and so does its revocation; the audit log is shared.

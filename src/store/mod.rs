@@ -7,6 +7,7 @@ pub mod console;
 pub mod record;
 pub mod rollup;
 
+mod bounded;
 mod engine;
 mod postgres;
 mod query;
@@ -125,6 +126,10 @@ pub fn check_postgres_url(url: &str) -> Result<(), String> {
     postgres::config(url).map(drop)
 }
 
+/// The longest a database server is waited for on one batch before the batch goes to the
+/// spool (see `bounded`).
+const DB_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 impl Store {
     /// The embedded store: creates parent folders, opens/creates the SQLite file (WAL,
     /// synchronous=NORMAL, busy_timeout 5 s) and its schema, starts the writer thread.
@@ -138,6 +143,7 @@ impl Store {
     /// server is away.
     pub fn open_postgres(url: &str, opts: StoreOptions) -> Result<Arc<Store>, String> {
         let (engine, writer) = postgres::PgEngine::open(url)?;
+        let writer = bounded::Bounded::new(writer, DB_WRITE_LIMIT)?;
         Store::start(Arc::new(engine), Box::new(writer), opts)
     }
 

@@ -244,12 +244,22 @@ fn store_failed(request_id: &str, e: &StoreError) -> GatewayError {
 }
 
 /// Runs a blocking store read off the proxy's runtime.
+/// A database server that stops answering holds a read for good; past it the request is
+/// answered (500) rather than held (the read itself ends when the server answers).
+pub const STORE_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .unwrap_or_else(|e| Err(StoreError(format!("usage store: reader task: {e}"))))
+    match tokio::time::timeout(STORE_READ_LIMIT, tokio::task::spawn_blocking(f)).await {
+        Ok(done) => {
+            done.unwrap_or_else(|e| Err(StoreError(format!("usage store: reader task: {e}"))))
+        }
+        Err(_) => Err(StoreError(format!(
+            "usage store: no answer within {} s",
+            STORE_READ_LIMIT.as_secs()
+        ))),
+    }
 }
 
 fn now_unix() -> i64 {

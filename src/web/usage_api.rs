@@ -227,11 +227,18 @@ pub async fn send_csv(
     loop {
         let next = tokio::select! {
             biased;
-            c = rx.recv() => c,
+            c = tokio::time::timeout(super::STORE_READ_LIMIT, rx.recv()) => c,
             () = crate::lifecycle::cut(bound.life) => {
                 ex.status = GatewayError::ShuttingDown.status();
                 return Err(crate::respond::shutdown_cut());
             }
+        };
+        let Ok(next) = next else {
+            let e = crate::store::StoreError(format!(
+                "usage store: no rows within {} s",
+                super::STORE_READ_LIMIT.as_secs()
+            ));
+            return export_failed(session, ex, &e);
         };
         let Some(chunk) = next else { break };
         let write = session.write_response_body(Some(chunk), false);
@@ -254,18 +261,24 @@ pub async fn send_csv(
                 .await
                 .inspect_err(|e| ex.status = cut_status(e))
         }
-        Err(e) => {
-            tracing::error!(request_id = %ex.request_id, "usage export failed: {e}");
-            // The header is out: all that is left is to cut the reply so it cannot look
-            // complete. An error ends it without its final chunk (a return would finish it).
-            ex.status = 500;
-            session.as_downstream_mut().set_keepalive(None);
-            Err(pingora_error::Error::explain(
-                pingora_error::ErrorType::InternalError,
-                "the usage export failed",
-            ))
-        }
+        Err(e) => export_failed(session, ex, &e),
     }
+}
+
+/// An export that failed after its header went: all that is left is to cut the reply so it
+/// cannot look complete. An error ends it without its final chunk (a return would finish it).
+fn export_failed(
+    session: &mut Session,
+    ex: &mut Exchange,
+    e: &crate::store::StoreError,
+) -> pingora_error::Result<()> {
+    tracing::error!(request_id = %ex.request_id, "usage export failed: {e}");
+    ex.status = 500;
+    session.as_downstream_mut().set_keepalive(None);
+    Err(pingora_error::Error::explain(
+        pingora_error::ErrorType::InternalError,
+        "the usage export failed",
+    ))
 }
 
 /// The status of an export whose write failed: the shutdown's cut, or a client that left or
