@@ -243,6 +243,41 @@ async fn a_budget_holds_across_the_fleet() {
     }
 }
 
+/// Redis restarted empty (its spend figures gone): a key that spent its budget stays refused,
+/// the gateway's own figure counting as much as Redis's (it took Redis's alone, and let the
+/// key on until the figures were filled again).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_spent_budget_stays_refused_when_redis_comes_back_empty() {
+    let redis = Redis::start();
+    let gs = fleet(&redis, "");
+    let g = &gs[0];
+    // priced-model costs 12.5 a request; "budgeted" has 10.
+    let body = chat_body("priced-model", false);
+    let status = || async {
+        send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(common::BUDGET_KEY),
+            &body,
+            &[],
+        )
+        .await
+        .status()
+        .as_u16()
+    };
+    assert_eq!(status().await, 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while status().await != 402 {
+        assert!(Instant::now() < deadline, "the budget never ran out");
+    }
+    let _: () = redis::cmd("FLUSHALL")
+        .query(&mut redis.conn())
+        .expect("flush");
+    for _ in 0..5 {
+        assert_eq!(status().await, 402);
+    }
+}
+
 /// Redis killed: with `on_redis_down = "local"` requests go on under each gateway's own limits
 /// (counted in the metrics); Redis back: limits are shared again.
 #[tokio::test(flavor = "multi_thread")]
