@@ -144,13 +144,16 @@ async fn both_listeners_speak_https_with_http2_and_http1_streaming_included() {
     let page = h2.get(format!("{direct}/")).send().await.expect("page");
     assert_eq!(page.status(), 200);
     assert_eq!(page.version(), reqwest::Version::HTTP_2);
+    // A browser's sign-in names the page's origin; HTTP/2 carries the host as :authority.
     let login = h2
         .post(format!("{main}/console/login"))
+        .header("origin", &main)
         .json(&json!({"user": "admin", "password": CONSOLE_PW}))
         .send()
         .await
         .expect("login");
     assert_eq!(login.status(), 204);
+    assert_eq!(login.version(), reqwest::Version::HTTP_2);
     let cookie = login.headers()["set-cookie"].to_str().expect("cookie");
     for part in ["; Secure", "; HttpOnly", "; SameSite=Strict"] {
         assert!(cookie.contains(part), "{part} missing: {cookie}");

@@ -89,8 +89,13 @@ fn origin_is_absent_or_same(session: &Session) -> bool {
     origin_matches(session, origin)
 }
 
+/// The page's origin is this listener's scheme and the host the browser asked for: its `Host`
+/// header, or over HTTP/2 (which has none) the request's `:authority`.
 fn origin_matches(session: &Session, origin: &str) -> bool {
-    let host = header(session, "host").unwrap_or("");
+    let req = session.req_header();
+    let host = header(session, "host")
+        .or_else(|| req.uri.authority().map(|a| a.as_str()))
+        .unwrap_or("");
     let scheme = if is_tls(session) { "https" } else { "http" };
     !host.is_empty() && origin.eq_ignore_ascii_case(&format!("{scheme}://{host}"))
 }
