@@ -369,3 +369,37 @@ async fn limit_counters_of_a_key_that_survives_a_reload_are_kept() {
         "the window survived the reload"
     );
 }
+
+/// An address throttled for wrong keys goes on using the key it used before (one client with a
+/// wrong key must not lock out the others behind its NAT), also after a keys reload.
+#[tokio::test]
+async fn a_key_used_from_a_throttled_address_works_on_after_a_reload() {
+    let g = start();
+    assert_eq!(chat(&g.main, KEY).await.status(), 200);
+    for i in 0..11 {
+        let status = chat(&g.main, &format!("sk-test-wrong-{i:04}"))
+            .await
+            .status();
+        assert!(status == 401 || status == 429, "{status}");
+    }
+    assert_eq!(chat(&g.main, OTHER_KEY).await.status(), 429, "throttled");
+    assert_eq!(chat(&g.main, KEY).await.status(), 200);
+    std::fs::write(
+        g.dir.path().join("keys.toml"),
+        keys_with(
+            g.dir.path(),
+            "[[keys]]\nid = \"after\"\nsecret = \"sk-test-after-0600\"\n",
+        ),
+    )
+    .expect("write");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric_value(&g, "modelgate_keys_reloads_total").await < 1.0 {
+        assert!(Instant::now() < deadline, "no reload");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        chat(&g.main, KEY).await.status(),
+        200,
+        "locked out by the reload"
+    );
+}

@@ -73,6 +73,18 @@ impl KeyTable {
     pub fn is_empty(&self) -> bool {
         self.by_hash.is_empty()
     }
+    /// What the keys of `before` learned while in force, kept by the same keys here (a key's
+    /// `last_client`: a reload must not lock a key out behind a throttled address).
+    pub fn carry_over(&self, before: &KeyTable) {
+        use std::sync::atomic::Ordering::Relaxed;
+        for (h, key) in &self.by_hash {
+            if let Some(old) = before.by_hash.get(h) {
+                key.last_client
+                    .store(old.last_client.load(Relaxed), Relaxed);
+            }
+        }
+    }
+
     pub fn get_by_hash(&self, h: &[u8; 32]) -> Option<&Arc<Key>> {
         self.by_hash.get(h)
     }
