@@ -517,6 +517,29 @@ async fn usage_models_and_sessions_across_a_restart() {
     let pools = models["pools"].to_string();
     assert!(!pools.contains(POOL_KEY), "no credential: {pools}");
     assert!(pools.contains("\"has_api_key\":true"));
+    // A model the config file gains shows once it is in force (the tab showed the models of
+    // the start).
+    let path = g.dir.path().join("modelgate.toml");
+    let config = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        format!("{config}\n[[models]]\nname = \"late-model\"\npool = \"local\"\n"),
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let models: Value = c.get("/console/api/models").await.json().await.unwrap();
+        if models["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "late-model")
+        {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{models}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     // A usage key cannot reach the console's API, and the console's session is kept over a restart.
     assert_eq!(
         error_of(get(&g.main, "/console/api/usage", Some(KEY)).await)

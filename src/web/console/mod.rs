@@ -230,10 +230,13 @@ async fn models(
     session: &mut Session,
     ex: &mut Exchange,
 ) -> pingora_error::Result<()> {
-    let c = &shared.live.config;
-    let pools: Vec<Value> = c
+    // The router in force: a reload's models, prices and pools show at once.
+    let snapshot = shared.live.snapshot();
+    let router = &snapshot.router;
+    let pools: Vec<Value> = router
         .pools
         .iter()
+        .map(|p| &p.cfg)
         .map(|p| {
             json!({
                 "name": p.name,
@@ -244,9 +247,10 @@ async fn models(
             })
         })
         .collect();
-    let models: Vec<Value> = c
-        .models
+    let models: Vec<Value> = router
+        .ordered
         .iter()
+        .map(|r| &r.model)
         .map(|m| {
             json!({
                 "name": m.name,
