@@ -84,6 +84,27 @@ def test_sign_in_wrong_then_right_and_out(console):
     expect(console.get_by_role("button", name="Sign in")).to_be_visible()
 
 
+def test_a_new_secret_goes_with_sign_out_and_a_failed_sign_out_says_so(console):
+    sign_in(console)
+    console.get_by_label("Key ID").fill("shown-once")
+    console.get_by_role("button", name="Create key").click()
+    expect(console.locator("#secret-box")).to_be_visible()
+    secret = console.locator("#secret").inner_text()
+    # The gateway cannot be reached: the session stays, and the page says so.
+    console.route("**/console/logout", lambda route: route.abort())
+    console.get_by_role("button", name="Sign out").click()
+    expect(console.locator("#status")).to_contain_text("Not signed out")
+    expect(console.locator("#app")).to_be_visible()
+    console.unroute("**/console/logout")
+    console.get_by_role("button", name="Sign out").click()
+    expect(console.get_by_role("button", name="Sign in")).to_be_visible()
+    assert secret not in console.content()
+    sign_in(console)
+    expect(console.locator("#keys tbody")).to_contain_text("shown-once")
+    expect(console.locator("#secret-box")).to_be_hidden()
+    assert secret not in console.content()
+
+
 def test_a_key_made_in_the_console_works_then_is_limited_and_revoked(console, gateway):
     sign_in(console)
     expect(console.locator("#keys tbody")).to_contain_text("full")

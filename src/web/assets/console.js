@@ -38,6 +38,8 @@
   }
 
   function showLogin(message) {
+    // A new secret is shown once, to whoever made it: never to the next one to sign in here.
+    hideSecret();
     $("app").hidden = true;
     $("who").hidden = true;
     $("login").hidden = false;
@@ -84,7 +86,16 @@
   }
 
   async function signOut() {
-    try { await call("POST", "/console/logout"); } catch (_) { /* the session is gone either way */ }
+    try {
+      await call("POST", "/console/logout");
+    } catch (e) {
+      // A session already ended shows the sign-in (`call`); any other failure leaves the
+      // session in force, and saying "Signed out" would be untrue.
+      if (!$("app").hidden) {
+        say(`Not signed out: ${e.message} You are still signed in.`, "error");
+        return;
+      }
+    }
     state.csrf = "";
     showLogin("Signed out.");
   }
@@ -175,9 +186,14 @@
     $("secret-box").hidden = false;
   }
 
+  function hideSecret() {
+    $("secret").textContent = "";
+    $("secret-box").hidden = true;
+  }
+
   async function saveKey(ev) {
     ev.preventDefault();
-    $("secret-box").hidden = true;
+    hideSecret();
     const fields = formFields();
     try {
       if (state.editing) {
@@ -333,6 +349,7 @@
   }
 
   async function showTab(name) {
+    hideSecret();
     for (const b of document.querySelectorAll("[data-tab]")) b.classList.toggle("active", b.dataset.tab === name);
     for (const t of ["keys", "usage", "models", "audit"]) $(`tab-${t}`).hidden = t !== name;
     say("");
