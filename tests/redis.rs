@@ -243,6 +243,47 @@ async fn a_budget_holds_across_the_fleet() {
     }
 }
 
+/// Redis that stalls past `redis_timeout_ms` (frozen; it runs what was sent once it resumes):
+/// the requests go on under local limits, and the admissions the gateway gave up on leave no
+/// concurrency slot or request taken behind them (they locked the key out for the leases' 30 s).
+#[tokio::test(flavor = "multi_thread")]
+async fn admissions_given_up_on_a_stalled_redis_take_no_slot_once_it_resumes() {
+    let redis = Redis::start();
+    let gs = fleet(&redis, "");
+    assert_eq!(chat(&gs[0].main, common::CONC_KEY).await.status(), 200);
+    redis.signal("-STOP");
+    // max_concurrent = 2: two admissions sent to the frozen Redis, each given up on.
+    for _ in 0..2 {
+        assert_eq!(chat(&gs[0].main, common::CONC_KEY).await.status(), 200);
+    }
+    redis.signal("-CONT");
+    let leases = || {
+        let mut c = redis.conn();
+        c.zcard::<_, u64>("mg:{conc}:lease").expect("zcard")
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while leases() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} slots held by nothing",
+            leases()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        // Redis is tried again a second after it failed.
+        let s = chat(&gs[1].main, common::CONC_KEY).await.status();
+        let used: bool = redis.conn().exists("mg:{conc}:gone").expect("exists");
+        assert!(used, "nothing was given up on");
+        if s == 200 && metric(&gs[1], "modelgate_limits_fallback_total").await == 0.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "status {s}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Redis restarted empty (its spend figures gone): a key that spent its budget stays refused,
 /// the gateway's own figure counting as much as Redis's (it took Redis's alone, and let the
 /// key on until the figures were filled again).

@@ -35,12 +35,16 @@ const LEASE: Duration = Duration::from_secs(30);
 const RENEW_EVERY: Duration = Duration::from_secs(10);
 /// After a failure Redis is tried again after this (requests meanwhile fall back at once).
 const RETRY: Duration = Duration::from_secs(1);
+/// Tries of an `UNDO`, a `RETRY` apart: within the two minutes its mark lasts.
+const UNDO_TRIES: usize = 100;
 
-/// KEYS: requests, tokens, token sum, leases, spend. ARGV: rpm, tpm, max_concurrent (0 =
-/// none), member (the request id), lease ms. Returns {refusal ("" when admitted), retry_after
-/// ms, requests in window, requests reset ms, tokens in window, tokens reset ms, spend, slots
-/// taken (this request's own included; -1 when concurrency was not looked at)}.
+/// KEYS: requests, tokens, token sum, leases, spend, given up. ARGV: rpm, tpm, max_concurrent
+/// (0 = none), member (the request id), lease ms. Returns {refusal ("" when admitted, "gone"
+/// when the gateway gave up on this admission: see `UNDO`), retry_after ms, requests in
+/// window, requests reset ms, tokens in window, tokens reset ms, spend, slots taken (this
+/// request's own included; -1 when concurrency was not looked at)}.
 const ADMIT: &str = r"
+if redis.call('ZSCORE', KEYS[6], ARGV[4]) then return {'gone', 0, 0, 0, 0, 0, '0', -1} end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local win = 60000
@@ -133,6 +137,22 @@ if tonumber(ARGV[1]) > cur then redis.call('SET', KEYS[1], ARGV[1]) end
 return 1
 ";
 
+/// KEYS: requests, leases, given up. ARGV: member. An admission the gateway gave up on (Redis
+/// did not answer in time; the request went on under local limits) is taken back: its request
+/// and lease are removed, and it is marked given up for two minutes, so that an admission
+/// still queued in a stalled Redis, run after this, does nothing. Either order leaves no
+/// trace, so a slow Redis costs no key its allowance.
+const UNDO: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+redis.call('ZADD', KEYS[3], now + 120000, ARGV[1])
+redis.call('PEXPIRE', KEYS[3], 120000)
+return 1
+";
+
 /// KEYS: leases. ARGV: lease ms, member. A lease still held gets a new expiry.
 const RENEW: &str = r"
 local t = redis.call('TIME')
@@ -142,9 +162,9 @@ redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 1
 ";
 
-fn keys_of(id: &str) -> [String; 5] {
+fn keys_of(id: &str) -> [String; 6] {
     // One hash tag per key: a Redis Cluster keeps a key's counters on one node.
-    ["req", "tok", "toksum", "lease", "spend"].map(|k| format!("mg:{{{id}}}:{k}"))
+    ["req", "tok", "toksum", "lease", "spend", "gone"].map(|k| format!("mg:{{{id}}}:{k}"))
 }
 
 /// The answer for one admission.
@@ -186,6 +206,7 @@ pub struct SharedLimits {
     ended: Script,
     reconcile: Script,
     renew: Script,
+    undo: Script,
     pub on_down: OnDown,
     down: AtomicBool,
     /// Unix ms after which a down Redis is tried again.
@@ -238,6 +259,7 @@ impl SharedLimits {
             ended: Script::new(ENDED),
             reconcile: Script::new(RECONCILE),
             renew: Script::new(RENEW),
+            undo: Script::new(UNDO),
             on_down,
             down: AtomicBool::new(false),
             retry_at_ms: AtomicU64::new(0),
@@ -323,11 +345,17 @@ impl SharedLimits {
                 Ok(v) => v,
                 Err(e) => {
                     self.failed(&e);
+                    if key.rpm.is_some() || key.max_concurrent.is_some() {
+                        self.undo(&key.id, request_id);
+                    }
                     return Err(());
                 }
             };
         self.answered();
         let (refusal, retry, used, req_reset, tok_sum, tok_reset, spend, taken) = out;
+        if refusal == "gone" {
+            return Err(());
+        }
         let dur = |v: i64| Duration::from_millis(u64::try_from(v).unwrap_or(0));
         let mut headroom = Headroom::default();
         if let Some(rpm) = key.rpm.map(u64::from) {
@@ -361,6 +389,25 @@ impl SharedLimits {
             spend: spend.parse().unwrap_or(0.0),
             lease,
         })
+    }
+
+    /// Takes back an admission Redis did not answer in time (`UNDO`), trying again each second
+    /// while Redis does not answer, for as long as the mark lasts. Never waits.
+    fn undo(self: &Arc<Self>, key_id: &str, request_id: &str) {
+        let keys = keys_of(key_id);
+        let member = request_id.to_string();
+        let limits = Arc::clone(self);
+        self.rt.spawn(async move {
+            for _ in 0..UNDO_TRIES {
+                let mut inv = limits.undo.prepare_invoke();
+                inv.key(&keys[0]).key(&keys[3]).key(&keys[5]).arg(&member);
+                let mut c = limits.conn.clone();
+                if inv.invoke_async::<i64>(&mut c).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+        });
     }
 
     /// Counts a reply that ended: its tokens (tpm) and its cost (spend). Never waits.

@@ -107,6 +107,16 @@ impl Redis {
         }
     }
 
+    /// Sends the server a signal (`-STOP` freezes it: connections stay open, nothing is
+    /// answered; `-CONT` resumes it).
+    pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status();
+        }
+    }
+
     /// A synchronous client for checks (use it off the async runtime's threads or briefly).
     pub fn conn(&self) -> redis::Connection {
         redis::Client::open(self.url())
