@@ -74,6 +74,36 @@ pool = "missing"
     }
 }
 
+/// Values that would break the gateway at run time are refused by `check` (and `serve`): a
+/// duration past a week (a grace period near u64::MAX panicked at shutdown), a price that
+/// makes a cost infinite, a model name longer than a request may give.
+#[test]
+fn check_refuses_durations_prices_and_names_out_of_range() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let long = "m".repeat(300);
+    let config = format!(
+        "[listeners]\nmain = \"127.0.0.1:1\"\n[keys]\nfile = \"k.toml\"\n[server]\n\
+         grace_period_seconds = 9223372036854775807\n\n[[pools]]\nname = \"p\"\n\
+         upstreams = [\"http://127.0.0.1:1\"]\ncooldown_ms = 9223372036854775807\n\n\
+         [[models]]\nname = \"{long}\"\npool = \"p\"\n\
+         price = {{ prompt = 1e300, completion = 1.0 }}\n"
+    );
+    std::fs::write(dir.path().join("c.toml"), config).expect("write");
+    std::fs::write(dir.path().join("k.toml"), "").expect("write");
+    let path = dir.path().join("c.toml");
+    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    for needle in [
+        "c.toml:6: grace_period_seconds",
+        "more than a week",
+        "c.toml:11: cooldown_ms",
+        "c.toml:14: models[0].name: longer than 256 bytes",
+        "c.toml:16: models[0].price",
+    ] {
+        assert!(err.contains(needle), "missing `{needle}` in:\n{err}");
+    }
+}
+
 #[test]
 fn check_reports_an_unknown_field_with_its_line() {
     let dir = tempfile::tempdir().expect("tmp");

@@ -245,12 +245,46 @@ struct RawMetrics {
     key_label: Option<bool>,
 }
 
+/// The highest price (credits per 1M tokens, or per request): with the largest token count
+/// believed (1e8), a cost stays a plain number (a price near f64's limit made it infinite,
+/// which spent every budget for good and could not be stored).
+pub const MAX_PRICE: f64 = 1e9;
+
+/// The longest duration the config takes: a week. Every deadline made from one stays far
+/// from overflowing a clock (a `grace_period_seconds` near `u64::MAX` panicked at shutdown).
+const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+fn bounded<'de, D: serde::Deserializer<'de>>(
+    d: D,
+    unit: &str,
+    max: u64,
+) -> Result<Option<u64>, D::Error> {
+    let v = Option::<u64>::deserialize(d)?;
+    match v {
+        Some(n) if n > max => Err(serde::de::Error::custom(format!(
+            "{n} is more than a week: at most {max} {unit}"
+        ))),
+        v => Ok(v),
+    }
+}
+
+/// A duration in milliseconds (`*_ms`), at most `MAX_DURATION`.
+fn duration_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    bounded(d, "ms", MAX_DURATION.as_millis() as u64)
+}
+
+/// A duration in seconds (`*_seconds`), at most `MAX_DURATION`.
+fn duration_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    bounded(d, "seconds", MAX_DURATION.as_secs())
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawCors {
     allow_origins: Vec<String>,
     allow_methods: Option<Vec<String>>,
     allow_headers: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "duration_s")]
     max_age_seconds: Option<u64>,
 }
 
@@ -310,15 +344,25 @@ struct RawPool {
     api_key: Option<Spanned<String>>,
     auth_header: Option<Spanned<String>>,
     strategy: Option<Spanned<String>>,
+    #[serde(default, deserialize_with = "duration_ms")]
     connect_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     read_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     first_byte_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     idle_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     keepalive_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     request_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     health_interval_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     cooldown_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     retry_base_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     retry_cap_ms: Option<u64>,
     max_attempts: Option<Spanned<u32>>,
 }
@@ -370,6 +414,7 @@ struct RawLimits {
     auth_failures_per_minute: Option<usize>,
     redis: Option<Spanned<String>>,
     on_redis_down: Option<Spanned<String>>,
+    #[serde(default, deserialize_with = "duration_ms")]
     redis_timeout_ms: Option<u64>,
 }
 
@@ -377,11 +422,16 @@ struct RawLimits {
 #[serde(deny_unknown_fields)]
 struct RawServer {
     threads: Option<usize>,
+    #[serde(default, deserialize_with = "duration_s")]
     grace_period_seconds: Option<u64>,
     upgrade_sock: Option<String>,
+    #[serde(default, deserialize_with = "duration_ms")]
     client_header_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     client_body_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     client_send_timeout_ms: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
     keepalive_timeout_ms: Option<u64>,
 }
 
@@ -655,6 +705,18 @@ impl Config {
                     format!("duplicate or empty model name '{name}'"),
                 ));
             }
+            if name.len() > crate::route::body::MAX_MODEL_LEN {
+                p.push(Problem::new(
+                    &file,
+                    at(rm.name.span()),
+                    &format!("models[{i}].name"),
+                    format!(
+                        "longer than {} bytes, the longest model name a request may \
+                         give",
+                        crate::route::body::MAX_MODEL_LEN
+                    ),
+                ));
+            }
             if !pool_names.contains(rm.pool.get_ref()) {
                 p.push(Problem::new(
                     &file,
@@ -667,13 +729,13 @@ impl Config {
             if let Some(s) = &rm.price {
                 if [price.prompt, price.completion, price.request]
                     .iter()
-                    .any(|v| !v.is_finite() || *v < 0.0)
+                    .any(|v| !v.is_finite() || *v < 0.0 || *v > MAX_PRICE)
                 {
                     p.push(Problem::new(
                         &file,
                         at(s.span()),
                         &format!("models[{i}].price"),
-                        "prices must be finite and >= 0",
+                        format!("prices must be from 0 to {MAX_PRICE}"),
                     ));
                 }
             }
