@@ -756,6 +756,8 @@ fn a_gateway_whose_postgres_is_unreachable_does_not_start_and_says_why() {
         err.contains("cannot open the usage store postgres") && err.contains("connecting"),
         "{err}"
     );
+    // The cause is named, not only "error connecting to server".
+    assert!(err.contains("Connection refused"), "{err}");
     assert!(!err.contains("hunter2"), "the password in the log: {err}");
 }
 

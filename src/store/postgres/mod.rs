@@ -124,8 +124,19 @@ CREATE TRIGGER keys_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON keys
 
 fn pg_err(what: &str, e: postgres::Error) -> String {
     // The error's text names the server's message; the connection string (and its password)
-    // is never part of it.
-    format!("usage store (postgres): {what}: {e}")
+    // is never part of it. Its causes follow ("error connecting to server" alone hid a
+    // refused connection, an unknown host or database).
+    let mut text = format!("usage store (postgres): {what}: {e}");
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.ends_with(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 impl StoreError {
