@@ -141,8 +141,17 @@ pub fn run() -> ExitCode {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // The file watcher's own trace writes a line per change in the config's folder: a log
+    // kept in that folder would feed itself (millions of lines a minute at RUST_LOG=trace).
+    // Named in RUST_LOG, it is as asked.
+    let named = std::env::var("RUST_LOG").is_ok_and(|v| v.contains("notify"));
+    if !named {
+        if let Ok(d) = "notify=info".parse() {
+            filter = filter.add_directive(d);
+        }
+    }
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -438,3 +438,44 @@ fn plain_modelgate_serves_the_default_config_of_its_working_directory() {
         "the store is the config's"
     );
 }
+
+/// At RUST_LOG=trace with the log kept in the config's folder (`2>> conf/stderr.log`), the
+/// file watcher's own trace of each write to the log was another write: the log fed itself.
+#[test]
+fn a_trace_log_kept_beside_the_config_does_not_feed_itself() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = || common::free_port();
+    let config = format!(
+        "[listeners]\nmain = \"127.0.0.1:{}\"\ndirect = \"127.0.0.1:{}\"\nadmin = \"127.0.0.1:{}\"\n\
+         [keys]\nfile = \"keys.toml\"\n[storage]\nsqlite = \"usage.db\"\n\
+         [[pools]]\nname = \"p\"\nupstreams = [\"http://127.0.0.1:1\"]\nhealth_interval_ms = 0\n\
+         [[models]]\nname = \"m\"\npool = \"p\"\n",
+        port(),
+        port(),
+        port()
+    );
+    std::fs::write(dir.path().join("modelgate.toml"), config).expect("config");
+    std::fs::write(dir.path().join("keys.toml"), "").expect("keys");
+    let log = dir.path().join("stderr.log");
+    let mut child = std::process::Command::new(common::bin())
+        .args(["serve", "--config"])
+        .arg(dir.path().join("modelgate.toml"))
+        .env("RUST_LOG", "trace")
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("serve");
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !read().contains("modelgate starting") {
+        assert!(std::time::Instant::now() < deadline, "{}", read());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // A second of the gateway idle, with the watcher on.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = read();
+    let watcher_lines = text.lines().filter(|l| l.contains("notify")).count();
+    assert_eq!(watcher_lines, 0, "{} bytes of log", text.len());
+}
