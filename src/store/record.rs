@@ -101,8 +101,12 @@ fn csv_field(out: &mut Vec<u8>, s: &[u8]) {
     // A cell a spreadsheet would run as a formula is defused with a leading quote (OWASP:
     // also a leading tab or carriage return, which some spreadsheets skip before the `=`).
     let formula = matches!(s.first(), Some(b'=' | b'+' | b'-' | b'@' | b'\t' | b'\r'));
-    // A byte scan: every delimiter is ASCII, and exports call this five times a row.
-    let quote = s.iter().any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r'));
+    // A byte scan: every delimiter is ASCII, and exports call this five times a row. A `;` or
+    // tab is quoted too: a spreadsheet of a locale that splits on it keeps the cell whole
+    // (`x;=cmd` would otherwise give a cell `=cmd` that runs).
+    let quote = s
+        .iter()
+        .any(|b| matches!(b, b',' | b'"' | b'\n' | b'\r' | b';' | b'\t'));
     if quote {
         out.push(b'"');
     }
@@ -398,7 +402,7 @@ mod tests {
             } else {
                 s.to_string()
             };
-            if s.contains([',', '"', '\n', '\r']) {
+            if s.contains([',', '"', '\n', '\r', ';', '\t']) {
                 format!("\"{}\"", s.replace('"', "\"\""))
             } else {
                 s
@@ -419,6 +423,8 @@ mod tests {
             "\"start",
             "end\"",
             "mid\"dle",
+            "x;=cmd|' /C calc'!A0;y",
+            "a\t=1",
         ] {
             let mut out = Vec::new();
             csv_field(&mut out, s.as_bytes());
@@ -439,7 +445,11 @@ mod tests {
         r.write_csv(&mut out);
         let out = String::from_utf8(out).unwrap();
         assert!(out.contains(",\"'=HYPERLINK(\"\"x\"\")\","), "{out}");
-        for (model, cell) in [("\t=1+1", ",'\t=1+1,"), ("\r=1+1", ",\"'\r=1+1\",")] {
+        for (model, cell) in [
+            ("\t=1+1", ",\"'\t=1+1\","),
+            ("\r=1+1", ",\"'\r=1+1\","),
+            ("x;=1+1", ",\"x;=1+1\","),
+        ] {
             r.model = model.into();
             let mut out = Vec::new();
             r.write_csv(&mut out);
