@@ -25,6 +25,9 @@ pub enum Bucket {
     Quarter,
     Hour,
     Day,
+    /// From Monday 00:00 local.
+    Week,
+    Month,
 }
 
 impl Bucket {
@@ -33,22 +36,28 @@ impl Bucket {
             Bucket::Quarter => "15m",
             Bucket::Hour => "hour",
             Bucket::Day => "day",
+            Bucket::Week => "week",
+            Bucket::Month => "month",
         }
     }
 
-    /// `auto` picks by the range's length: up to 6 h in quarters, up to 3 days in hours.
+    /// `auto` picks by the range's length: up to 6 h in quarters, up to 3 days in hours, up
+    /// to `MAX_BUCKETS` days in days, beyond in months.
     fn parse(v: &str, span_ms: i64) -> Result<Bucket, GatewayError> {
         match v {
             "15m" => Ok(Bucket::Quarter),
             "hour" => Ok(Bucket::Hour),
             "day" => Ok(Bucket::Day),
+            "week" => Ok(Bucket::Week),
+            "month" => Ok(Bucket::Month),
             "auto" | "" if span_ms <= 6 * 3600 * 1000 => Ok(Bucket::Quarter),
             "auto" | "" if span_ms <= 3 * DAY_MS => Ok(Bucket::Hour),
-            "auto" | "" => Ok(Bucket::Day),
+            "auto" | "" if span_ms < (MAX_BUCKETS as i64 - 1) * DAY_MS => Ok(Bucket::Day),
+            "auto" | "" => Ok(Bucket::Month),
             _ => Err(GatewayError::InvalidParameter {
                 param: "bucket",
                 message: format!(
-                    "bucket is auto, 15m, hour or day, not '{}'",
+                    "bucket is auto, 15m, hour, day, week or month, not '{}'",
                     params::shown(v)
                 ),
             }),
@@ -144,6 +153,17 @@ pub fn bucket_starts(r: &Range) -> Result<Vec<i64>, GatewayError> {
             .build()
             .map_err(|_| too_many())?,
         Bucket::Day => z.start_of_day().map_err(|_| too_many())?,
+        Bucket::Week => {
+            let back = i64::from(z.weekday().to_monday_zero_offset());
+            z.start_of_day()
+                .and_then(|d| d.checked_sub(back.days()))
+                .and_then(|d| d.start_of_day())
+                .map_err(|_| too_many())?
+        }
+        Bucket::Month => z
+            .first_of_month()
+            .and_then(|d| d.start_of_day())
+            .map_err(|_| too_many())?,
     };
     loop {
         let ms = at.timestamp().as_millisecond();
@@ -158,6 +178,8 @@ pub fn bucket_starts(r: &Range) -> Result<Vec<i64>, GatewayError> {
             Bucket::Quarter => at.checked_add(15.minutes()),
             Bucket::Hour => at.checked_add(1.hour()),
             Bucket::Day => at.tomorrow().and_then(|d| d.start_of_day()),
+            Bucket::Week => at.checked_add(1.week()).and_then(|d| d.start_of_day()),
+            Bucket::Month => at.checked_add(1.month()).and_then(|d| d.start_of_day()),
         }
         .map_err(|_| too_many())?;
     }
@@ -526,6 +548,38 @@ mod tests {
             "10:00Z, the quarter holding the start"
         );
         assert_eq!(starts.len(), 4);
-        assert!(parse_range(Some("bucket=week"), 0, false).is_err());
+        assert!(parse_range(Some("bucket=year"), 0, false).is_err());
+        // Weeks from Monday 00:00 local (Wednesday 4 March 2026 is in the week of the 2nd),
+        // a week across the DST change 167 hours long.
+        let r = parse_range(
+            Some("start=2026-03-04&end=2026-03-20&tz=America/New_York&bucket=week"),
+            0,
+            false,
+        )
+        .unwrap();
+        let starts = bucket_starts(&r).unwrap();
+        let day = |ms: i64, tz: &TimeZone| {
+            jiff::Timestamp::from_millisecond(ms)
+                .unwrap()
+                .to_zoned(tz.clone())
+                .to_string()
+        };
+        assert!(
+            day(starts[0], &r.tz).starts_with("2026-03-02T00:00:00-05:00"),
+            "{}",
+            day(starts[0], &r.tz)
+        );
+        assert_eq!(starts.len(), 3);
+        assert_eq!(starts[1] - starts[0], 167 * 3_600_000);
+        // Ten years: more days than a chart takes, so auto gives months.
+        let r = parse_range(Some("start=2016-01-15&end=2026-01-15"), 0, false).unwrap();
+        assert_eq!(r.bucket, Bucket::Month);
+        let starts = bucket_starts(&r).unwrap();
+        assert_eq!(starts.len(), 121);
+        assert!(
+            day(starts[1], &r.tz).starts_with("2016-02-01T00:00:00"),
+            "{}",
+            day(starts[1], &r.tz)
+        );
     }
 }
