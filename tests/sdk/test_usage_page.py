@@ -16,7 +16,7 @@ import pytest
 
 from playwright import sync_api as playwright_api
 
-from harness import PAGE_KEY, REPO_ROOT, watch_errors
+from harness import ECHO_ONLY_KEY, PAGE_KEY, REPO_ROOT, watch_errors
 
 MARKUP_MODEL = '<img src=x onerror="window.__xss=1">'
 IST = timezone(timedelta(hours=5, minutes=30))
@@ -183,4 +183,30 @@ def test_a_bad_token_an_empty_range_and_a_failed_request_are_said_in_words(page,
     page.route("**/api/usage/summary**", lambda route: route.abort())
     page.get_by_role("button", name="Last 24 hours").click()
     playwright_api.expect(page.locator("#status")).to_contain_text("The request failed")
+    assert page.locator("#results").is_hidden()
+
+
+def test_load_more_goes_on_with_the_key_queried_and_a_refused_query_hides_the_results(page, gateway):
+    # More records than a page of the list (50) for another key.
+    for _ in range(60):
+        status, _, _ = api(gateway, "/v1/chat/completions", key=ECHO_ONLY_KEY, body={
+            "model": "echo-1", "messages": [{"role": "user", "content": "more"}]})
+        assert status == 200, status
+    deadline = time.monotonic() + 10
+    while len(json.loads(api(gateway, "/api/usage?limit=100", key=ECHO_ONLY_KEY)[1])["data"]) < 60:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    run_query(page, token=ECHO_ONLY_KEY)
+    playwright_api.expect(page.locator("#more")).to_be_visible()
+    # Another token in the field: "Load more" still lists the key that was queried.
+    page.get_by_label("Token", exact=True).fill(PAGE_KEY)
+    page.get_by_role("button", name="Load more").click()
+    page.wait_for_function("document.querySelectorAll('#records tbody tr').length > 50")
+    keys = page.locator("#records tbody tr td:nth-child(3)").all_inner_texts()
+    assert set(keys) == {"echo-only"}, set(keys)
+    # A query the page refuses leaves no earlier results on screen.
+    page.get_by_label("From", exact=True).fill("2026-01-02T00:00:00")
+    page.get_by_label("To", exact=True).fill("2026-01-01T00:00:00")
+    page.get_by_role("button", name="Query").click()
+    playwright_api.expect(page.locator("#status")).to_contain_text("From must be before To.")
     assert page.locator("#results").is_hidden()

@@ -274,6 +274,9 @@
     if (ev) ev.preventDefault();
     try {
       const p = usageParams();
+      // A range that ends in the future ends now for this query: the totals and the records
+      // then count the same requests, however long the paging takes.
+      if (Date.parse(p.end) > Date.now()) p.end = new Date(Math.max(Date.parse(p.start) + 1, Date.now())).toISOString();
       state.range = p;
       say("Loading…");
       const [sum, days] = await Promise.all([
@@ -306,6 +309,9 @@
       await moreRecords();
       say(`Usage of ${p.key_id || "all keys"} loaded.`, "ok");
     } catch (e) {
+      // No results of an earlier query stay under a refused one.
+      $("usage-results").hidden = true;
+      $("usage-empty").hidden = true;
       say(e.message, "error");
     }
   }

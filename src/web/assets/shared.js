@@ -72,17 +72,21 @@ window.MG = (function () {
   };
 
   // A tokens-and-cost chart of summary buckets into `box`, times in `tz`; returns the chart.
+  // It follows its panel's width as the window changes.
   function chart(box, summary, tz, old) {
-    if (old) old.destroy();
+    if (old) {
+      if (old.mgResize) old.mgResize.disconnect();
+      old.destroy();
+    }
     box.replaceChildren();
     if (typeof uPlot !== "function") {
       box.textContent = "The chart library did not load.";
       return null;
     }
     const b = summary.buckets;
-    const panel = box.parentElement.getBoundingClientRect().width;
-    return new uPlot({
-      width: Math.max(320, Math.floor(panel) - 40),
+    const width = () => Math.max(320, Math.floor(box.parentElement.getBoundingClientRect().width) - 40);
+    const u = new uPlot({
+      width: width(),
       height: 260,
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1e3), tz),
       scales: { x: { time: true }, cost: { auto: true } },
@@ -97,6 +101,14 @@ window.MG = (function () {
         { label: "cost", side: 1, scale: "cost", grid: { show: false }, size: 70, values: (u, ticks) => ticks.map(credits) },
       ],
     }, [b.map((x) => x.start_ms / 1000), b.map((x) => x.total_tokens), b.map((x) => x.cost)], box);
+    if (typeof ResizeObserver === "function") {
+      u.mgResize = new ResizeObserver(() => {
+        const w = width();
+        if (w !== u.width) u.setSize({ width: w, height: 260 });
+      });
+      u.mgResize.observe(box.parentElement);
+    }
+    return u;
   }
 
   // The totals of a summary as a facts list.

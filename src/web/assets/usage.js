@@ -10,8 +10,10 @@
   const FIELDS = ["time", "request_id", "key_id", "listener", "endpoint", "model", "status", "stream",
     "prompt_tokens", "completion_tokens", "total_tokens", "cost", "latency_ms", "ttft_ms", "upstream", "estimated", "attempts", "served_model"];
 
-  // tz: the zone the From/To inputs and every time on the page are in.
-  const state = { startMs: 0, endMs: 0, cursor: null, chart: null, shownRange: null, tz: BROWSER_TZ };
+  // tz: the zone the From/To inputs and every time on the page are in. `shown`: the token and
+  // range of the results on the page, so "Load more" goes on with them whatever the inputs
+  // hold by then.
+  const state = { startMs: 0, endMs: 0, cursor: null, chart: null, shownRange: null, tz: BROWSER_TZ, shown: null };
 
   function zone() {
     return state.tz;
@@ -60,10 +62,9 @@
     };
   }
 
-  // Our own API call with the token in the header. Resolves to the Response, or throws an Error
-  // whose message is meant for a person.
-  async function call(path, params) {
-    const token = $("token").value.trim();
+  // Our own API call with the token in the header (the input's, unless given). Resolves to the
+  // Response, or throws an Error whose message is meant for a person.
+  async function call(path, params, token = $("token").value.trim()) {
     let res;
     try {
       res = await fetch(`${path}?${qs(params)}`, {
@@ -145,9 +146,10 @@
   }
 
   async function loadRecords(first) {
-    const params = { ...rangeParams(), order: "desc", limit: PAGE_SIZE };
+    const { token, range } = state.shown;
+    const params = { ...range, order: "desc", limit: PAGE_SIZE };
     if (!first && state.cursor) params.cursor = state.cursor;
-    const res = await call("/api/usage", params);
+    const res = await call("/api/usage", params, token);
     const page = await res.json();
     if (first) $("records").tBodies[0].replaceChildren();
     appendRecords(page.data);
@@ -161,13 +163,24 @@
 
   async function query(ev) {
     if (ev) ev.preventDefault();
-    if (!$("token").value.trim()) { say("Enter a token first.", "error"); $("token").focus(); return; }
+    // Results of an earlier query (maybe another key's) never stay under a refused one.
+    const refuse = (text, focus) => {
+      $("results").hidden = true;
+      state.shown = null;
+      say(text, "error");
+      if (focus) $("token").focus();
+    };
+    if (!$("token").value.trim()) return refuse("Enter a token first.", true);
     const bad = readRange();
-    if (bad) { say(bad, "error"); return; }
+    if (bad) return refuse(bad);
+    // A range that ends in the future ends now for this query: the totals and the records
+    // then count the same requests, however long the paging takes.
+    if (state.endMs > Date.now()) state.endMs = Math.max(state.startMs + 1, Date.now());
+    state.shown = { token: $("token").value.trim(), range: rangeParams() };
     say("Loading…");
     $("query").disabled = true;
     try {
-      const res = await call("/api/usage/summary", { ...rangeParams(), tz: zone() });
+      const res = await call("/api/usage/summary", { ...state.shown.range, tz: zone() }, state.shown.token);
       const summary = await res.json();
       $("results").hidden = false;
       renderKey(summary.key);
@@ -189,6 +202,7 @@
       say(`Usage from ${state.shownRange}.`, "ok");
     } catch (e) {
       $("results").hidden = true;
+      state.shown = null;
       say(e.message, "error");
     } finally {
       $("query").disabled = false;
@@ -196,6 +210,7 @@
   }
 
   async function more() {
+    if (!state.shown) return;
     $("more").disabled = true;
     try { await loadRecords(false); } catch (e) { say(e.message, "error"); } finally { $("more").disabled = false; }
   }
