@@ -274,6 +274,42 @@ async fn state_changes_need_the_same_origin_or_the_csrf_token() {
     assert_eq!(by_token.status(), 200);
 }
 
+/// Behind a TLS-terminating proxy or CDN (`[console] public_origin`): the browser's origin is
+/// the proxy's, https, while the gateway is reached in plain HTTP under another host. Sign-in
+/// and changes from that origin are the console's own, and its cookie is Secure; others stay
+/// refused.
+#[tokio::test]
+async fn behind_a_tls_proxy_the_public_origin_signs_in_with_a_secure_cookie() {
+    let mut setup = console_setup();
+    setup.extra_config += "public_origin = \"https://console.example.com/\"\n";
+    let g = start_with(setup);
+    let sign_in = |origin: &'static str| {
+        client_no_cookies()
+            .post(format!("{}/console/login", g.main))
+            .header("origin", origin)
+            .header("host", "console.example.com")
+            .json(&json!({"user": "admin", "password": PASSWORD}))
+            .send()
+    };
+    let resp = sign_in("https://console.example.com").await.unwrap();
+    assert_eq!(resp.status(), 204);
+    let cookie = resp.headers()["set-cookie"].to_str().unwrap();
+    assert!(cookie.contains("; Secure"), "{cookie}");
+    let session = cookie.split(';').next().unwrap().to_string();
+    let (status, e) = error_of(sign_in("https://evil.example").await.unwrap()).await;
+    assert_eq!((status, e["code"].as_str()), (403, Some("csrf_rejected")), "{e}");
+    // A change from the public origin, without the CSRF token, is the console's own.
+    let made = client_no_cookies()
+        .post(format!("{}/console/api/keys", g.main))
+        .header("origin", "https://console.example.com")
+        .header("cookie", &session)
+        .json(&json!({"id": "via-proxy"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(made.status(), 200, "{:?}", made.text().await);
+}
+
 #[tokio::test]
 async fn a_key_made_in_the_console_works_then_is_limited_disabled_rotated_and_deleted() {
     let g = start_with(console_setup());

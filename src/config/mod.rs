@@ -206,6 +206,10 @@ pub struct ConsoleConfig {
     pub user: String,
     pub password_hash: Option<String>,
     pub password: Option<Secret>,
+    /// The console's address as browsers see it behind a TLS-terminating proxy or CDN
+    /// (`https://console.example.com`): its sign-ins and changes are same-origin, and the
+    /// session cookie is `Secure` when it is https.
+    pub public_origin: Option<String>,
 }
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 25 * 1024 * 1024;
@@ -405,6 +409,7 @@ struct RawConsole {
     user: String,
     password_hash: Option<Spanned<String>>,
     password: Option<Spanned<String>>,
+    public_origin: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -822,10 +827,28 @@ impl Config {
                     "needs `password_hash` or `password`",
                 ));
             }
+            let public_origin = c.public_origin.and_then(|o| {
+                let v = o.get_ref().trim_end_matches('/').to_string();
+                let ok = v.parse::<http::Uri>().is_ok_and(|u| {
+                    matches!(u.scheme_str(), Some("http" | "https"))
+                        && u.authority().is_some()
+                        && u.path_and_query().is_none_or(|p| p.as_str().is_empty() || p == "/")
+                });
+                if !ok {
+                    p.push(Problem::new(
+                        &file,
+                        at(o.span()),
+                        "console.public_origin",
+                        "is not an origin: a scheme and a host, as https://console.example.com",
+                    ));
+                }
+                ok.then_some(v)
+            });
             ConsoleConfig {
                 user: c.user,
                 password_hash: c.password_hash.map(Spanned::into_inner),
                 password,
+                public_origin,
             }
         });
 

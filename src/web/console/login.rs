@@ -81,17 +81,35 @@ fn is_tls(session: &Session) -> bool {
     session.digest().is_some_and(|d| d.ssl_digest.is_some())
 }
 
+/// The session cookie is `Secure` when the browser reaches the console over https: this
+/// listener's TLS, or a proxy's in front (`public_origin`).
+fn secure(session: &Session, console: &ConsoleConfig) -> bool {
+    is_tls(session)
+        || console
+            .public_origin
+            .as_deref()
+            .is_some_and(|o| o.starts_with("https://"))
+}
+
 /// `Origin` is absent, or names this very host and scheme.
-fn origin_is_absent_or_same(session: &Session) -> bool {
+fn origin_is_absent_or_same(session: &Session, console: &ConsoleConfig) -> bool {
     let Some(origin) = header(session, "origin") else {
         return true;
     };
-    origin_matches(session, origin)
+    origin_matches(session, console, origin)
 }
 
-/// The page's origin is this listener's scheme and the host the browser asked for: its `Host`
-/// header, or over HTTP/2 (which has none) the request's `:authority`.
-fn origin_matches(session: &Session, origin: &str) -> bool {
+/// The page's origin is `public_origin` when set, or this listener's scheme and the host the
+/// browser asked for: its `Host` header, or over HTTP/2 (which has none) the request's
+/// `:authority`.
+fn origin_matches(session: &Session, console: &ConsoleConfig, origin: &str) -> bool {
+    if console
+        .public_origin
+        .as_deref()
+        .is_some_and(|o| origin.eq_ignore_ascii_case(o))
+    {
+        return true;
+    }
     let req = session.req_header();
     let host = header(session, "host")
         .or_else(|| req.uri.authority().map(|a| a.as_str()))
@@ -128,8 +146,12 @@ pub async fn current(
 }
 
 /// For a state-changing call: the session, and a same-origin `Origin` or its CSRF token.
-pub fn check_csrf(session: &Session, who: &SignedIn) -> Result<(), GatewayError> {
-    let origin_ok = header(session, "origin").is_some_and(|o| origin_matches(session, o));
+pub fn check_csrf(
+    session: &Session,
+    console: &ConsoleConfig,
+    who: &SignedIn,
+) -> Result<(), GatewayError> {
+    let origin_ok = header(session, "origin").is_some_and(|o| origin_matches(session, console, o));
     let token_ok = header(session, "x-csrf-token")
         .is_some_and(|t| bool::from(t.as_bytes().ct_eq(who.csrf.as_bytes())));
     if origin_ok || token_ok {
@@ -175,7 +197,7 @@ pub async fn login(
             return fail(session, ex, &e).await;
         }
     }
-    if !origin_is_absent_or_same(session) {
+    if !origin_is_absent_or_same(session, console) {
         return fail(session, ex, &GatewayError::CrossSite).await;
     }
     let creds: serde_json::Value = match serde_json::from_slice(body) {
@@ -227,7 +249,11 @@ pub async fn login(
     if let Err(e) = saved {
         return fail(session, ex, &store_failed(&ex.request_id, &e)).await;
     }
-    let secure = if is_tls(session) { "; Secure" } else { "" };
+    let secure = if secure(session, console) {
+        "; Secure"
+    } else {
+        ""
+    };
     let set = format!(
         "{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
         SESSION_MS / 1000

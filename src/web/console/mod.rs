@@ -142,7 +142,7 @@ pub async fn serve(
         Err(e) => return fail(session, ex, &e).await,
     };
     if changes_state(&route) {
-        if let Err(e) = login::check_csrf(session, &who) {
+        if let Err(e) = login::check_csrf(session, &console, &who) {
             return fail(session, ex, &e).await;
         }
     }
