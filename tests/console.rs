@@ -297,7 +297,11 @@ async fn behind_a_tls_proxy_the_public_origin_signs_in_with_a_secure_cookie() {
     assert!(cookie.contains("; Secure"), "{cookie}");
     let session = cookie.split(';').next().unwrap().to_string();
     let (status, e) = error_of(sign_in("https://evil.example").await.unwrap()).await;
-    assert_eq!((status, e["code"].as_str()), (403, Some("csrf_rejected")), "{e}");
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (403, Some("csrf_rejected")),
+        "{e}"
+    );
     // A change from the public origin, without the CSRF token, is the console's own.
     let made = client_no_cookies()
         .post(format!("{}/console/api/keys", g.main))

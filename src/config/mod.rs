@@ -832,7 +832,8 @@ impl Config {
                 let ok = v.parse::<http::Uri>().is_ok_and(|u| {
                     matches!(u.scheme_str(), Some("http" | "https"))
                         && u.authority().is_some()
-                        && u.path_and_query().is_none_or(|p| p.as_str().is_empty() || p == "/")
+                        && u.path_and_query()
+                            .is_none_or(|p| p.as_str().is_empty() || p == "/")
                 });
                 if !ok {
                     p.push(Problem::new(

@@ -35,10 +35,14 @@ impl Problem {
             .map(str::to_string)
             .or_else(|| e.span().and_then(|s| key_at(text, s.start)))
             .unwrap_or_default();
-        let message = e.message().trim().replace(
+        let mut message = e.message().trim().replace(
             "data did not match any variant of untagged enum RawUpstream",
             "an upstream is a URL string or a table { url, weight, api_key }",
         );
+        // A file cut short (`secret = ` and nothing after) leaves toml with no words of its own.
+        if message.is_empty() {
+            message = "is not valid TOML here: a value is missing or cut short".into();
+        }
         Problem::new(file, line, &field, message)
     }
 }
@@ -576,5 +580,14 @@ mod tests {
         let mut t = "x = [1, 2]".to_string();
         blank(&mut t, 8..9, true);
         assert_eq!(t, "x = [1   ]");
+    }
+
+    #[test]
+    fn a_file_cut_short_gets_words() {
+        let text = "[[keys]]\nid = \"a\"\nsecret = ";
+        let e = toml::from_str::<toml::Table>(text).unwrap_err();
+        let p = Problem::from_toml("keys.toml", text, &e);
+        assert!(!p.message.is_empty(), "{p}");
+        assert_eq!(p.line, Some(3), "{p}");
     }
 }

@@ -210,3 +210,21 @@ def test_load_more_goes_on_with_the_key_queried_and_a_refused_query_hides_the_re
     page.get_by_role("button", name="Query").click()
     playwright_api.expect(page.locator("#status")).to_contain_text("From must be before To.")
     assert page.locator("#results").is_hidden()
+
+
+def test_times_the_clocks_skip_or_repeat_are_read_the_same_way_in_every_zone(page):
+    """A wall time a DST change skips moves forward by the skip; one it repeats is the first."""
+    cases = [
+        # Skipped: 02:30 in New York, 01:30 in London, both one hour later.
+        ("2026-03-08T02:30", "America/New_York", "2026-03-08T07:30:00.000Z"),
+        ("2026-03-29T01:30", "Europe/London", "2026-03-29T01:30:00.000Z"),
+        # Twice: the first one, in summer time.
+        ("2026-11-01T01:30", "America/New_York", "2026-11-01T05:30:00.000Z"),
+        ("2026-10-25T01:30", "Europe/London", "2026-10-25T00:30:00.000Z"),
+        # Ordinary times, and a zone with no DST.
+        ("2026-07-01T12:00", "America/New_York", "2026-07-01T16:00:00.000Z"),
+        ("2026-07-01T12:00", "Asia/Kolkata", "2026-07-01T06:30:00.000Z"),
+    ]
+    for value, tz, want in cases:
+        got = page.evaluate("([v, tz]) => new Date(MG.parseInput(v, tz)).toISOString()", [value, tz])
+        assert got == want, (value, tz, got)

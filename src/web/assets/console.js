@@ -356,7 +356,12 @@
 
   async function showTab(name) {
     hideSecret();
-    for (const b of document.querySelectorAll("[data-tab]")) b.classList.toggle("active", b.dataset.tab === name);
+    for (const b of document.querySelectorAll("[data-tab]")) {
+      b.classList.toggle("active", b.dataset.tab === name);
+      // Which section is shown, for a screen reader as for the eye.
+      if (b.dataset.tab === name) b.setAttribute("aria-current", "true");
+      else b.removeAttribute("aria-current");
+    }
     for (const t of ["keys", "usage", "models", "audit"]) $(`tab-${t}`).hidden = t !== name;
     say("");
     try {

@@ -27,21 +27,28 @@ window.MG = (function () {
     return `${w.year}-${w.month}-${w.day}T${w.hour}:${w.minute}:${w.second}`;
   }
 
-  // A datetime-local value read as wall-clock time in the zone → unix ms.
+  // The zone's offset at an instant, in minutes east of UTC.
+  function offsetMinutes(ms, tz) {
+    const off = offsetText(ms, tz);
+    const sign = off[0] === "-" ? -1 : 1;
+    return sign * (parseInt(off.slice(1, 3), 10) * 60 + parseInt(off.slice(4, 6), 10));
+  }
+
+  // A datetime-local value read as wall-clock time in the zone → unix ms. Around a DST change
+  // the same in every zone: a time the clocks skip is read with the offset before the change
+  // (so it lands as far past the skip as it was into it), and a time that happens twice is its
+  // first occurrence.
   function parseInput(value, tz) {
     if (!value) return NaN;
     const v = value.length === 16 ? value + ":00" : value;
     const asUtc = Date.parse(v + "Z");
     if (Number.isNaN(asUtc)) return NaN;
-    // The zone's offset around that wall time; twice to settle across a DST change.
-    let ms = asUtc;
-    for (let i = 0; i < 2; i++) {
-      const off = offsetText(ms, tz);
-      const sign = off[0] === "-" ? -1 : 1;
-      const mins = sign * (parseInt(off.slice(1, 3), 10) * 60 + parseInt(off.slice(4, 6), 10));
-      ms = asUtc - mins * 60000;
-    }
-    return ms;
+    const day = 86400000;
+    const before = asUtc - offsetMinutes(asUtc - day, tz) * 60000;
+    const after = asUtc - offsetMinutes(asUtc + day, tz) * 60000;
+    const fits = (t) => t + offsetMinutes(t, tz) * 60000 === asUtc;
+    const found = [before, after].filter(fits);
+    return found.length ? Math.min(...found) : before;
   }
 
   function qs(params) {

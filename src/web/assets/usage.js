@@ -55,6 +55,14 @@
     el.className = "status" + (kind ? " " + kind : "");
   }
 
+  // A key is printable ASCII (`sk-` and letters, digits, `-`, `_`); anything else was pasted
+  // by mistake (and a browser cannot even send it in a header).
+  function oddToken() {
+    return /[^\x21-\x7e]/.test($("token").value.trim())
+      ? "This token has characters no key has (a key is letters, digits, '-' and '_'): check what was pasted."
+      : null;
+  }
+
   function rangeParams() {
     return {
       start: new Date(state.startMs).toISOString(),
@@ -171,6 +179,7 @@
       if (focus) $("token").focus();
     };
     if (!$("token").value.trim()) return refuse("Enter a token first.", true);
+    if (oddToken()) return refuse(oddToken(), true);
     const bad = readRange();
     if (bad) return refuse(bad);
     // A range that ends in the future ends now for this query: the totals and the records
@@ -217,6 +226,7 @@
 
   async function exportCsv() {
     if (!$("token").value.trim()) { say("Enter a token first.", "error"); $("token").focus(); return; }
+    if (oddToken()) { say(oddToken(), "error"); $("token").focus(); return; }
     const bad = readRange();
     if (bad) { say(bad, "error"); return; }
     say("Preparing the CSV…");
