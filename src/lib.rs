@@ -6,6 +6,7 @@ pub mod admin;
 pub mod alloc;
 pub mod auth;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod cors;
 pub mod error;

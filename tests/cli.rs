@@ -83,7 +83,8 @@ fn check_refuses_durations_prices_and_names_out_of_range() {
     let long = "m".repeat(300);
     let config = format!(
         "[listeners]\nmain = \"127.0.0.1:1\"\n[keys]\nfile = \"k.toml\"\n[server]\n\
-         grace_period_seconds = 9223372036854775807\n\n[[pools]]\nname = \"p\"\n\
+         grace_period_seconds = 9223372036854775807\ntrusted_proxies = [\"10.0.0.0/40\"]\n\n\
+         [[pools]]\nname = \"p\"\n\
          upstreams = [\"http://127.0.0.1:1\"]\ncooldown_ms = 9223372036854775807\n\n\
          [[models]]\nname = \"{long}\"\npool = \"p\"\n\
          price = {{ prompt = 1e300, completion = 1.0 }}\n"
@@ -96,9 +97,10 @@ fn check_refuses_durations_prices_and_names_out_of_range() {
     for needle in [
         "c.toml:6: grace_period_seconds",
         "more than a week",
-        "c.toml:11: cooldown_ms",
-        "c.toml:14: models[0].name: longer than 256 bytes",
-        "c.toml:16: models[0].price",
+        "c.toml:7: server.trusted_proxies: '10.0.0.0/40'",
+        "c.toml:12: cooldown_ms",
+        "c.toml:15: models[0].name: longer than 256 bytes",
+        "c.toml:17: models[0].price",
     ] {
         assert!(err.contains(needle), "missing `{needle}` in:\n{err}");
     }

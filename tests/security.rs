@@ -159,6 +159,58 @@ fn statuses(raw: &str) -> Vec<u16> {
 // Wrong keys
 // ---------------------------------------------------------------------------------------
 
+/// Behind a trusted proxy (`[server] trusted_proxies`, here the loopback the test connects
+/// from), the throttle counts each client by the address the proxy names in
+/// `X-Forwarded-For`: one client's wrong keys do not lock out the others behind the same proxy.
+/// From a peer that is not trusted, the header is not believed.
+#[tokio::test]
+async fn behind_a_trusted_proxy_wrong_keys_are_counted_per_forwarded_client() {
+    let chat = |base: String, key: &'static str, xff: &'static str| async move {
+        send(
+            &base,
+            "/v1/chat/completions",
+            Some(key),
+            &chat_body("echo-1", false),
+            &[("x-forwarded-for", xff)],
+        )
+        .await
+        .status()
+        .as_u16()
+    };
+    let g = start_with(Setup {
+        server_extra: "trusted_proxies = [\"127.0.0.0/8\", \"::1\"]".into(),
+        ..Setup::default()
+    });
+    for _ in 0..11 {
+        let s = chat(g.main.clone(), "sk-wrong-key-0000000", "203.0.113.7").await;
+        assert!(s == 401 || s == 429, "{s}");
+    }
+    assert_eq!(
+        chat(g.main.clone(), KEY, "203.0.113.7").await,
+        429,
+        "that client"
+    );
+    // A forged entry on the left is not believed: the proxy's own entry is the client.
+    assert_eq!(
+        chat(g.main.clone(), KEY, "198.51.100.1, 203.0.113.7").await,
+        429
+    );
+    assert_eq!(
+        chat(g.main.clone(), KEY, "203.0.113.8").await,
+        200,
+        "another client"
+    );
+
+    // Not trusted: the header is the client's to write, and the peer is counted.
+    let g = start();
+    for i in 0..11 {
+        let xff = ["203.0.113.1", "203.0.113.2", "203.0.113.3"][i % 3];
+        let s = chat(g.main.clone(), "sk-wrong-key-0000000", xff).await;
+        assert!(s == 401 || s == 429, "{s}");
+    }
+    assert_eq!(chat(g.main.clone(), OTHER_KEY, "203.0.113.9").await, 429);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_wrong_keys_are_throttled_and_never_reach_the_upstream() {
     let rec = Recorder::start().await;

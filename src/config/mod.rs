@@ -62,6 +62,9 @@ pub struct Config {
     /// Where a process started with `--upgrade` takes the listening sockets over from this
     /// one (default `modelgate-upgrade.sock` beside the config file).
     pub upgrade_sock: PathBuf,
+    /// `[server] trusted_proxies`: peers whose `X-Forwarded-For` names the client (see
+    /// `crate::client`).
+    pub trusted_proxies: Vec<crate::client::Cidr>,
     /// A request's header must be complete within this of its first byte, else the
     /// connection is closed.
     pub client_header_timeout: Duration,
@@ -427,6 +430,7 @@ struct RawLimits {
 #[serde(deny_unknown_fields)]
 struct RawServer {
     threads: Option<usize>,
+    trusted_proxies: Option<Spanned<Vec<String>>>,
     #[serde(default, deserialize_with = "duration_s")]
     grace_period_seconds: Option<u64>,
     upgrade_sock: Option<String>,
@@ -854,6 +858,27 @@ impl Config {
         });
 
         let server = raw.server;
+        let trusted_proxies: Vec<crate::client::Cidr> = server
+            .as_ref()
+            .and_then(|s| s.trusted_proxies.as_ref())
+            .map(|list| {
+                list.get_ref()
+                    .iter()
+                    .filter_map(|v| match crate::client::Cidr::parse(v) {
+                        Ok(c) => Some(c),
+                        Err(m) => {
+                            p.push(Problem::new(
+                                &file,
+                                at(list.span()),
+                                "server.trusted_proxies",
+                                m,
+                            ));
+                            None
+                        }
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         let cors = raw.cors.as_ref().and_then(|c| {
             let r = c.get_ref();
             crate::cors::Cors::new(
@@ -1051,6 +1076,7 @@ impl Config {
             access_log_rate,
             access_log_format,
             cors,
+            trusted_proxies,
             upgrade_sock: dir.join(
                 server
                     .and_then(|s| s.upgrade_sock)

@@ -585,7 +585,7 @@ mod tests {
     #[test]
     fn a_file_cut_short_gets_words() {
         let text = "[[keys]]\nid = \"a\"\nsecret = ";
-        let e = toml::from_str::<toml::Table>(text).unwrap_err();
+        let e = toml::from_str::<toml::Table>(text).expect_err("cut short");
         let p = Problem::from_toml("keys.toml", text, &e);
         assert!(!p.message.is_empty(), "{p}");
         assert_eq!(p.line, Some(3), "{p}");

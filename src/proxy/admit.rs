@@ -193,10 +193,7 @@ impl Gateway {
         session: &Session,
         ctx: &mut Ctx,
     ) -> Result<Arc<Key>, Stop> {
-        let client = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip());
+        let client = crate::client::ip(session, &self.shared.live.config.trusted_proxies);
         // Anthropic's clients send the key in `x-api-key`; elsewhere only `Authorization:
         // Bearer` carries it (the contract).
         let anthropic = ctx.shape == crate::error::ErrorShape::Anthropic;

@@ -165,10 +165,7 @@ impl Gateway {
     /// Hands a non-proxied path to the web stage; a key that passed auth there makes the
     /// request leave its usage record (group `usage`) like any other.
     async fn web(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {
-        let client = session
-            .client_addr()
-            .and_then(|a| a.as_inet())
-            .map(|a| a.ip());
+        let client = crate::client::ip(session, &self.shared.live.config.trusted_proxies);
         let mut ex = web::Exchange {
             request_id: ctx.request_id.clone(),
             listener: self.listener,
