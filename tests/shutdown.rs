@@ -40,17 +40,7 @@ async fn streams_longer_than_the_grace_period_are_cut_and_each_leaves_a_record()
     let c = client();
     let mut streams = Vec::new();
     for _ in 0..n {
-        // 100 events 200 ms apart: 20 s, far past the grace period.
-        let resp = c
-            .post(format!("{}/v1/chat/completions", g.direct))
-            .bearer_auth(KEY)
-            .header("x-mock-chunks", "100")
-            .header("x-mock-delay-ms", "200")
-            .json(&chat_body("echo-1", true))
-            .send()
-            .await
-            .expect("stream starts");
-        assert_eq!(resp.status(), 200);
+        let resp = long_stream(&c, &g.direct).await;
         streams.push(tokio::spawn(async move {
             let mut resp = resp;
             let mut got = 0usize;
@@ -105,16 +95,7 @@ async fn ctrl_c_shuts_down_with_every_record_and_a_second_one_ends_the_wait() {
     let mut ids = Vec::new();
     let mut streams = Vec::new();
     for _ in 0..3 {
-        let resp = c
-            .post(format!("{}/v1/chat/completions", g.main))
-            .bearer_auth(KEY)
-            .header("x-mock-chunks", "100")
-            .header("x-mock-delay-ms", "200")
-            .json(&chat_body("echo-1", true))
-            .send()
-            .await
-            .expect("stream starts");
-        assert_eq!(resp.status(), 200);
+        let resp = long_stream(&c, &g.main).await;
         ids.push(
             resp.headers()["x-request-id"]
                 .to_str()
@@ -297,6 +278,21 @@ async fn a_usage_page_to_a_client_that_stops_reading_is_cut_with_its_record() {
         cut == [(true, Some(503))] || cut == [(false, Some(503)), (true, Some(200))],
         "{page}"
     );
+}
+
+/// A stream of 100 events 200 ms apart (20 s, far past any grace period here), started.
+async fn long_stream(c: &reqwest::Client, base: &str) -> reqwest::Response {
+    let resp = c
+        .post(format!("{base}/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .header("x-mock-chunks", "100")
+        .header("x-mock-delay-ms", "200")
+        .json(&chat_body("echo-1", true))
+        .send()
+        .await
+        .expect("stream starts");
+    assert_eq!(resp.status(), 200);
+    resp
 }
 
 /// SIGTERM with a grace period of 1 s: the exit comes right after it (the cut requests end at
