@@ -169,7 +169,7 @@ async fn the_summary_adds_up_to_the_records_with_the_keys_budget_and_limits() {
         "colour=red",
         "start=1795400000000",
         "tz=Mars/Base",
-        "bucket=week",
+        "bucket=fortnight",
         "start=2026-01-01&end=2026-11-01&bucket=15m",
     ] {
         let (status, e) = error_of(
