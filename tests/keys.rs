@@ -403,3 +403,43 @@ async fn a_key_used_from_a_throttled_address_works_on_after_a_reload() {
         "locked out by the reload"
     );
 }
+
+/// A concurrency limit a reload gives a key counts the requests the key already has running
+/// (they were not counted while it had none).
+#[tokio::test]
+async fn a_concurrency_limit_added_by_a_reload_counts_the_requests_already_running() {
+    let g = start();
+    let keys = g.dir.path().join("keys.toml");
+    let entry = "[[keys]]\nid = \"grows\"\nsecret = \"sk-test-grows-0700\"\n";
+    let before = std::fs::read_to_string(&keys).expect("keys");
+    std::fs::write(&keys, format!("{before}\n{entry}")).expect("write");
+    await_status(&g.main, "sk-test-grows-0700", 200).await;
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let resp = client()
+            .post(format!("{}/v1/chat/completions", g.main))
+            .bearer_auth("sk-test-grows-0700")
+            .header("x-mock-chunks", "100")
+            .header("x-mock-delay-ms", "100")
+            .json(&chat_body("echo-1", true))
+            .send()
+            .await
+            .expect("stream");
+        assert_eq!(resp.status(), 200);
+        running.push(resp);
+    }
+    let reloads = metric_value(&g, "modelgate_keys_reloads_total").await;
+    std::fs::write(&keys, format!("{before}\n{entry}max_concurrent = 2\n")).expect("write");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric_value(&g, "modelgate_keys_reloads_total").await <= reloads {
+        assert!(Instant::now() < deadline, "no reload");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(chat(&g.main, "sk-test-grows-0700").await.status(), 429);
+    drop(running);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while chat(&g.main, "sk-test-grows-0700").await.status() != 200 {
+        assert!(Instant::now() < deadline, "the slots were not freed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

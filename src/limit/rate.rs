@@ -148,10 +148,25 @@ impl Limiter {
         self.windows.entry(key_id.to_string()).or_default().clone()
     }
 
-    /// Admits one request of `key` now, or says why not and for how long.
+    /// The count of `key_id`'s requests in flight.
+    fn in_flight(&self, key_id: &str) -> Arc<AtomicU32> {
+        if let Some(c) = self.in_flight.get(key_id) {
+            return c.clone();
+        }
+        self.in_flight
+            .entry(key_id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Admits one request of `key` now, or says why not and for how long. Every admitted
+    /// request holds a slot while it runs, whether the key has `max_concurrent` or not, so a
+    /// limit a keys reload adds counts the requests already running.
     pub fn admit(&self, key: &Key, now: Instant) -> (Result<Option<Slot>, Refusal>, Headroom) {
         if key.rpm.is_none() && key.tpm.is_none() && key.max_concurrent.is_none() {
-            return (Ok(None), Headroom::default());
+            let counter = self.in_flight(&key.id);
+            counter.fetch_add(1, Ordering::AcqRel);
+            return (Ok(Some(Slot(counter))), Headroom::default());
         }
         let windows = self.windows(&key.id);
         let Ok(mut w) = windows.lock() else {
@@ -176,17 +191,19 @@ impl Limiter {
         }
         let mut slot = None;
         if refusal.is_none() {
-            if let Some(max) = key.max_concurrent {
-                let counter = self.in_flight.entry(key.id.clone()).or_default().clone();
-                let before = counter.fetch_add(1, Ordering::AcqRel);
-                if before >= max {
+            let counter = self.in_flight(&key.id);
+            let before = counter.fetch_add(1, Ordering::AcqRel);
+            match key.max_concurrent {
+                Some(max) if before >= max => {
                     counter.fetch_sub(1, Ordering::AcqRel);
                     refusal = Some(refusal_concurrency(max));
                     head.concurrency = Some((max, 0));
-                } else {
+                }
+                Some(max) => {
                     slot = Some(Slot(counter));
                     head.concurrency = Some((max, max - before - 1));
                 }
+                None => slot = Some(Slot(counter)),
             }
         }
         if refusal.is_none() && key.rpm.is_some() {
