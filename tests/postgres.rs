@@ -709,6 +709,45 @@ async fn keys_in_postgres_are_shared_by_the_fleet_within_a_second() {
         text.contains("fleet-new") && text.contains("create"),
         "{text}"
     );
+    // A row broken by hand in SQL keeps its version in force and blocks no other change: a
+    // revocation made after it takes effect. A row whose entry names another id is not taken.
+    common::pg::off_runtime(|| {
+        let mut c = pg.client();
+        c.execute("UPDATE keys SET entry = 'id = ' WHERE id = 'full'", &[])
+            .expect("break a row");
+        c.execute(
+            "UPDATE keys SET entry = replace(entry, 'id = \"conc\"', 'id = \"elsewhere\"') \
+             WHERE id = 'conc'",
+            &[],
+        )
+        .expect("rename inside a row");
+        c.execute("DELETE FROM keys WHERE id = 'other'", &[])
+            .expect("revoke");
+    });
+    for g in [&a, &b] {
+        await_status(g, OTHER_KEY, 401).await;
+        assert_eq!(
+            common::get(&g.direct, "/v1/models", Some(KEY))
+                .await
+                .status(),
+            200
+        );
+        assert_eq!(
+            common::get(&g.direct, "/v1/models", Some(common::CONC_KEY))
+                .await
+                .status(),
+            200
+        );
+    }
+    // A gateway started now takes the rows that pass, and leaves the broken ones out.
+    let c = start_with(setup());
+    await_status(&c, common::RPM2_KEY, 200).await;
+    assert_eq!(
+        common::get(&c.direct, "/v1/models", Some(KEY))
+            .await
+            .status(),
+        401
+    );
 }
 
 /// Polls `GET /v1/models` with `key` until it answers `status`; how long that took.

@@ -1,7 +1,7 @@
 //! Config stage, keys kept in Postgres (`[keys] source = "postgres"`): one row per key in the
 //! store's `keys` table, holding the key's `[[keys]]` table as a keys file writes it (only the
-//! secret's SHA-256 and hint, never the secret). The table is read as one keys file and checked
-//! by the same parser; the console's edits go through the same editor, in a transaction that
+//! secret's SHA-256 and hint, never the secret). Each row is checked by the keys file's parser
+//! (a row that does not pass keeps its version in force, see `table_from`); the console's edits go through the same editor, in a transaction that
 //! locks the table, so gateways editing at once never lose each other's changes. A trigger
 //! notifies every gateway of any change (also one made by hand in SQL); each reloads within
 //! moments, and checks the whole table every `FULL_CHECK` in case a notification was missed.
@@ -49,11 +49,77 @@ fn text_of(c: &mut impl postgres::GenericClient) -> Result<String, String> {
     Ok(text)
 }
 
-/// Every key in the table, checked as a keys file is.
+/// The table's rows, (id, entry), in id order.
+fn rows_of(c: &mut impl postgres::GenericClient) -> Result<Vec<(String, String)>, String> {
+    let rows = c
+        .query("SELECT id, entry FROM keys ORDER BY id", &[])
+        .map_err(|e| format!("reading the keys table: {e}"))?;
+    rows.iter()
+        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?)))
+        .collect::<Result<_, postgres::Error>>()
+        .map_err(|e| format!("reading a key: {e}"))
+}
+
+/// The keys in force from the table's rows, each row checked on its own as a keys file is
+/// (and its entry's id must be the row's). A row that does not pass keeps the version of it
+/// last in force (`good`), or stays out when it has none: one bad row, written by hand in SQL,
+/// neither blocks the other rows' changes (a revocation among them) nor stops a gateway's
+/// start. Returns the table, the rows it was made of, and what was wrong; Err when the rows
+/// that pass do not make a table together (two rows holding the same secret).
+fn table_from(
+    rows: &[(String, String)],
+    good: &BTreeMap<String, String>,
+) -> Result<Taken, Problems> {
+    let mut used = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for (id, entry) in rows {
+        let source = format!("{SOURCE}, key '{id}'");
+        let checked = KeyTable::parse(&source, entry)
+            .map_err(|p| p.0)
+            .and_then(|_| match entries(entry) {
+                Ok(e) if e.len() == 1 && e.contains_key(id) => Ok(()),
+                _ => Err(vec![Problem::new(
+                    &source,
+                    None,
+                    "id",
+                    "the entry must be one [[keys]] table whose id is the row's",
+                )]),
+            });
+        match checked {
+            Ok(()) => {
+                used.insert(id.clone(), entry.clone());
+            }
+            Err(problems) => {
+                wrong.extend(problems);
+                if let Some(before) = good.get(id) {
+                    used.insert(id.clone(), before.clone());
+                }
+            }
+        }
+    }
+    let text: String = used.values().map(|e| format!("{e}\n")).collect();
+    let table = KeyTable::parse(SOURCE, &text)?;
+    Ok(Taken { table, used, wrong })
+}
+
+/// The keys a read of the table puts in force (see `table_from`).
+struct Taken {
+    table: KeyTable,
+    /// The rows it was made of, by id.
+    used: BTreeMap<String, String>,
+    /// The rows not taken, and why.
+    wrong: Vec<Problem>,
+}
+
+/// Every key in the table (see `table_from`); a row that does not pass is logged and left out.
 pub fn load(url: &str) -> Result<KeyTable, Problems> {
     let mut c = crate::store::postgres_client(url).map_err(problem)?;
-    let text = text_of(&mut c).map_err(problem)?;
-    KeyTable::parse(SOURCE, &text)
+    let rows = rows_of(&mut c).map_err(problem)?;
+    let Taken { table, wrong, .. } = table_from(&rows, &BTreeMap::new())?;
+    for p in &wrong {
+        tracing::error!("keys: a row left out: {p}");
+    }
+    Ok(table)
 }
 
 /// id → its `[[keys]]` table as text, for each key of a keys document.
@@ -185,12 +251,12 @@ pub fn export(url: &str) -> Result<String, String> {
 }
 
 /// Follows the table: LISTENs for its notifications on a connection of its own and reloads
-/// on each (and every `FULL_CHECK`), putting a changed, valid table in force; a table that
-/// does not validate is refused whole (logged, counted) and the keys in force stay. Runs on
+/// on each (and every `FULL_CHECK`), putting a changed table in force, each row that does not
+/// validate logged, counted and kept at its version in force (`table_from`). Runs on
 /// its own thread for the life of the process; reconnects when the connection is lost.
 pub fn follow(url: String, live: Arc<Live>) {
     let run = move || {
-        let mut loaded = String::new();
+        let mut followed = Followed::default();
         loop {
             let mut c = match crate::store::postgres_client(&url) {
                 Ok(c) => c,
@@ -206,7 +272,7 @@ pub fn follow(url: String, live: Arc<Live>) {
                 continue;
             }
             // A change may have come while no connection listened: read the table now.
-            if follow_once(&mut c, &live, &mut loaded).is_err() {
+            if follow_once(&mut c, &live, &mut followed).is_err() {
                 continue;
             }
             loop {
@@ -221,7 +287,7 @@ pub fn follow(url: String, live: Arc<Live>) {
                     tracing::warn!("keys: the notification connection: {e}; reconnecting");
                     break;
                 }
-                if follow_once(&mut c, &live, &mut loaded).is_err() {
+                if follow_once(&mut c, &live, &mut followed).is_err() {
                     break;
                 }
             }
@@ -235,27 +301,41 @@ pub fn follow(url: String, live: Arc<Live>) {
     }
 }
 
+/// What the follower last read and put in force.
+#[derive(Default)]
+struct Followed {
+    rows: Vec<(String, String)>,
+    /// The rows the keys in force were made of (a bad row's previous version among them).
+    good: BTreeMap<String, String>,
+}
+
 /// Reads the table and puts it in force when it changed. Err: the connection failed.
-fn follow_once(c: &mut Client, live: &Live, loaded: &mut String) -> Result<(), ()> {
-    let text = match text_of(c) {
-        Ok(t) => t,
+fn follow_once(c: &mut Client, live: &Live, followed: &mut Followed) -> Result<(), ()> {
+    let rows = match rows_of(c) {
+        Ok(r) => r,
         Err(e) => {
             tracing::warn!("keys: {e}");
             return Err(());
         }
     };
-    if text == *loaded {
+    if rows == followed.rows {
         return Ok(());
     }
-    match KeyTable::parse(SOURCE, &text) {
-        Ok(table) => {
+    match table_from(&rows, &followed.good) {
+        Ok(Taken { table, used, wrong }) => {
+            for p in &wrong {
+                tracing::error!("keys: a row not taken, its version in force (if any) stays: {p}");
+            }
             let n = table.len();
             live.set_keys(table);
-            *loaded = text;
+            followed.good = used;
             tracing::info!(keys = n, "keys reloaded from the postgres keys table");
             if let Some(m) = crate::metrics::get() {
                 m.keys.set(n as i64);
                 m.keys_reloads.inc();
+                if !wrong.is_empty() {
+                    m.keys_reload_errors.inc();
+                }
             }
         }
         Err(problems) => {
@@ -265,9 +345,9 @@ fn follow_once(c: &mut Client, live: &Live, loaded: &mut String) -> Result<(), (
             if let Some(m) = crate::metrics::get() {
                 m.keys_reload_errors.inc();
             }
-            // Not reported again until it changes.
-            *loaded = text;
         }
     }
+    // Not reported again until it changes.
+    followed.rows = rows;
     Ok(())
 }
