@@ -443,3 +443,28 @@ async fn a_concurrency_limit_added_by_a_reload_counts_the_requests_already_runni
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A 429 for rpm tells the key's concurrency headroom too (a client reads both from any reply).
+#[tokio::test]
+async fn an_rpm_refusal_tells_the_concurrency_headroom_too() {
+    let g = start();
+    let keys = g.dir.path().join("keys.toml");
+    let before = std::fs::read_to_string(&keys).expect("keys");
+    std::fs::write(
+        &keys,
+        format!("{before}\n[[keys]]\nid = \"both\"\nsecret = \"sk-test-both-0800\"\nrpm = 1\nmax_concurrent = 3\n"),
+    )
+    .expect("write");
+    await_status(&g.main, "sk-test-both-0800", 200).await;
+    let refused = chat(&g.main, "sk-test-both-0800").await;
+    assert_eq!(refused.status(), 429);
+    let h = |name: &str| {
+        refused
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap_or("").to_string())
+    };
+    assert_eq!(h("x-ratelimit-limit-requests").as_deref(), Some("1"));
+    assert_eq!(h("x-ratelimit-limit-concurrency").as_deref(), Some("3"));
+    assert_eq!(h("x-ratelimit-remaining-concurrency").as_deref(), Some("3"));
+}

@@ -190,6 +190,11 @@ impl Limiter {
             }
         }
         let mut slot = None;
+        if let (Some(_), Some(max)) = (&refusal, key.max_concurrent) {
+            // Refused by rpm or tpm: the concurrency headroom is told all the same.
+            let taken = self.in_flight(&key.id).load(Ordering::Acquire);
+            head.concurrency = Some((max, max.saturating_sub(taken)));
+        }
         if refusal.is_none() {
             let counter = self.in_flight(&key.id);
             let before = counter.fetch_add(1, Ordering::AcqRel);

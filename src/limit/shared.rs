@@ -42,7 +42,7 @@ const UNDO_TRIES: usize = 100;
 /// (0 = none), member (the request id), lease ms. Returns {refusal ("" when admitted, "gone"
 /// when the gateway gave up on this admission: see `UNDO`), retry_after ms, requests in
 /// window, requests reset ms, tokens in window, tokens reset ms, spend, slots taken (this
-/// request's own included; -1 when concurrency was not looked at)}.
+/// request's own included when admitted; -1 for a key without `max_concurrent`)}.
 const ADMIT: &str = r"
 if redis.call('ZSCORE', KEYS[6], ARGV[4]) then return {'gone', 0, 0, 0, 0, 0, '0', -1} end
 local t = redis.call('TIME')
@@ -90,9 +90,11 @@ if rpm > 0 then
   end
 end
 local taken = -1
-if refusal == '' and conc > 0 then
+if conc > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
   taken = redis.call('ZCARD', KEYS[4])
+end
+if refusal == '' and conc > 0 then
   if taken >= conc then
     refusal, retry = 'concurrency', 1000
   else
