@@ -138,11 +138,22 @@ impl BackgroundService for Drain {
             crate::telemetry::flush();
         })
         .await;
-        tracing::info!(
-            written = self.store.stats().written,
-            after_ms = started.elapsed().as_millis() as u64,
-            "usage records written; exiting"
-        );
+        let stats = self.store.stats();
+        if stats.spool_bytes > 0 {
+            tracing::warn!(
+                written = stats.written,
+                spooled_bytes = stats.spool_bytes,
+                after_ms = started.elapsed().as_millis() as u64,
+                "usage records written or spooled (the spooled ones are written at the next \
+                 start); exiting"
+            );
+        } else {
+            tracing::info!(
+                written = stats.written,
+                after_ms = started.elapsed().as_millis() as u64,
+                "usage records written; exiting"
+            );
+        }
         std::process::exit(0);
     }
 }

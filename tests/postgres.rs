@@ -588,6 +588,9 @@ async fn a_postgres_that_stops_answering_holds_no_record_and_no_shutdown() {
         "{:?}",
         started.elapsed()
     );
+    // The last word says records wait in the spool, not only that they were written.
+    let said = g.take_stderr();
+    assert!(said.contains("spooled_bytes"), "{said}");
     signal("-CONT");
     let _g = g.restart_stopped();
     await_rows(&pg, &ids, Duration::from_secs(15));

@@ -436,6 +436,14 @@ impl Gateway {
             .unwrap_or_default()
     }
 
+    /// Everything the gateway wrote to stderr (the process must have exited).
+    pub fn take_stderr(&mut self) -> String {
+        self.stderr
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default()
+    }
+
     /// SIGTERM, then everything the gateway wrote to stderr.
     pub fn terminate_and_stderr(mut self) -> (std::process::ExitStatus, String) {
         let status = self.terminate();
