@@ -47,8 +47,8 @@ impl<W: BatchWriter + 'static> Bounded<W> {
     fn away(&self, what: &str) -> WriteError {
         WriteError {
             msg: format!(
-                "usage store: the database has not answered {what} within {} s",
-                self.limit.as_secs()
+                "usage store: the database has not answered {what} within {} ms",
+                self.limit.as_millis()
             ),
             transient: true,
         }
@@ -156,14 +156,13 @@ mod tests {
         let started = std::time::Instant::now();
         assert!(w.insert_batch(&batch).unwrap_err().transient);
         assert!(started.elapsed() < Duration::from_millis(100));
-        // The server answers again: the late call ends, the next goes through.
+        // The server answers again: the late call ends, and then the next goes through.
         drop(frozen);
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while *written.lock().unwrap() < 2 {
+        while w.insert_batch(&batch).is_err() {
             assert!(std::time::Instant::now() < deadline);
             std::thread::yield_now();
         }
-        w.insert_batch(&batch).unwrap();
         assert_eq!(*written.lock().unwrap(), 3);
     }
 }

@@ -84,21 +84,9 @@ impl Console {
     }
 }
 
-/// The SQLite side: one connection of its own (opened anew when the database file was,
-/// see `DbFile`).
+/// The SQLite side: one connection of its own.
 pub(super) struct SqliteConsole {
-    conn: Mutex<(u64, Connection)>,
-    path: std::path::PathBuf,
-    file: std::sync::Arc<super::sqlite_engine::DbFile>,
-}
-
-struct ConnGuard<'a>(std::sync::MutexGuard<'a, (u64, Connection)>);
-
-impl std::ops::Deref for ConnGuard<'_> {
-    type Target = Connection;
-    fn deref(&self) -> &Connection {
-        &self.0.1
-    }
+    conn: Mutex<Connection>,
 }
 
 fn q(e: rusqlite::Error) -> StoreError {
@@ -106,39 +94,24 @@ fn q(e: rusqlite::Error) -> StoreError {
 }
 
 impl SqliteConsole {
-    pub(super) fn open(
-        path: &Path,
-        file: std::sync::Arc<super::sqlite_engine::DbFile>,
-    ) -> Result<SqliteConsole, String> {
-        let conn = Self::connect(path)?;
-        Ok(SqliteConsole {
-            conn: Mutex::new((file.generation(), conn)),
-            path: path.to_path_buf(),
-            file,
-        })
-    }
-
-    fn connect(path: &Path) -> Result<Connection, String> {
+    pub(super) fn open(path: &Path) -> Result<SqliteConsole, String> {
         let conn = Connection::open(path)
             .map_err(|e| format!("console store: opening {}: {e}", path.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(|e| format!("console store: busy_timeout: {e}"))?;
         conn.execute_batch(SCHEMA)
             .map_err(|e| format!("console store: creating schema: {e}"))?;
-        Ok(conn)
+        Ok(SqliteConsole {
+            conn: Mutex::new(conn),
+        })
     }
 
-    fn conn(&self) -> Result<ConnGuard<'_>, StoreError> {
-        let mut held = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        let generation = self.file.generation();
-        if held.0 != generation {
-            *held = (generation, Self::connect(&self.path).map_err(StoreError)?);
-        }
-        Ok(ConnGuard(held))
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn session_put(&self, token_sha256: &str, s: &Session) -> Result<(), StoreError> {
-        let c = self.conn()?;
+        let c = self.conn();
         // Expired sessions go as new ones come: the table never grows without bound.
         c.execute(
             "DELETE FROM console_sessions WHERE expires_ms <= ?1",
@@ -167,7 +140,7 @@ impl SqliteConsole {
         token_sha256: &str,
         now_ms: i64,
     ) -> Result<Option<Session>, StoreError> {
-        self.conn()?
+        self.conn()
             .query_row(
                 "SELECT user, csrf, created_ms, expires_ms, cred FROM console_sessions \
                  WHERE token_sha256 = ?1 AND expires_ms > ?2",
@@ -187,7 +160,7 @@ impl SqliteConsole {
     }
 
     pub fn session_delete(&self, token_sha256: &str) -> Result<(), StoreError> {
-        self.conn()?
+        self.conn()
             .execute(
                 "DELETE FROM console_sessions WHERE token_sha256 = ?1",
                 params![token_sha256],
@@ -197,7 +170,7 @@ impl SqliteConsole {
     }
 
     pub fn audit_add(&self, e: &AuditEntry) -> Result<(), StoreError> {
-        self.conn()?
+        self.conn()
             .execute(
                 "INSERT INTO console_audit (time_ms, user, action, key_id, detail) \
                  VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -209,7 +182,7 @@ impl SqliteConsole {
 
     /// The newest `limit` entries, newest first.
     pub fn audit_list(&self, limit: usize) -> Result<Vec<AuditEntry>, StoreError> {
-        let c = self.conn()?;
+        let c = self.conn();
         let mut stmt = c
             .prepare_cached(
                 "SELECT time_ms, user, action, key_id, detail FROM console_audit \
@@ -247,11 +220,11 @@ mod tests {
             expires_ms: 5_000,
             cred: "t".into(),
         };
-        SqliteConsole::open(&path, Default::default())
+        SqliteConsole::open(&path)
             .unwrap()
             .session_put("h", &s)
             .unwrap();
-        let db = SqliteConsole::open(&path, Default::default()).unwrap();
+        let db = SqliteConsole::open(&path).unwrap();
         assert_eq!(db.session_get("h", 2_000).unwrap(), Some(s));
         assert_eq!(db.session_get("h", 5_000).unwrap(), None);
         assert_eq!(db.session_get("other", 2_000).unwrap(), None);

@@ -639,13 +639,16 @@ mod tests {
         assert_eq!(n, 2_000);
     }
 
-    /// The database file deleted under the running store: the next batch opens one anew at the
-    /// path, and the readers read that one.
+    /// The database file deleted under the running store: batches wait in the spool (not in
+    /// the deleted file) and are written to the file a restart opens at the path.
     #[test]
-    fn a_deleted_database_file_is_opened_anew_and_read_from() {
+    fn records_for_a_deleted_database_file_wait_in_the_spool_for_the_next_start() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("u.db");
-        let store = Store::open(&path, StoreOptions::default()).unwrap();
+        let opts = || StoreOptions {
+            spool: Some(dir.path().join("spool.jsonl")),
+            ..StoreOptions::default()
+        };
         let all = Query {
             key_id: None,
             start_ms: 0,
@@ -653,20 +656,39 @@ mod tests {
             limit: 100,
             ..Query::default()
         };
+        let store = Store::open(&path, opts()).unwrap();
         store.record(sample_record(0, "k", 1_000));
         assert!(store.flush(Duration::from_secs(10)));
-        assert_eq!(store.query(&all).unwrap().records.len(), 1);
         for f in ["u.db", "u.db-wal", "u.db-shm"] {
             let _ = std::fs::remove_file(dir.path().join(f));
         }
         store.record(sample_record(1, "k", 2_000));
-        assert!(store.flush(Duration::from_secs(10)));
-        assert!(path.exists());
-        let got = store.query(&all).unwrap().records;
-        assert_eq!(got.iter().map(|r| r.time_ms).collect::<Vec<_>>(), [2_000]);
+        store.record(sample_record(2, "k", 3_000));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while store.stats().spool_bytes == 0 {
+            assert!(std::time::Instant::now() < deadline, "nothing spooled");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(store.stats().write_errors, 0);
         store.close();
-        let again = Store::open(&path, StoreOptions::default()).unwrap();
-        assert_eq!(again.query(&all).unwrap().records.len(), 1);
+        let again = Store::open(&path, opts()).unwrap();
+        assert!(again.flush(Duration::from_secs(10)));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let got: Vec<i64> = again
+                .query(&all)
+                .unwrap()
+                .records
+                .iter()
+                .map(|r| r.time_ms)
+                .collect();
+            if got.len() == 2 {
+                assert_eq!(got, [2_000, 3_000]);
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{got:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     #[test]

@@ -4,9 +4,9 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, SyncSender};
-use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use rusqlite::Connection;
@@ -37,54 +37,38 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-/// The database file the connections use, and a count of the times it was opened anew: a
-/// connection opened before the last time reads a file no longer at the path.
-#[derive(Default)]
-pub(super) struct DbFile {
-    generation: AtomicU64,
-}
-
-impl DbFile {
-    pub(super) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::SeqCst)
-    }
-}
-
 pub(super) struct SqliteWriter {
     conn: Connection,
     path: PathBuf,
+    /// The file the connection opened.
     id: Option<(u64, u64)>,
-    file: Arc<DbFile>,
 }
 
 impl SqliteWriter {
-    /// Before each batch: the database file deleted or replaced under the running gateway
-    /// (its rows would go on into a file no one can open, and be lost at exit) is opened anew
-    /// at its path, loudly; the readers and the console follow. When that fails, the batch
-    /// waits in the spool.
-    fn follow_the_file(&mut self) -> Result<(), WriteError> {
+    /// Before each batch: a database file deleted or replaced under the running gateway would
+    /// take the rows into a file no one can open again, lost at exit (and counted written). The
+    /// batch waits in the spool instead, and the log says a restart opens the file at the path
+    /// (the spool is written there then). Not opened anew here: a connection to the old file
+    /// still open elsewhere (a reader, the console) deletes `-wal` and `-shm` by name when it
+    /// closes last, which would be the new file's.
+    fn check_the_file(&self) -> Result<(), WriteError> {
         if file_id(&self.path) == self.id {
             return Ok(());
         }
-        tracing::error!(
-            path = %self.path.display(),
-            "usage store: the database file was deleted or replaced while in use; opening one \
-             at its path (what was written to the old file since went with it)"
-        );
-        let conn = sqlite::open_writer(&self.path).map_err(|msg| WriteError {
-            msg,
+        Err(WriteError {
+            msg: format!(
+                "usage store: the database file {} was deleted or replaced while in use; records \
+                 wait in the spool until a restart opens the file at that path",
+                self.path.display()
+            ),
             transient: true,
-        })?;
-        self.conn = conn;
-        self.id = file_id(&self.path);
-        self.file.generation.fetch_add(1, Ordering::SeqCst);
-        Ok(())
+        })
     }
 }
 
 impl BatchWriter for SqliteWriter {
     fn insert_batch(&mut self, batch: &[UsageRecord]) -> Result<(), WriteError> {
-        self.follow_the_file()?;
+        self.check_the_file()?;
         sqlite::insert_batch(&mut self.conn, batch)
     }
 
@@ -103,9 +87,7 @@ impl BatchWriter for SqliteWriter {
 
 pub(super) struct SqliteEngine {
     path: PathBuf,
-    file: Arc<DbFile>,
-    /// Idle readers, each with the file generation it was opened on.
-    readers: Mutex<Vec<(u64, Connection)>>,
+    readers: Mutex<Vec<Connection>>,
     closed: AtomicBool,
     console: SqliteConsole,
 }
@@ -115,11 +97,9 @@ impl SqliteEngine {
     /// 5 s) and its schema; returns the engine and the writer thread's connection.
     pub fn open(path: &Path) -> Result<(SqliteEngine, SqliteWriter), String> {
         let conn = sqlite::open_writer(path)?;
-        let file = Arc::new(DbFile::default());
-        let console = SqliteConsole::open(path, file.clone())?;
+        let console = SqliteConsole::open(path)?;
         let engine = SqliteEngine {
             path: path.to_path_buf(),
-            file: file.clone(),
             readers: Mutex::new(Vec::new()),
             closed: AtomicBool::new(false),
             console,
@@ -128,7 +108,6 @@ impl SqliteEngine {
             conn,
             path: path.to_path_buf(),
             id: file_id(path),
-            file,
         };
         Ok((engine, writer))
     }
@@ -139,17 +118,16 @@ impl SqliteEngine {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let generation = self.file.generation();
         let pooled = self.readers.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let conn = match pooled {
-            Some((g, c)) if g == generation => c,
-            _ => sqlite::open_reader(&self.path).map_err(StoreError)?,
+            Some(c) => c,
+            None => sqlite::open_reader(&self.path).map_err(StoreError)?,
         };
         let out = f(&conn);
         if out.is_ok() && !self.closed.load(Ordering::SeqCst) {
             let mut pool = self.readers.lock().unwrap_or_else(|e| e.into_inner());
             if pool.len() < READER_POOL {
-                pool.push((generation, conn));
+                pool.push(conn);
             }
         }
         out
