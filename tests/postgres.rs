@@ -742,6 +742,47 @@ async fn keys_in_postgres_are_shared_by_the_fleet_within_a_second() {
             200
         );
     }
+    // A console edit goes through beside the broken rows, a row copying another's secret is
+    // not taken (the other keeps working), and the console deletes a broken row.
+    common::pg::off_runtime(|| {
+        pg.client()
+            .execute(
+                "INSERT INTO keys (id, entry, updated_ms) SELECT 'zz-copy', \
+                 replace(entry, 'id = \"rpm2\"', 'id = \"zz-copy\"'), 0 FROM keys \
+                 WHERE id = 'rpm2'",
+                &[],
+            )
+            .expect("copy a secret")
+    });
+    let made = common::client()
+        .post(format!("{}/console/api/keys", a.main))
+        .header("cookie", &cookie)
+        .header("origin", &a.main)
+        .json(&serde_json::json!({"id": "after-break"}))
+        .send()
+        .await
+        .expect("create");
+    assert!(made.status().is_success(), "{}", made.status());
+    let secret = made.json::<serde_json::Value>().await.expect("json")["secret"]
+        .as_str()
+        .expect("secret")
+        .to_string();
+    await_status(&b, &secret, 200).await;
+    assert_eq!(
+        common::get(&b.direct, "/v1/models", Some(common::RPM2_KEY))
+            .await
+            .status(),
+        200
+    );
+    let del = common::client()
+        .delete(format!("{}/console/api/keys/full", a.main))
+        .header("cookie", &cookie)
+        .header("origin", &a.main)
+        .send()
+        .await
+        .expect("delete");
+    assert!(del.status().is_success(), "{}", del.status());
+    await_status(&b, KEY, 401).await;
     // A gateway started now takes the rows that pass, and leaves the broken ones out.
     let c = start_with(setup());
     await_status(&c, common::RPM2_KEY, 200).await;

@@ -70,6 +70,10 @@ impl KeyTable {
     pub fn len(&self) -> usize {
         self.by_hash.len()
     }
+    /// The SHA-256 of every key's secret.
+    pub fn hashes(&self) -> impl Iterator<Item = &[u8; 32]> {
+        self.by_hash.keys()
+    }
     pub fn is_empty(&self) -> bool {
         self.by_hash.is_empty()
     }

@@ -6,7 +6,7 @@
 //! notifies every gateway of any change (also one made by hand in SQL); each reloads within
 //! moments, and checks the whole table every `FULL_CHECK` in case a notification was missed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -60,46 +60,67 @@ fn rows_of(c: &mut impl postgres::GenericClient) -> Result<Vec<(String, String)>
         .map_err(|e| format!("reading a key: {e}"))
 }
 
-/// The keys in force from the table's rows, each row checked on its own as a keys file is
-/// (and its entry's id must be the row's). A row that does not pass keeps the version of it
-/// last in force (`good`), or stays out when it has none: one bad row, written by hand in SQL,
-/// neither blocks the other rows' changes (a revocation among them) nor stops a gateway's
-/// start. Returns the table, the rows it was made of, and what was wrong; Err when the rows
-/// that pass do not make a table together (two rows holding the same secret).
+/// The keys in force from the table's rows, each row checked on its own as a keys file is (its
+/// entry one key whose id is the row's, its secret held by no row before it). A row that does
+/// not pass keeps the version of it last in force (`good`), or stays out when it has none: one
+/// bad row, written by hand in SQL, neither blocks the other rows' changes (a revocation among
+/// them) nor stops a gateway's start. Returns the table, the rows it was made of, and what was
+/// wrong.
 fn table_from(
     rows: &[(String, String)],
     good: &BTreeMap<String, String>,
 ) -> Result<Taken, Problems> {
     let mut used = BTreeMap::new();
     let mut wrong = Vec::new();
+    let mut secrets: HashMap<[u8; 32], String> = HashMap::new();
     for (id, entry) in rows {
-        let source = format!("{SOURCE}, key '{id}'");
-        let checked = KeyTable::parse(&source, entry)
-            .map_err(|p| p.0)
-            .and_then(|_| match entries(entry) {
-                Ok(e) if e.len() == 1 && e.contains_key(id) => Ok(()),
-                _ => Err(vec![Problem::new(
-                    &source,
-                    None,
-                    "id",
-                    "the entry must be one [[keys]] table whose id is the row's",
-                )]),
-            });
-        match checked {
-            Ok(()) => {
-                used.insert(id.clone(), entry.clone());
+        let taken = match check_row(id, entry, &secrets) {
+            Ok(hashes) => Some((entry, hashes)),
+            Err(problem) => {
+                wrong.push(problem);
+                good.get(id)
+                    .and_then(|before| Some((before, check_row(id, before, &secrets).ok()?)))
             }
-            Err(problems) => {
-                wrong.extend(problems);
-                if let Some(before) = good.get(id) {
-                    used.insert(id.clone(), before.clone());
-                }
-            }
+        };
+        if let Some((entry, hashes)) = taken {
+            secrets.extend(hashes.into_iter().map(|h| (h, id.clone())));
+            used.insert(id.clone(), entry.clone());
         }
     }
     let text: String = used.values().map(|e| format!("{e}\n")).collect();
     let table = KeyTable::parse(SOURCE, &text)?;
     Ok(Taken { table, used, wrong })
+}
+
+/// One row checked alone; its secret's SHA-256 when it passes.
+fn check_row(
+    id: &str,
+    entry: &str,
+    secrets: &HashMap<[u8; 32], String>,
+) -> Result<Vec<[u8; 32]>, Problem> {
+    let source = format!("{SOURCE}, key '{id}'");
+    let wrong = |field: &str, m: String| Problem::new(&source, None, field, m);
+    let table = KeyTable::parse(&source, entry).map_err(|p| {
+        let first = p.0.into_iter().next();
+        first.unwrap_or_else(|| wrong("keys", "does not parse".into()))
+    })?;
+    match entries(entry) {
+        Ok(e) if e.len() == 1 && e.contains_key(id) => {}
+        _ => {
+            return Err(wrong(
+                "id",
+                "the entry must be one [[keys]] table whose id is the row's".into(),
+            ));
+        }
+    }
+    let hashes: Vec<[u8; 32]> = table.hashes().copied().collect();
+    if let Some(other) = hashes.iter().find_map(|h| secrets.get(h)) {
+        return Err(wrong(
+            "secret_sha256",
+            format!("the same secret as key '{other}'"),
+        ));
+    }
+    Ok(hashes)
 }
 
 /// The keys a read of the table puts in force (see `table_from`).
@@ -172,8 +193,10 @@ fn write_diff(
     Ok(())
 }
 
-/// Applies a console edit to the table: nothing is written unless every key is valid after
-/// it. Returns the table now in force.
+/// Applies a console edit to the table: nothing is written unless the keys it touches are
+/// valid after it. It is made on the rows that pass (`table_from`), so a bad row elsewhere
+/// blocks no edit (a bad row itself can be deleted, or replaced by creating its id). Returns
+/// the table now in force.
 pub fn apply(url: &str, edit: &Edit) -> Result<KeyTable, EditError> {
     let io = |m: String| EditError::Io(m);
     let mut c = crate::store::postgres_client(url).map_err(io)?;
@@ -181,17 +204,56 @@ pub fn apply(url: &str, edit: &Edit) -> Result<KeyTable, EditError> {
     // One editor at a time across the fleet; readers are not blocked.
     tx.batch_execute("LOCK TABLE keys IN EXCLUSIVE MODE")
         .map_err(|e| io(format!("locking the keys table: {e}")))?;
-    let text = text_of(&mut tx).map_err(io)?;
-    let new_text = edit_text(&text, edit)?;
-    let table =
-        KeyTable::parse(SOURCE, &new_text).map_err(|p| EditError::Invalid(p.to_string()))?;
-    let (old, new) = (
-        entries(&text).map_err(EditError::Invalid)?,
-        entries(&new_text).map_err(EditError::Invalid)?,
-    );
-    write_diff(&mut tx, &old, &new).map_err(io)?;
+    let rows = rows_of(&mut tx).map_err(io)?;
+    let current: BTreeMap<String, String> = rows.iter().cloned().collect();
+    let valid = table_from(&rows, &BTreeMap::new())
+        .map_err(|p| EditError::Invalid(p.to_string()))?
+        .used;
+    let mut new = current.clone();
+    match edit {
+        Edit::Delete { id } if current.contains_key(id) && !valid.contains_key(id) => {
+            new.remove(id);
+        }
+        _ => {
+            let text: String = valid.values().map(|e| format!("{e}\n")).collect();
+            let new_text = edit_text(&text, edit)?;
+            let before = entries(&text).map_err(EditError::Invalid)?;
+            let after = entries(&new_text).map_err(EditError::Invalid)?;
+            for (id, entry) in &after {
+                if before.get(id) != Some(entry) {
+                    new.insert(id.clone(), entry.clone());
+                }
+            }
+            for id in before.keys().filter(|id| !after.contains_key(*id)) {
+                new.remove(id);
+            }
+        }
+    }
+    let taken = taken_with(&new, &current, &valid).map_err(EditError::Invalid)?;
+    write_diff(&mut tx, &current, &new).map_err(io)?;
     tx.commit().map_err(|e| io(format!("commit: {e}")))?;
-    Ok(table)
+    Ok(taken.table)
+}
+
+/// The rows `new` put in force, if every row that differs from `current` passes.
+fn taken_with(
+    new: &BTreeMap<String, String>,
+    current: &BTreeMap<String, String>,
+    valid: &BTreeMap<String, String>,
+) -> Result<Taken, String> {
+    let rows: Vec<(String, String)> = new.iter().map(|(i, e)| (i.clone(), e.clone())).collect();
+    let taken = table_from(&rows, valid).map_err(|p| p.to_string())?;
+    for (id, entry) in new {
+        if current.get(id) != Some(entry) && taken.used.get(id) != Some(entry) {
+            let why = taken
+                .wrong
+                .iter()
+                .find(|p| p.file.ends_with(&format!("'{id}'")))
+                .map_or_else(|| format!("key '{id}' is not valid"), ToString::to_string);
+            return Err(why);
+        }
+    }
+    Ok(taken)
 }
 
 /// A keys file's text with every secret in clear replaced by its SHA-256 and hint.
@@ -233,12 +295,14 @@ pub fn import(url: &str, file_text: &str, file_name: &str) -> Result<usize, Stri
     let mut tx = c.transaction().map_err(|e| format!("begin: {e}"))?;
     tx.batch_execute("LOCK TABLE keys IN EXCLUSIVE MODE")
         .map_err(|e| format!("locking the keys table: {e}"))?;
-    let current = text_of(&mut tx)?;
-    let old = entries(&current)?;
+    let rows = rows_of(&mut tx)?;
+    let old: BTreeMap<String, String> = rows.iter().cloned().collect();
+    let valid = table_from(&rows, &BTreeMap::new())
+        .map_err(|p| p.to_string())?
+        .used;
     let mut new = old.clone();
     new.extend(incoming.clone());
-    let merged: String = new.values().map(|e| format!("{e}\n")).collect();
-    KeyTable::parse(SOURCE, &merged).map_err(|p| p.to_string())?;
+    taken_with(&new, &old, &valid)?;
     write_diff(&mut tx, &old, &new)?;
     tx.commit().map_err(|e| format!("commit: {e}"))?;
     Ok(incoming.len())
