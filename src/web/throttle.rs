@@ -138,21 +138,22 @@ impl Throttle {
         });
         let over = self.failures.len().saturating_sub(MAX_TRACKED);
         if over > 0 {
-            let mut last: Vec<Instant> = self
-                .failures
-                .iter()
-                .filter_map(|e| e.back().copied())
-                .collect();
-            let Some(at) = last.len().checked_sub(1).map(|end| over.min(end)) else {
+            // Those with the fewest failures go first, then the stalest: an address locked out
+            // (its attempts refused, not counted, so its last failure ages) is never dropped
+            // for the addresses an attack fills the map with.
+            let rank = |log: &VecDeque<Instant>| log.back().map(|t| (log.len(), *t));
+            let mut ranks: Vec<(usize, Instant)> =
+                self.failures.iter().filter_map(|e| rank(&e)).collect();
+            let Some(at) = ranks.len().checked_sub(1).map(|end| over.min(end)) else {
                 return;
             };
-            let cutoff = *last.select_nth_unstable(at).1;
-            // Exactly `over` go: all before the cutoff, then as many at it as are still due.
-            let before = last.iter().filter(|t| **t < cutoff).count();
-            let mut ties = over.saturating_sub(before);
-            self.failures.retain(|_, log| match log.back() {
-                Some(t) if *t < cutoff => false,
-                Some(t) if *t == cutoff && ties > 0 => {
+            let cutoff = *ranks.select_nth_unstable(at).1;
+            // Exactly `over` go: all below the cutoff, then as many at it as are still due.
+            let below = ranks.iter().filter(|r| **r < cutoff).count();
+            let mut ties = over.saturating_sub(below);
+            self.failures.retain(|_, log| match rank(log) {
+                Some(r) if r < cutoff => false,
+                Some(r) if r == cutoff && ties > 0 => {
                     ties -= 1;
                     false
                 }
@@ -282,6 +283,18 @@ mod tests {
         t.fail(guesser, t0 + Duration::from_secs(2));
         assert!(t.failures.len() <= MAX_TRACKED, "{}", t.failures.len());
         assert_eq!(t.failures.get(&group(guesser)).map(|l| l.len()), Some(6));
+        // An address locked out a while ago (its last failure the oldest of all) stays too:
+        // the fewest failures go first.
+        let locked = IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 2, 9));
+        for _ in 0..10 {
+            t.fail(locked, t0);
+        }
+        for n in 200_000..(200_000 + 2_000) {
+            t.fail(v6(n), t0 + Duration::from_millis(3_500));
+        }
+        t.fail(guesser, t0 + Duration::from_secs(5));
+        assert!(t.failures.len() <= MAX_TRACKED + 1, "{}", t.failures.len());
+        assert_eq!(t.failures.get(&locked).map(|l| l.len()), Some(10));
         // Past the window everything stale goes.
         t.fail(guesser, t0 + Duration::from_secs(70));
         assert_eq!(t.failures.len(), 1);
