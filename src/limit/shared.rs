@@ -11,7 +11,7 @@
 //! and tries Redis again every second until it answers.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
@@ -37,6 +37,8 @@ const RENEW_EVERY: Duration = Duration::from_secs(10);
 const RETRY: Duration = Duration::from_secs(1);
 /// Tries of an `UNDO`, a `RETRY` apart: within the two minutes its mark lasts.
 const UNDO_TRIES: usize = 100;
+/// `UNDO`s waiting at once, at most.
+const UNDO_PENDING: usize = 1_000;
 
 /// KEYS: requests, tokens, token sum, leases, spend, given up. ARGV: rpm, tpm, max_concurrent
 /// (0 = none), member (the request id), lease ms. Returns {refusal ("" when admitted, "gone"
@@ -215,6 +217,8 @@ pub struct SharedLimits {
     retry_at_ms: AtomicU64,
     /// Leases this gateway holds (member → key id), renewed while their requests run.
     leases: DashMap<String, String>,
+    /// `UNDO`s waiting for Redis.
+    undos: AtomicUsize,
     started: Instant,
 }
 
@@ -266,6 +270,7 @@ impl SharedLimits {
             down: AtomicBool::new(false),
             retry_at_ms: AtomicU64::new(0),
             leases: DashMap::new(),
+            undos: AtomicUsize::new(0),
             started: Instant::now(),
         });
         // The first connection is made on this runtime (later ones are, by the manager), not
@@ -347,7 +352,9 @@ impl SharedLimits {
                 Ok(v) => v,
                 Err(e) => {
                     self.failed(&e);
-                    if key.rpm.is_some() || key.max_concurrent.is_some() {
+                    // Only an admission that may have reached Redis (it did not answer in
+                    // time) can run there later; a refused or lost connection sent nothing.
+                    if e.is_timeout() && (key.rpm.is_some() || key.max_concurrent.is_some()) {
                         self.undo(&key.id, request_id);
                     }
                     return Err(());
@@ -395,7 +402,13 @@ impl SharedLimits {
 
     /// Takes back an admission Redis did not answer in time (`UNDO`), trying again each second
     /// while Redis does not answer, for as long as the mark lasts. Never waits.
+    /// At most `UNDO_PENDING` wait at once: past it (a long stall under load) the rest are left
+    /// to their leases' expiry (30 s) and their requests to the rpm window.
     fn undo(self: &Arc<Self>, key_id: &str, request_id: &str) {
+        if self.undos.fetch_add(1, Ordering::AcqRel) >= UNDO_PENDING {
+            self.undos.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
         let keys = keys_of(key_id);
         let member = request_id.to_string();
         let limits = Arc::clone(self);
@@ -405,10 +418,11 @@ impl SharedLimits {
                 inv.key(&keys[0]).key(&keys[3]).key(&keys[5]).arg(&member);
                 let mut c = limits.conn.clone();
                 if inv.invoke_async::<i64>(&mut c).await.is_ok() {
-                    return;
+                    break;
                 }
                 tokio::time::sleep(RETRY).await;
             }
+            limits.undos.fetch_sub(1, Ordering::AcqRel);
         });
     }
 
