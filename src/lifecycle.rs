@@ -161,7 +161,7 @@ impl BackgroundService for Drain {
 /// The signals that end the process: SIGTERM and SIGINT shut down gracefully, SIGQUIT hands
 /// the listeners over to a new instance (Pingora's upgrade). Pingora's own watch takes SIGINT
 /// for a fast shutdown, which stops the runtimes at once: every request in flight lost its
-/// record. Here a second SIGINT asks the requests in flight to end now (`cut`).
+/// record. Here a SIGINT after any of them asks the requests in flight to end now (`cut`).
 pub struct Signals {
     pub lifecycle: Arc<Lifecycle>,
 }
@@ -178,22 +178,22 @@ impl ShutdownSignalWatch for Signals {
             tracing::error!("cannot watch the shutdown signals; stop the process with SIGKILL");
             return std::future::pending().await;
         };
-        tokio::select! {
+        let first = tokio::select! {
             _ = quit.recv() => ShutdownSignal::GracefulUpgrade,
             _ = term.recv() => ShutdownSignal::GracefulTerminate,
-            _ = int.recv() => {
-                let lifecycle = self.lifecycle.clone();
-                tokio::spawn(async move {
-                    if int.recv().await.is_some() {
-                        tracing::warn!(
-                            in_flight = lifecycle.inflight(),
-                            "interrupted again: ending the requests in flight now"
-                        );
-                        lifecycle.cut();
-                    }
-                });
-                ShutdownSignal::GracefulTerminate
+            _ = int.recv() => ShutdownSignal::GracefulTerminate,
+        };
+        // Whichever began the shutdown, a Ctrl-C now ends its wait.
+        let lifecycle = self.lifecycle.clone();
+        tokio::spawn(async move {
+            if int.recv().await.is_some() {
+                tracing::warn!(
+                    in_flight = lifecycle.inflight(),
+                    "interrupted: ending the requests in flight now"
+                );
+                lifecycle.cut();
             }
-        }
+        });
+        first
     }
 }

@@ -87,7 +87,7 @@ fn check_refuses_durations_prices_and_names_out_of_range() {
          [[pools]]\nname = \"p\"\n\
          upstreams = [\"http://127.0.0.1:1\"]\ncooldown_ms = 9223372036854775807\n\n\
          [[models]]\nname = \"{long}\"\npool = \"p\"\n\
-         price = {{ prompt = 1e300, completion = 1.0 }}\n"
+         price = {{ prompt = 1e300, completion = 1.0 }}\n\n[storage]\nretention_days = 99999999999\n"
     );
     std::fs::write(dir.path().join("c.toml"), config).expect("write");
     std::fs::write(dir.path().join("k.toml"), "").expect("write");
@@ -101,6 +101,8 @@ fn check_refuses_durations_prices_and_names_out_of_range() {
         "c.toml:12: cooldown_ms",
         "c.toml:15: models[0].name: longer than 256 bytes",
         "c.toml:17: models[0].price",
+        "retention_days",
+        "more than a hundred years",
     ] {
         assert!(err.contains(needle), "missing `{needle}` in:\n{err}");
     }

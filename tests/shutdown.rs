@@ -87,6 +87,18 @@ async fn streams_longer_than_the_grace_period_are_cut_and_each_leaves_a_record()
 /// streams in flight are cut, each with its record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_shuts_down_with_every_record_and_a_second_one_ends_the_wait() {
+    ctrl_c_ends_the_wait_after("-INT").await;
+}
+
+/// A Ctrl-C after a SIGTERM ends the grace period at once as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ctrl_c_after_sigterm_ends_the_wait() {
+    ctrl_c_ends_the_wait_after("-TERM").await;
+}
+
+/// `first` begins a shutdown with a minute's grace while three streams run; a Ctrl-C then
+/// ends them at once, each with its record (503).
+async fn ctrl_c_ends_the_wait_after(first: &str) {
     let mut g = start_with(Setup {
         grace_seconds: 60,
         ..Setup::default()
@@ -107,12 +119,12 @@ async fn ctrl_c_shuts_down_with_every_record_and_a_second_one_ends_the_wait() {
             while let Ok(Some(_)) = resp.chunk().await {}
         }));
     }
-    g.send_signal("-INT");
+    g.send_signal(first);
     // The first one is taken once the listener stops accepting; the streams go on meanwhile.
     let addr = g.main.trim_start_matches("http://").to_string();
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(&addr).is_ok() {
-        assert!(Instant::now() < deadline, "still accepting after SIGINT");
+        assert!(Instant::now() < deadline, "still accepting after {first}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert!(g.running(), "exited at once");

@@ -280,6 +280,18 @@ fn duration_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D:
     bounded(d, "ms", MAX_DURATION.as_millis() as u64)
 }
 
+/// `retention_days`: at most a hundred years (a huge number overflowed into a short retention,
+/// which would have deleted the records).
+fn retention_days<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+    let v = Option::<u64>::deserialize(d)?;
+    match v {
+        Some(n) if n > 36_500 => Err(serde::de::Error::custom(format!(
+            "{n} days is more than a hundred years (36500)"
+        ))),
+        v => Ok(v),
+    }
+}
+
 /// A duration in seconds (`*_seconds`), at most `MAX_DURATION`.
 fn duration_s<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
     bounded(d, "seconds", MAX_DURATION.as_secs())
@@ -340,6 +352,7 @@ struct RawStorage {
     sqlite: Option<String>,
     postgres: Option<Spanned<String>>,
     spool: Option<String>,
+    #[serde(default, deserialize_with = "retention_days")]
     retention_days: Option<u64>,
 }
 

@@ -373,10 +373,9 @@ async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Res
     }
     ctx.body_asked = true;
     if body::expects_continue(session) {
-        session
-            .as_downstream_mut()
-            .write_continue_response()
-            .await?;
+        let bound = ctx.bound();
+        let write = session.as_downstream_mut().write_continue_response();
+        crate::respond::bounded(bound, write).await?;
     }
     let limit = config.client_body_timeout;
     let read = tokio::time::timeout(limit, body::read(session, config.max_body_bytes));
