@@ -43,6 +43,8 @@ pub struct Key {
     /// The client (`throttle::client_id`) that last used this key: while that address is
     /// throttled for wrong keys, a key it already used goes on working (0: none yet).
     pub last_client: std::sync::atomic::AtomicU64,
+    /// Its requests in flight (each holds a `limit::rate::Slot`), for `max_concurrent`.
+    pub in_flight: Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Key {
@@ -79,12 +81,20 @@ impl KeyTable {
     }
     /// What the keys of `before` learned while in force, kept by the same keys here (a key's
     /// `last_client`: a reload must not lock a key out behind a throttled address).
-    pub fn carry_over(&self, before: &KeyTable) {
+    /// Matched by id, so a rotated secret keeps them too; also its count of requests in flight,
+    /// so a `max_concurrent` the reload adds counts the requests already running.
+    pub fn carry_over(&mut self, before: &KeyTable) {
         use std::sync::atomic::Ordering::Relaxed;
-        for (h, key) in &self.by_hash {
-            if let Some(old) = before.by_hash.get(h) {
-                key.last_client
-                    .store(old.last_client.load(Relaxed), Relaxed);
+        let by_id: HashMap<&str, &Arc<Key>> =
+            before.by_hash.values().map(|k| (k.id.as_str(), k)).collect();
+        for key in self.by_hash.values_mut() {
+            let Some(old) = by_id.get(key.id.as_str()) else {
+                continue;
+            };
+            // The table is new: each key has no other owner yet.
+            if let Some(key) = Arc::get_mut(key) {
+                key.last_client = old.last_client.load(Relaxed).into();
+                key.in_flight = old.in_flight.clone();
             }
         }
     }
@@ -294,6 +304,7 @@ impl KeyTable {
                     expires_at,
                     hint,
                     last_client: Default::default(),
+                    in_flight: Default::default(),
                 };
                 if by_hash.insert(sha256, Arc::new(key)).is_some() {
                     p.push(Problem::new(

@@ -60,7 +60,7 @@ impl Live {
 
     /// Puts a new, already validated key table in force (the router stays). Concurrent
     /// swaps (the watcher and a console edit) each keep the other's router.
-    pub fn set_keys(&self, keys: KeyTable) {
+    pub fn set_keys(&self, mut keys: KeyTable) {
         keys.carry_over(&self.snapshot().keys);
         let keys = Arc::new(keys);
         self.state.rcu(|cur| Snapshot {

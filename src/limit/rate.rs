@@ -126,11 +126,10 @@ impl KeyWindows {
 #[derive(Default)]
 pub struct Limiter {
     windows: DashMap<String, Arc<Mutex<KeyWindows>>>,
-    in_flight: DashMap<String, Arc<AtomicU32>>,
 }
 
-/// Holds one of a key's `max_concurrent` slots; the slot frees when it drops (reply ended,
-/// client gone, or the request refused later on).
+/// Counts one request of a key in flight (against its `max_concurrent`, if it has one); it
+/// ends when the slot drops (reply ended, client gone, or the request refused later on).
 #[derive(Debug)]
 pub struct Slot(Arc<AtomicU32>);
 
@@ -148,25 +147,13 @@ impl Limiter {
         self.windows.entry(key_id.to_string()).or_default().clone()
     }
 
-    /// The count of `key_id`'s requests in flight.
-    fn in_flight(&self, key_id: &str) -> Arc<AtomicU32> {
-        if let Some(c) = self.in_flight.get(key_id) {
-            return c.clone();
-        }
-        self.in_flight
-            .entry(key_id.to_string())
-            .or_default()
-            .clone()
-    }
-
     /// Admits one request of `key` now, or says why not and for how long. Every admitted
     /// request holds a slot while it runs, whether the key has `max_concurrent` or not, so a
     /// limit a keys reload adds counts the requests already running.
     pub fn admit(&self, key: &Key, now: Instant) -> (Result<Option<Slot>, Refusal>, Headroom) {
         if key.rpm.is_none() && key.tpm.is_none() && key.max_concurrent.is_none() {
-            let counter = self.in_flight(&key.id);
-            counter.fetch_add(1, Ordering::AcqRel);
-            return (Ok(Some(Slot(counter))), Headroom::default());
+            key.in_flight.fetch_add(1, Ordering::AcqRel);
+            return (Ok(Some(Slot(key.in_flight.clone()))), Headroom::default());
         }
         let windows = self.windows(&key.id);
         let Ok(mut w) = windows.lock() else {
@@ -192,11 +179,11 @@ impl Limiter {
         let mut slot = None;
         if let (Some(_), Some(max)) = (&refusal, key.max_concurrent) {
             // Refused by rpm or tpm: the concurrency headroom is told all the same.
-            let taken = self.in_flight(&key.id).load(Ordering::Acquire);
+            let taken = key.in_flight.load(Ordering::Acquire);
             head.concurrency = Some((max, max.saturating_sub(taken)));
         }
         if refusal.is_none() {
-            let counter = self.in_flight(&key.id);
+            let counter = &key.in_flight;
             let before = counter.fetch_add(1, Ordering::AcqRel);
             match key.max_concurrent {
                 Some(max) if before >= max => {
@@ -205,10 +192,10 @@ impl Limiter {
                     head.concurrency = Some((max, 0));
                 }
                 Some(max) => {
-                    slot = Some(Slot(counter));
+                    slot = Some(Slot(counter.clone()));
                     head.concurrency = Some((max, max - before - 1));
                 }
-                None => slot = Some(Slot(counter)),
+                None => slot = Some(Slot(counter.clone())),
             }
         }
         if refusal.is_none() && key.rpm.is_some() {
