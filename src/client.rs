@@ -17,6 +17,8 @@ pub struct Cidr {
 }
 
 impl Cidr {
+    /// An address or a range; not one holding every address (`0.0.0.0/0`, `::/0`), which
+    /// would make `X-Forwarded-For` the client's own to write.
     pub fn parse(s: &str) -> Result<Cidr, String> {
         let (addr, bits) = match s.split_once('/') {
             Some((a, b)) => (a, Some(b)),
@@ -36,7 +38,19 @@ impl Cidr {
                 .filter(|b| *b <= max)
                 .ok_or_else(|| format!("'{s}': the prefix length must be 0 to {max}"))?,
         };
-        Ok(Cidr { net, bits })
+        if bits == 0 {
+            return Err(format!(
+                "'{s}' trusts every address: X-Forwarded-For would be the client's to write"
+            ));
+        }
+        Ok(Cidr {
+            net: net.to_canonical(),
+            bits: if net.is_ipv6() && net.to_canonical().is_ipv4() {
+                bits.saturating_sub(96)
+            } else {
+                bits
+            },
+        })
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
@@ -70,30 +84,31 @@ pub fn ip(session: &Session, trusted: &[Cidr]) -> Option<IpAddr> {
     if trusted.is_empty() {
         return Some(peer);
     }
+    // The last header line first: each proxy appends.
     let forwarded = session
         .req_header()
         .headers
         .get_all("x-forwarded-for")
         .iter()
+        .rev()
         .filter_map(|v| v.to_str().ok());
     Some(forwarded_client(peer, forwarded, trusted))
 }
 
 /// Walks back from the peer through `X-Forwarded-For` (each proxy appends the address it got
-/// the request from): the first address that is not a trusted proxy is the client. An entry
-/// that is not an address stops the walk at the last trusted hop.
+/// the request from), `lines` last first: the first address that is not a trusted proxy is the
+/// client. An entry that is not an address stops the walk at the last trusted hop.
 fn forwarded_client<'a>(
     peer: IpAddr,
-    headers: impl Iterator<Item = &'a str>,
+    lines: impl Iterator<Item = &'a str>,
     trusted: &[Cidr],
 ) -> IpAddr {
     let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
     if !is_trusted(peer) {
         return peer;
     }
-    let hops: Vec<&str> = headers.flat_map(|h| h.split(',')).collect();
     let mut client = peer;
-    for hop in hops.iter().rev() {
+    for hop in lines.flat_map(|line| line.rsplit(',')) {
         let Ok(ip) = hop.trim().parse::<IpAddr>() else {
             return client;
         };
@@ -123,8 +138,8 @@ mod tests {
         assert!(one.contains(ip("192.0.2.7")) && !one.contains(ip("192.0.2.8")));
         let v6 = Cidr::parse("2001:db8::/32").unwrap();
         assert!(v6.contains(ip("2001:db8:1::1")) && !v6.contains(ip("2001:db9::1")));
-        assert!(Cidr::parse("0.0.0.0/0").unwrap().contains(ip("8.8.8.8")));
-        for bad in ["10.0.0.0/33", "nope", "10.0.0.0/x", "::/129"] {
+        assert!(Cidr::parse("::ffff:10.0.0.0/104").unwrap().contains(ip("10.3.2.1")));
+        for bad in ["10.0.0.0/33", "nope", "10.0.0.0/x", "::/129", "0.0.0.0/0", "::/0"] {
             assert!(Cidr::parse(bad).is_err(), "{bad}");
         }
     }
@@ -132,7 +147,8 @@ mod tests {
     #[test]
     fn the_client_is_the_first_untrusted_hop_from_the_right() {
         let trusted = [Cidr::parse("10.0.0.0/8").unwrap()];
-        let walk = |peer: &str, h: &[&str]| forwarded_client(ip(peer), h.iter().copied(), &trusted);
+        let walk =
+            |peer: &str, h: &[&str]| forwarded_client(ip(peer), h.iter().rev().copied(), &trusted);
         // Not from a trusted proxy: the header is not believed.
         assert_eq!(walk("203.0.113.9", &["198.51.100.1"]), ip("203.0.113.9"));
         assert_eq!(walk("10.0.0.2", &["198.51.100.1"]), ip("198.51.100.1"));

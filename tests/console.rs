@@ -281,7 +281,7 @@ async fn state_changes_need_the_same_origin_or_the_csrf_token() {
 #[tokio::test]
 async fn behind_a_tls_proxy_the_public_origin_signs_in_with_a_secure_cookie() {
     let mut setup = console_setup();
-    setup.extra_config += "public_origin = \"https://console.example.com/\"\n";
+    setup.extra_config += "public_origin = \"https://console.example.com:443/\"\n";
     let g = start_with(setup);
     let sign_in = |origin: &'static str| {
         client_no_cookies()

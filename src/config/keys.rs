@@ -85,8 +85,11 @@ impl KeyTable {
     /// so a `max_concurrent` the reload adds counts the requests already running.
     pub fn carry_over(&mut self, before: &KeyTable) {
         use std::sync::atomic::Ordering::Relaxed;
-        let by_id: HashMap<&str, &Arc<Key>> =
-            before.by_hash.values().map(|k| (k.id.as_str(), k)).collect();
+        let by_id: HashMap<&str, &Arc<Key>> = before
+            .by_hash
+            .values()
+            .map(|k| (k.id.as_str(), k))
+            .collect();
         for key in self.by_hash.values_mut() {
             let Some(old) = by_id.get(key.id.as_str()) else {
                 continue;

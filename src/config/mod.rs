@@ -860,6 +860,12 @@ impl Config {
                         "is not an origin: a scheme and a host, as https://console.example.com",
                     ));
                 }
+                // A browser's Origin leaves out the scheme's default port.
+                let v = v
+                    .strip_suffix(":443")
+                    .filter(|o| o.starts_with("https://"))
+                    .or_else(|| v.strip_suffix(":80").filter(|o| o.starts_with("http://")))
+                    .map_or_else(|| v.clone(), str::to_string);
                 ok.then_some(v)
             });
             ConsoleConfig {
