@@ -138,8 +138,19 @@ mod tests {
         assert!(one.contains(ip("192.0.2.7")) && !one.contains(ip("192.0.2.8")));
         let v6 = Cidr::parse("2001:db8::/32").unwrap();
         assert!(v6.contains(ip("2001:db8:1::1")) && !v6.contains(ip("2001:db9::1")));
-        assert!(Cidr::parse("::ffff:10.0.0.0/104").unwrap().contains(ip("10.3.2.1")));
-        for bad in ["10.0.0.0/33", "nope", "10.0.0.0/x", "::/129", "0.0.0.0/0", "::/0"] {
+        assert!(
+            Cidr::parse("::ffff:10.0.0.0/104")
+                .unwrap()
+                .contains(ip("10.3.2.1"))
+        );
+        for bad in [
+            "10.0.0.0/33",
+            "nope",
+            "10.0.0.0/x",
+            "::/129",
+            "0.0.0.0/0",
+            "::/0",
+        ] {
             assert!(Cidr::parse(bad).is_err(), "{bad}");
         }
     }

@@ -90,6 +90,16 @@ pub fn is_shutdown_cut(e: &pingora_error::Error) -> bool {
     e.etype() == &pingora_error::ErrorType::Custom(SHUT_DOWN)
 }
 
+/// The status a reply whose write failed is recorded with: 503 for the shutdown's cut, else
+/// 499 (the client left, or took nothing within `client_send_timeout_ms`).
+pub fn failed_write_status(e: &pingora_error::Error) -> u16 {
+    if is_shutdown_cut(e) {
+        GatewayError::ShuttingDown.status()
+    } else {
+        499
+    }
+}
+
 pub async fn send(
     session: &mut Session,
     request_id: &str,

@@ -165,6 +165,14 @@ impl Outcome {
         (200..300).contains(&self.status())
     }
 
+    /// A write to the client that failed: the shutdown's cut (503), or the client's doing.
+    pub fn of_failed_write(e: &pingora_error::Error) -> Outcome {
+        match crate::respond::failed_write_status(e) {
+            499 => Outcome::ClientGone,
+            status => Outcome::UpstreamFailed(status),
+        }
+    }
+
     /// An error ended the request. One that had not failed yet was cut: by the shutdown (503),
     /// the client (499) or the upstream (502). A failure already named stays as it was.
     pub fn cut(self, e: &pingora_error::Error) -> Outcome {

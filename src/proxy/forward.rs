@@ -463,7 +463,8 @@ async fn stream_reply(
     }
     crate::respond::frame_unknown_length(session, &mut resp)?;
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    write_header(session, ctx, life.as_deref(), resp).await?;
+    let header = session.write_response_header(Box::new(resp), false);
+    write(ctx, life.as_deref(), header).await?;
     // A stream may go quiet for `idle_timeout` between events; a plain reply must be whole
     // within `request_timeout` of the start.
     let deadline = (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout);
@@ -525,7 +526,8 @@ async fn stream_reply(
                 }
             }
         }
-        write_body(session, ctx, life.as_deref(), out.take(), done).await?;
+        let piece = session.write_response_body(out.take(), done);
+        write(ctx, life.as_deref(), piece).await?;
         if let Some(e) = failed {
             pool.transport_failed(up);
             ctx.outcome = Outcome::UpstreamFailed(502);
@@ -539,49 +541,21 @@ async fn stream_reply(
     Ok(())
 }
 
-/// Writes a piece of the reply to the client. A client that does not read holds the write for
-/// at most `client_send_timeout_ms` (then the reply ends as the client's: 499); the shutdown
-/// ends it all the same. Either failure names the outcome.
-async fn write_body(
-    session: &mut Session,
+/// Writes to the client (the reply's header or a piece of its body). A client that does not
+/// read holds the write for at most `client_send_timeout_ms` (then the reply ends as the
+/// client's: 499); the shutdown ends it all the same. Either failure names the outcome.
+async fn write<T>(
     ctx: &mut Ctx,
     life: Option<&Lifecycle>,
-    piece: Option<Bytes>,
-    done: bool,
-) -> pingora_error::Result<()> {
+    write: impl std::future::Future<Output = pingora_error::Result<T>>,
+) -> pingora_error::Result<T> {
     let bound = crate::respond::Bound {
         limit: ctx.send_timeout,
         life,
     };
-    crate::respond::bounded(bound, session.write_response_body(piece, done))
+    crate::respond::bounded(bound, write)
         .await
-        .inspect_err(|e| ctx.outcome = cut_outcome(e))
-}
-
-/// Writes the reply's header to the client, bounded as its body is (a client that pipelined
-/// requests and reads nothing holds a header write too).
-async fn write_header(
-    session: &mut Session,
-    ctx: &mut Ctx,
-    life: Option<&Lifecycle>,
-    resp: ResponseHeader,
-) -> pingora_error::Result<()> {
-    let bound = crate::respond::Bound {
-        limit: ctx.send_timeout,
-        life,
-    };
-    crate::respond::bounded(bound, session.write_response_header(Box::new(resp), false))
-        .await
-        .inspect_err(|e| ctx.outcome = cut_outcome(e))
-}
-
-/// The outcome of a reply whose write failed: the shutdown's cut, or the client's doing.
-fn cut_outcome(e: &Error) -> Outcome {
-    if crate::respond::is_shutdown_cut(e) {
-        Outcome::UpstreamFailed(GatewayError::ShuttingDown.status())
-    } else {
-        Outcome::ClientGone
-    }
+        .inspect_err(|e| ctx.outcome = Outcome::of_failed_write(e))
 }
 
 /// A reply the shutdown ended: its record says 503, and the client's connection is cut.
@@ -689,9 +663,15 @@ async fn pass_error(
     };
     resp.remove_header(&http::header::TRANSFER_ENCODING);
     resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-    write_header(session, ctx, life.as_deref(), resp).await?;
+    let header = session.write_response_header(Box::new(resp), false);
+    write(ctx, life.as_deref(), header).await?;
     // Up to 1 MiB.
-    write_body(session, ctx, life.as_deref(), Some(body), true).await?;
+    write(
+        ctx,
+        life.as_deref(),
+        session.write_response_body(Some(body), true),
+    )
+    .await?;
     if whole && upstream.client.response_done() {
         upstream.release(connections).await;
     }

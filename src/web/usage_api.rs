@@ -215,7 +215,7 @@ pub async fn send_csv(
     ex.status = 200;
     let header = session.write_response_header(Box::new(h), false);
     if let Err(e) = crate::respond::bounded(bound, header).await {
-        ex.status = cut_status(&e);
+        ex.status = crate::respond::failed_write_status(&e);
         return Err(e);
     }
     // A small channel between the blocking reader and this task: memory stays a few chunks.
@@ -243,7 +243,7 @@ pub async fn send_csv(
         let Some(chunk) = next else { break };
         let write = session.write_response_body(Some(chunk), false);
         if let Err(e) = crate::respond::bounded(bound, write).await {
-            ex.status = cut_status(&e);
+            ex.status = crate::respond::failed_write_status(&e);
             // The reader stops at its next chunk (the channel is gone); not waited for.
             drop(rx);
             return Err(e);
@@ -259,7 +259,7 @@ pub async fn send_csv(
             let end = session.write_response_body(Some(Bytes::new()), true);
             crate::respond::bounded(bound, end)
                 .await
-                .inspect_err(|e| ex.status = cut_status(e))
+                .inspect_err(|e| ex.status = crate::respond::failed_write_status(e))
         }
         Err(e) => export_failed(session, ex, &e),
     }
@@ -279,16 +279,6 @@ fn export_failed(
         pingora_error::ErrorType::InternalError,
         "the usage export failed",
     ))
-}
-
-/// The status of an export whose write failed: the shutdown's cut, or a client that left or
-/// took nothing within `client_send_timeout_ms`.
-fn cut_status(e: &pingora_error::Error) -> u16 {
-    if crate::respond::is_shutdown_cut(e) {
-        GatewayError::ShuttingDown.status()
-    } else {
-        499
-    }
 }
 
 #[cfg(test)]

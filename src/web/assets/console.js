@@ -274,9 +274,7 @@
     if (ev) ev.preventDefault();
     try {
       const p = usageParams();
-      // A range that ends in the future ends now for this query: the totals and the records
-      // then count the same requests, however long the paging takes.
-      if (Date.parse(p.end) > Date.now()) p.end = new Date(Math.max(Date.parse(p.start) + 1, Date.now())).toISOString();
+      p.end = new Date(MG.endingNow(Date.parse(p.start), Date.parse(p.end))).toISOString();
       state.range = p;
       say("Loading…");
       const [sum, days] = await Promise.all([

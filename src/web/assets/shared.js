@@ -51,6 +51,13 @@ window.MG = (function () {
     return found.length ? Math.min(...found) : before;
   }
 
+  // A range's end for a query made now: one in the future ends now, so the totals and the
+  // record list of the query count the same requests, however long the paging takes.
+  function endingNow(startMs, endMs) {
+    const now = Date.now();
+    return endMs > now ? Math.max(startMs + 1, now) : endMs;
+  }
+
   function qs(params) {
     return Object.entries(params)
       .filter(([, v]) => v !== null && v !== undefined)
@@ -154,5 +161,5 @@ window.MG = (function () {
     return tr;
   }
 
-  return { offsetText, wall, inputValue, parseInput, qs, fact, num, credits, chart, row, totals, download };
+  return { offsetText, wall, inputValue, parseInput, endingNow, qs, fact, num, credits, chart, row, totals, download };
 })();

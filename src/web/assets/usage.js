@@ -182,9 +182,7 @@
     if (oddToken()) return refuse(oddToken(), true);
     const bad = readRange();
     if (bad) return refuse(bad);
-    // A range that ends in the future ends now for this query: the totals and the records
-    // then count the same requests, however long the paging takes.
-    if (state.endMs > Date.now()) state.endMs = Math.max(state.startMs + 1, Date.now());
+    state.endMs = MG.endingNow(state.startMs, state.endMs);
     state.shown = { token: $("token").value.trim(), range: rangeParams() };
     say("Loading…");
     $("query").disabled = true;
