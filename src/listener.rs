@@ -54,13 +54,22 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
         let options = self.inner.server_options();
         let h2c =
             options.is_some_and(|o| o.h2c || o.force_custom) && stream.get_ssl_digest().is_none();
+        let mut stream = stream;
         if h2c || stream.selected_alpn_proto().is_some_and(|p| p != ALPN::H1) {
             // HTTP/2 (TLS listeners, by ALPN): its frames are not HTTP/1 text, so neither the
-            // header watch nor the bare-error rewrite applies; Pingora's h2 server bounds its
-            // streams itself.
-            return ServerApp::process_new(&self.inner, stream, shutdown).await;
+            // header watch nor the bare-error rewrite applies. Its connection preface must come
+            // within the header deadline (Pingora's h2 server waits for it for good, so idle
+            // connections could take every file descriptor); after it, an idle connection is
+            // closed by Pingora's h2 idle timeout (`keepalive_timeout_ms`).
+            let mut first = [0u8; 1];
+            match tokio::time::timeout(self.limit, stream.try_peek(&mut first)).await {
+                Ok(Ok(_)) => {}
+                _ => return None,
+            }
+            let mut deadlined = Deadlined::new(stream, self.limit);
+            deadlined.preface_left = H2_PREFACE_LEN;
+            return ServerApp::process_new(&self.inner, Box::new(deadlined), shutdown).await;
         }
-        let mut stream = stream;
         // Wait for the request's first byte before the proxy sees the connection: Pingora
         // drops a connection whose request has not arrived when a shutdown or upgrade begins,
         // so one accepted just before SIGQUIT would be closed unanswered. With a byte in hand,
@@ -114,7 +123,12 @@ pub struct Deadlined {
     header_in: AtomicBool,
     /// The reply being sent in place of Pingora's bare error, and how much of it went out.
     replacing: Option<(Vec<u8>, usize)>,
+    /// HTTP/2: bytes of the connection preface still to come before the deadline is spent.
+    preface_left: usize,
 }
+
+/// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`, the start of every HTTP/2 connection.
+const H2_PREFACE_LEN: usize = 24;
 
 /// Whether `bytes` are the header of an error Pingora generated itself (see the module doc).
 fn pingoras_bare_error(bytes: &[u8]) -> bool {
@@ -187,6 +201,7 @@ impl Deadlined {
             awaiting_first_byte: false,
             header_in: AtomicBool::new(false),
             replacing: None,
+            preface_left: 0,
         }
     }
 
@@ -196,8 +211,15 @@ impl Deadlined {
         *self.header_in.get_mut() = false;
     }
 
-    /// Starts the next request's timer on its first byte read.
+    /// Starts the next request's timer on its first byte read; an HTTP/2 connection's deadline
+    /// is spent once its preface is in.
     fn saw(&mut self, bytes: &[u8]) {
+        if self.preface_left > 0 {
+            self.preface_left = self.preface_left.saturating_sub(bytes.len());
+            if self.preface_left == 0 {
+                *self.header_in.get_mut() = true;
+            }
+        }
         if self.awaiting_first_byte && !bytes.is_empty() {
             self.awaiting_first_byte = false;
             let at = tokio::time::Instant::now() + self.limit;

@@ -67,10 +67,14 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
     ] {
         if let Some(addr) = addr {
             let name = format!("modelgate {}", listener.name());
-            let proxy = http_proxy(
+            let mut proxy = http_proxy(
                 &server.configuration,
                 Gateway::new(shared.clone(), listener),
             );
+            // An idle HTTP/2 connection is closed as an idle HTTP/1.1 one is.
+            let mut options = pingora_core::apps::HttpServerOptions::default();
+            options.h2_idle_timeout = Some(config.keepalive_timeout);
+            proxy.server_options = Some(options);
             let app = HeaderDeadline {
                 inner: Arc::new(proxy),
                 limit: config.client_header_timeout,

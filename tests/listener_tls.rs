@@ -411,3 +411,96 @@ fn a_listener_certificate_that_cannot_be_used_stops_the_start_naming_it() {
         }
     }
 }
+
+/// A TLS connection to `base` that asked for HTTP/2 by ALPN, each read waiting at most 10 s.
+fn h2_connection(
+    pki: &Pki,
+    base: &str,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca_der()).expect("ca");
+    let provider = std::sync::Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+    let tls = rustls::ClientConnection::new(std::sync::Arc::new(config), name).expect("tls");
+    let tcp = blocking_connect(base, Duration::from_secs(10));
+    rustls::StreamOwned::new(tls, tcp)
+}
+
+/// Reads until the server ends the connection; how long that took. A read that waits 10 s
+/// means it is still open.
+fn until_closed(
+    s: &mut rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream>,
+) -> Duration {
+    use std::io::Read;
+    let started = Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return started.elapsed(),
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                panic!("still open after {:?}", started.elapsed())
+            }
+            Err(_) => return started.elapsed(),
+        }
+    }
+}
+
+/// HTTP/2 connections that hold a descriptor and do nothing are closed as HTTP/1.1 ones are:
+/// one that sends not even its preface within `client_header_timeout_ms`, and one idle after
+/// it for `keepalive_timeout_ms` (before, both stayed open for good: enough of them took
+/// every file descriptor, and the gateway stopped answering).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_are_closed() {
+    use std::io::Write;
+    let pki = Pki::new("h2 idle test CA");
+    let g = start_with(Setup {
+        extra_config: tls_config(Some(&pki), None),
+        server_extra: "client_header_timeout_ms = 1000\nkeepalive_timeout_ms = 1500".into(),
+        ..Setup::default()
+    });
+    // A stream whose events come further apart than the idle limit is not idle: it ends whole.
+    let h2 = tls_client(&pki, false);
+    let resp = h2
+        .post(format!("{}/v1/chat/completions", https(&g.main)))
+        .bearer_auth(KEY)
+        .header("x-mock-chunks", "3")
+        .header("x-mock-delay-ms", "1000")
+        .json(&chat_body("echo-1", true))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+    let text = resp.text().await.expect("whole stream");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let mut silent = tokio::task::block_in_place(|| h2_connection(&pki, &g.main));
+    // The handshake: an empty write flushes it.
+    silent.write_all(b"").expect("handshake");
+    while silent.conn.is_handshaking() {
+        silent
+            .conn
+            .complete_io(&mut silent.sock)
+            .expect("handshake");
+    }
+    assert_eq!(silent.conn.alpn_protocol(), Some(&b"h2"[..]));
+    let took = tokio::task::block_in_place(|| until_closed(&mut silent));
+    assert!(took < Duration::from_secs(5), "{took:?}");
+
+    let mut idle = h2_connection(&pki, &g.main);
+    idle.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .expect("preface and settings");
+    let took = tokio::task::block_in_place(|| until_closed(&mut idle));
+    assert!(
+        (Duration::from_millis(1_000)..Duration::from_secs(6)).contains(&took),
+        "{took:?}"
+    );
+}

@@ -33,6 +33,12 @@ impl Pki {
         self.ca.pem()
     }
 
+    /// The CA certificate (DER), for a rustls client.
+    #[allow(dead_code)]
+    pub fn ca_der(&self) -> rustls::pki_types::CertificateDer<'static> {
+        self.ca.der().clone()
+    }
+
     /// A server certificate and its key as `{prefix}cert.pem` and `{prefix}key.pem` (the
     /// first, `cert.pem` and `key.pem`, is made with the CA); returns (cert, key) paths.
     pub fn issue(&self, prefix: &str) -> (String, String) {
