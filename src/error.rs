@@ -5,6 +5,12 @@
 
 use serde_json::json;
 
+/// The most request headers, and header bytes (names and values), a request may bring: more
+/// would go upstream, and a model server that drops the connection on them (uvicorn's h11
+/// does) would look down, and be ejected, for one client's request.
+pub const MAX_HEADERS: usize = 100;
+pub const MAX_HEADER_BYTES: usize = 32 * 1024;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GatewayError {
     InvalidJson(String),
@@ -35,6 +41,8 @@ pub enum GatewayError {
     /// Console: the thing to create exists already (a key id).
     Conflict(String),
     RequestTooLarge(usize),
+    /// More headers, or more header bytes, than go upstream: (headers, bytes) sent.
+    HeadersTooLarge(usize, usize),
     /// The upstream's own error reply, whose body was empty or not JSON: its status, kept.
     UpstreamReply(u16, String),
     /// A CORS preflight from an origin `[cors] allow_origins` does not list.
@@ -206,6 +214,16 @@ impl GatewayError {
                 "request_too_large",
                 None,
                 format!("The request body is larger than the limit of {limit} bytes."),
+            ),
+            E::HeadersTooLarge(count, bytes) => (
+                431,
+                "invalid_request_error",
+                "request_headers_too_large",
+                None,
+                format!(
+                    "The request has {count} headers of {bytes} bytes; the gateway sends at \
+                     most {MAX_HEADERS} headers of {MAX_HEADER_BYTES} bytes upstream."
+                ),
             ),
             E::RateLimited { message, .. } => (
                 429,

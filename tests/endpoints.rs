@@ -244,6 +244,10 @@ async fn a_path_spelled_another_way_is_refused_and_another_endpoints_stream_is_m
         "/v1//chat/completions",
         "/v1/x/../chat/completions",
         "/v1/responses/%72esp_1/cancel",
+        "/v1/chat/completions;x",
+        "/v1/chat%5Ccompletions",
+        "/v1/Chat/Completions",
+        "/v1/models/../chat/completions",
     ] {
         let mut s = raw_connect(&g.main).await;
         let head = chat_head(KEY, body.len(), "Connection: close\r\n").replacen(
@@ -279,6 +283,50 @@ async fn a_path_spelled_another_way_is_refused_and_another_endpoints_stream_is_m
         );
         assert!(r["completion_tokens"].as_u64() > Some(0), "{r}");
     }
+}
+
+/// More headers than go upstream (100, or 32 KiB of them) get 431 before anything is sent: a
+/// model server that drops the connection on them would look down, and every upstream of the
+/// pool would be ejected for one client's request.
+#[tokio::test]
+async fn too_many_request_headers_get_431_and_never_reach_the_upstream() {
+    let g = start();
+    let many: Vec<(String, String)> = (0..150).map(|i| (format!("x-h-{i}"), "v".into())).collect();
+    let refs: Vec<(&str, &str)> = many.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+    let body = chat_body("echo-1", false);
+    let (status, e) =
+        error_of(send(&g.main, "/v1/chat/completions", Some(KEY), &body, &refs).await).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (431, Some("request_headers_too_large")),
+        "{e}"
+    );
+    let big = "v".repeat(33 * 1024);
+    let (status, _) = error_of(
+        send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &body,
+            &[("x-big", big.as_str())],
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, 431);
+    // A usual request is untouched.
+    assert_eq!(
+        send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &body,
+            &refs[..20]
+        )
+        .await
+        .status(),
+        200
+    );
 }
 
 /// Any other model-server `POST /v1/...` whose body names a model is routed by it (group

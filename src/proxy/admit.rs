@@ -228,8 +228,22 @@ fn target(session: &Session, ctx: &mut Ctx, keys: &KeyTable) -> Result<Target, S
     if path_key(req.uri.path()) {
         return Err(GatewayError::NotFound(format!("/v1/{REDACTED}")).into());
     }
-    // Sent on as written, a path must mean to the upstream what it means here.
-    if matches!(target, Target::Proxy(_) | Target::StoredResponse(_))
+    let upstream_bound = matches!(target, Target::Proxy(_) | Target::StoredResponse(_));
+    // Headers that go on upstream are bounded (see `MAX_HEADERS`).
+    if upstream_bound {
+        let count = req.headers.len();
+        let bytes: usize = req
+            .headers
+            .iter()
+            .map(|(n, v)| n.as_str().len() + v.len())
+            .sum();
+        if count > crate::error::MAX_HEADERS || bytes > crate::error::MAX_HEADER_BYTES {
+            return Err(GatewayError::HeadersTooLarge(count, bytes).into());
+        }
+    }
+    // Sent on as written, a path must mean to the upstream what it means here (also one the
+    // API names for another method).
+    if (upstream_bound || matches!(target, Target::WrongMethod(_)))
         && !crate::route::endpoint::canonical(req.uri.path())
     {
         let message = format!(

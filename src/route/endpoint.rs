@@ -167,23 +167,32 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
     }
 }
 
-/// Whether a path is written as the API names it: no percent-encoded unreserved character or
-/// `/`, no empty segment, no `.` or `..` segment. Each of those is another spelling of a path to
-/// the upstream's server (which decodes and may normalise it), while the gateway classifies the
-/// bytes: `/v1/chat%2Fcompletions` would be `other` here and chat there, a stream then metered
-/// as neither.
+/// Whether a path is written as the API names it: no percent-encoded unreserved character,
+/// `/`, `\\`, `;` or control character; none of those raw but `/`; no empty, `.` or `..` segment;
+/// and not one of the API's paths in other letter case. Each of those is another spelling of a
+/// path to some upstream server (which decodes, normalises, drops `;` parameters or ignores
+/// case), while the gateway classifies the bytes: `/v1/chat%2Fcompletions` would be `other`
+/// here and chat there, a stream then metered as neither, and a key allowed only `other`
+/// would reach chat.
 pub fn canonical(path: &str) -> bool {
-    let path = path.split('?').next().unwrap_or(path);
     let b = path.as_bytes();
+    let odd = |c: u8| c == b';' || c == b'\\' || c < 0x20 || c == 0x7f;
     let encoded_alias = b.windows(3).any(|w| {
         w[0] == b'%'
             && std::str::from_utf8(&w[1..])
                 .ok()
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .is_some_and(|c| c.is_ascii_alphanumeric() || b"-._~/".contains(&c))
+                .is_some_and(|c| c.is_ascii_alphanumeric() || b"-._~/".contains(&c) || odd(c))
     });
-    let odd_segment = path.contains("//") || path.split('/').any(|seg| matches!(seg, "." | ".."));
-    !encoded_alias && !odd_segment
+    let odd_segment = path.contains("//")
+        || path.split('/').any(|seg| matches!(seg, "." | ".."))
+        || b.iter().any(|c| odd(*c));
+    let case_alias = b.iter().any(u8::is_ascii_uppercase)
+        && matches!(
+            classify(&http::Method::POST, &path.to_ascii_lowercase()),
+            Target::Proxy(Endpoint { group, .. }) if group != Group::Other
+        );
+    !encoded_alias && !odd_segment && !case_alias
 }
 
 /// `/v1/responses/{id}[/input_items|/cancel]` by method.
@@ -226,7 +235,7 @@ mod tests {
         for ok in [
             "/v1/chat/completions",
             "/v1/chat/completions/",
-            "/v1/rerank?x=%2F",
+            "/v1/Rerank",
             "/v1/responses/resp_1",
             "/v1/x/caf%C3%A9",
             "/v1/x/a%20b",
@@ -245,6 +254,13 @@ mod tests {
             "/v1/chat/completions/..",
             "/v1/%2E%2E/v1/chat/completions",
             "/v1/a%7Eb",
+            "/v1/chat/completions;x",
+            "/v1/chat%3Bcompletions",
+            "/v1/chat%5Ccompletions",
+            "/v1/chat\\completions",
+            "/v1/chat/completions%00",
+            "/v1/Chat/Completions",
+            "/V1/CHAT/COMPLETIONS",
         ] {
             assert!(!canonical(alias), "{alias}");
         }
