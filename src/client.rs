@@ -108,8 +108,16 @@ fn forwarded_client<'a>(
         return peer;
     }
     let mut client = peer;
-    for hop in lines.flat_map(|line| line.rsplit(',')) {
-        let Ok(ip) = hop.trim().parse::<IpAddr>() else {
+    let hops = lines
+        .flat_map(|line| line.rsplit(','))
+        .map(str::trim)
+        .filter(|hop| !hop.is_empty());
+    for hop in hops {
+        // An address, or one with its port (`203.0.113.5:5555`, `[2001:db8::1]:443`).
+        let parsed = hop
+            .parse::<IpAddr>()
+            .or_else(|_| hop.parse::<std::net::SocketAddr>().map(|a| a.ip()));
+        let Ok(ip) = parsed else {
             return client;
         };
         client = ip.to_canonical();
@@ -172,5 +180,8 @@ mod tests {
         assert_eq!(walk("10.0.0.2", &[]), ip("10.0.0.2"));
         assert_eq!(walk("10.0.0.2", &["unknown"]), ip("10.0.0.2"));
         assert_eq!(walk("10.0.0.2", &["10.0.0.5"]), ip("10.0.0.5"));
+        // With ports, and an empty entry at the end.
+        assert_eq!(walk("10.0.0.2", &["203.0.113.5:5555, "]), ip("203.0.113.5"));
+        assert_eq!(walk("10.0.0.2", &["[2001:db8::1]:443"]), ip("2001:db8::1"));
     }
 }

@@ -139,6 +139,19 @@ async fn both_listeners_speak_https_with_http2_and_http1_streaming_included() {
     let completion = r["completion_tokens"].as_u64().expect("tokens");
     assert!((1..40).contains(&completion), "tokens so far: {r}");
 
+    // HEAD of the CSV export over HTTP/2: its header, no body.
+    let head = h2
+        .head(format!("{direct}/api/usage.csv"))
+        .bearer_auth(KEY)
+        .send()
+        .await
+        .expect("head");
+    assert_eq!(
+        (head.status().as_u16(), head.version()),
+        (200, reqwest::Version::HTTP_2)
+    );
+    assert!(head.bytes().await.expect("no body").is_empty());
+
     // The pages: the usage-record page on `direct`, the console on `main`, whose session
     // cookie is Secure over TLS (and HttpOnly, SameSite as always).
     let page = h2.get(format!("{direct}/")).send().await.expect("page");

@@ -213,6 +213,13 @@ pub async fn send_csv(
         life: life.as_deref(),
     };
     ex.status = 200;
+    // HEAD: the header alone, and no export run (over HTTP/2 a body would go out as DATA).
+    if session.req_header().method == http::Method::HEAD {
+        let header = session.write_response_header(Box::new(h), true);
+        return crate::respond::bounded(bound, header)
+            .await
+            .inspect_err(|e| ex.status = crate::respond::failed_write_status(e));
+    }
     let header = session.write_response_header(Box::new(h), false);
     if let Err(e) = crate::respond::bounded(bound, header).await {
         ex.status = crate::respond::failed_write_status(&e);
