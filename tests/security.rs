@@ -211,6 +211,26 @@ async fn behind_a_trusted_proxy_wrong_keys_are_counted_per_forwarded_client() {
     assert_eq!(chat(g.main.clone(), OTHER_KEY, "203.0.113.9").await, 429);
 }
 
+/// A path read without its trailing slash goes up as the API names it (a server that
+/// redirects `/v1/chat/completions/` would send the client its own address), its query kept.
+#[tokio::test]
+async fn a_trailing_slash_goes_upstream_as_the_api_names_the_path() {
+    let rec = Recorder::start().await;
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        ..Setup::default()
+    });
+    let body = chat_body("recorded", false);
+    let resp = send(&g.main, "/v1/chat/completions/?x=1", Some(KEY), &body, &[]).await;
+    assert_eq!(resp.status(), 200);
+    let seen = rec.seen();
+    let head = &seen.last().expect("one request").head;
+    assert!(
+        head.starts_with("POST /v1/chat/completions?x=1 HTTP/1.1\r\n"),
+        "{head}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_wrong_keys_are_throttled_and_never_reach_the_upstream() {
     let rec = Recorder::start().await;

@@ -176,14 +176,32 @@ pub fn rewrite_request(
     )?;
     // Always origin-form (`/v1/...`): an absolute-form target from the client would name a
     // host of its choosing, which a front end might route the pool's credential to. An
-    // origin-form target to an upstream without a base path is already what goes up.
-    if up.cfg.base_path.is_empty() && req.uri.scheme().is_none() && req.uri.authority().is_none() {
+    // origin-form target to an upstream without a base path is already what goes up. A path
+    // the gateway read without its trailing slash goes up as the API names it (a server that
+    // redirects `/v1/chat/completions/` would tell the client its own address).
+    let path = req.uri.path();
+    let trailing = path.len() > 1 && path.ends_with('/');
+    if up.cfg.base_path.is_empty()
+        && !trailing
+        && req.uri.scheme().is_none()
+        && req.uri.authority().is_none()
+    {
         return Ok(());
     }
-    let pq = req.uri.path_and_query().map_or("/", |p| p.as_str());
-    let uri: http::Uri = format!("{}{}", up.cfg.base_path, pq).parse().map_err(|_| {
-        pingora_error::Error::explain(pingora_error::ErrorType::InternalError, "bad upstream path")
-    })?;
+    let path = if trailing {
+        &path[..path.len() - 1]
+    } else {
+        path
+    };
+    let query = req.uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+    let uri: http::Uri = format!("{}{path}{query}", up.cfg.base_path)
+        .parse()
+        .map_err(|_| {
+            pingora_error::Error::explain(
+                pingora_error::ErrorType::InternalError,
+                "bad upstream path",
+            )
+        })?;
     req.set_uri(uri);
     Ok(())
 }
