@@ -667,31 +667,17 @@ async fn keys_in_postgres_are_shared_by_the_fleet_within_a_second() {
         }
     };
     let cookie = console(&a.main).await;
-    let made = common::client()
-        .post(format!("{}/console/api/keys", a.main))
-        .header("cookie", &cookie)
-        .header("origin", &a.main)
-        .json(&serde_json::json!({"id": "fleet-new", "rpm": 50}))
-        .send()
-        .await
-        .expect("create");
-    assert!(made.status().is_success(), "{}", made.status());
-    let secret = made.json::<serde_json::Value>().await.expect("json")["secret"]
-        .as_str()
-        .expect("secret")
-        .to_string();
+    let secret = console_create(
+        &a.main,
+        &cookie,
+        serde_json::json!({"id": "fleet-new", "rpm": 50}),
+    )
+    .await;
     let took = await_status(&b, &secret, 200).await;
     assert!(took < Duration::from_secs(1), "seen on b after {took:?}");
     // Revoked on b's console: refused on a within a second.
     let cookie_b = console(&b.main).await;
-    let del = common::client()
-        .delete(format!("{}/console/api/keys/fleet-new", b.main))
-        .header("cookie", &cookie_b)
-        .header("origin", &b.main)
-        .send()
-        .await
-        .expect("delete");
-    assert!(del.status().is_success(), "{}", del.status());
+    console_delete(&b.main, &cookie_b, "fleet-new").await;
     let took = await_status(&a, &secret, 401).await;
     assert!(
         took < Duration::from_secs(1),
@@ -754,19 +740,7 @@ async fn keys_in_postgres_are_shared_by_the_fleet_within_a_second() {
             )
             .expect("copy a secret")
     });
-    let made = common::client()
-        .post(format!("{}/console/api/keys", a.main))
-        .header("cookie", &cookie)
-        .header("origin", &a.main)
-        .json(&serde_json::json!({"id": "after-break"}))
-        .send()
-        .await
-        .expect("create");
-    assert!(made.status().is_success(), "{}", made.status());
-    let secret = made.json::<serde_json::Value>().await.expect("json")["secret"]
-        .as_str()
-        .expect("secret")
-        .to_string();
+    let secret = console_create(&a.main, &cookie, serde_json::json!({"id": "after-break"})).await;
     await_status(&b, &secret, 200).await;
     assert_eq!(
         common::get(&b.direct, "/v1/models", Some(common::RPM2_KEY))
@@ -774,14 +748,7 @@ async fn keys_in_postgres_are_shared_by_the_fleet_within_a_second() {
             .status(),
         200
     );
-    let del = common::client()
-        .delete(format!("{}/console/api/keys/full", a.main))
-        .header("cookie", &cookie)
-        .header("origin", &a.main)
-        .send()
-        .await
-        .expect("delete");
-    assert!(del.status().is_success(), "{}", del.status());
+    console_delete(&a.main, &cookie, "full").await;
     await_status(&b, KEY, 401).await;
     // A gateway started now takes the rows that pass, and leaves the broken ones out.
     let c = start_with(setup());
@@ -795,6 +762,35 @@ async fn keys_in_postgres_are_shared_by_the_fleet_within_a_second() {
 }
 
 /// Polls `GET /v1/models` with `key` until it answers `status`; how long that took.
+/// Creates a key through the console at `base` (signed in with `cookie`); its secret.
+async fn console_create(base: &str, cookie: &str, body: serde_json::Value) -> String {
+    let made = common::client()
+        .post(format!("{base}/console/api/keys"))
+        .header("cookie", cookie)
+        .header("origin", base)
+        .json(&body)
+        .send()
+        .await
+        .expect("create");
+    assert!(made.status().is_success(), "{}", made.status());
+    made.json::<serde_json::Value>().await.expect("json")["secret"]
+        .as_str()
+        .expect("secret")
+        .to_string()
+}
+
+/// Deletes the key `id` through the console at `base`.
+async fn console_delete(base: &str, cookie: &str, id: &str) {
+    let del = common::client()
+        .delete(format!("{base}/console/api/keys/{id}"))
+        .header("cookie", cookie)
+        .header("origin", base)
+        .send()
+        .await
+        .expect("delete");
+    assert!(del.status().is_success(), "{}", del.status());
+}
+
 async fn await_status(g: &common::Gateway, key: &str, status: u16) -> Duration {
     let start = Instant::now();
     loop {

@@ -65,11 +65,7 @@ async fn streams_longer_than_the_grace_period_are_cut_and_each_leaves_a_record()
         assert!(got > 0 && cut, "got {got} bytes, cut {cut}");
     }
     let g = g.restart_stopped();
-    let page: serde_json::Value = get(&g.direct, "/api/usage?limit=100", Some(KEY))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let page = usage_page(&g, "limit=100").await;
     let records = page["data"].as_array().expect("data");
     assert_eq!(records.len(), n, "{page}");
     for r in records {
@@ -141,11 +137,7 @@ async fn ctrl_c_ends_the_wait_after(first: &str) {
         s.await.expect("stream task");
     }
     let g = g.restart_stopped();
-    let page: serde_json::Value = get(&g.direct, "/api/usage?limit=100", Some(KEY))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let page = usage_page(&g, "limit=100").await;
     let mut got: Vec<(String, u64)> = page["data"]
         .as_array()
         .expect("data")
@@ -195,11 +187,7 @@ async fn a_stalled_upload_and_a_client_that_stops_reading_are_cut_with_a_record_
     let upload_id = request_id_in(&answer);
 
     let g = g.restart_stopped();
-    let page: serde_json::Value = get(&g.direct, "/api/usage?limit=100", Some(KEY))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let page = usage_page(&g, "limit=100").await;
     let mut records: Vec<(String, u64, bool)> = page["data"]
         .as_array()
         .expect("data")
@@ -233,11 +221,7 @@ async fn a_csv_export_to_a_client_that_stops_reading_is_cut_with_its_record() {
 
     terminate_past_the_grace_period(&mut g);
     let g = g.restart_stopped();
-    let page: serde_json::Value = get(&g.direct, "/api/usage?limit=1&order=desc", Some(KEY))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let page = usage_page(&g, "limit=1&order=desc").await;
     let r = &page["data"][0];
     assert_eq!(
         (
@@ -268,11 +252,7 @@ async fn a_usage_page_to_a_client_that_stops_reading_is_cut_with_its_record() {
 
     terminate_past_the_grace_period(&mut g);
     let g = g.restart_stopped();
-    let page: serde_json::Value = get(&g.direct, "/api/usage?limit=3&order=desc", Some(KEY))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let page = usage_page(&g, "limit=3&order=desc").await;
     // The first page was cut, or it went whole and the second (its own id) was cut.
     let cut: Vec<_> = page["data"]
         .as_array()
@@ -290,6 +270,15 @@ async fn a_usage_page_to_a_client_that_stops_reading_is_cut_with_its_record() {
         cut == [(true, Some(503))] || cut == [(false, Some(503)), (true, Some(200))],
         "{page}"
     );
+}
+
+/// The test key's usage page of the (restarted) gateway, for `query`.
+async fn usage_page(g: &Gateway, query: &str) -> serde_json::Value {
+    get(&g.direct, &format!("/api/usage?{query}"), Some(KEY))
+        .await
+        .json()
+        .await
+        .expect("json")
 }
 
 /// A stream of 100 events 200 ms apart (20 s, far past any grace period here), started.

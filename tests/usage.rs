@@ -68,6 +68,18 @@ fn tokens(r: &Value) -> (u64, u64, u64) {
     )
 }
 
+/// A chat (streamed or not) with the test key and one of the mock's switches.
+async fn chat_with(base: &str, stream: bool, mock: (&str, &str)) -> reqwest::Response {
+    send(
+        base,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", stream),
+        &[mock],
+    )
+    .await
+}
+
 #[tokio::test]
 async fn every_endpoint_leaves_one_record_with_the_upstreams_exact_tokens_on_both_listeners() {
     let g = start();
@@ -302,14 +314,7 @@ async fn a_client_that_resets_mid_stream_is_recorded_as_499_without_an_error_lin
 #[tokio::test]
 async fn an_upstream_that_cuts_the_stream_is_recorded_as_502_with_the_tokens_so_far() {
     let g = start();
-    let resp = send(
-        &g.direct,
-        "/v1/chat/completions",
-        Some(KEY),
-        &chat_body("echo-1", true),
-        &[("x-mock-cut-after", "4")],
-    )
-    .await;
+    let resp = chat_with(&g.direct, true, ("x-mock-cut-after", "4")).await;
     let id = request_id(&resp);
     // The client's reply is cut too: it must not look complete.
     if let Ok(body) = resp.bytes().await {
@@ -768,14 +773,7 @@ async fn a_reply_cut_or_abandoned_before_content_counts_its_prompt() {
     let tokenizers = modelgate::meter::estimate::Tokenizers::default();
     let prompt = tokenizers.count("echo-1", "say hello to me");
     // The upstream cuts the stream before its first event (the client's body is cut too).
-    let resp = send(
-        &g.direct,
-        "/v1/chat/completions",
-        Some(KEY),
-        &chat_body("echo-1", true),
-        &[("x-mock-cut-after", "0")],
-    )
-    .await;
+    let resp = chat_with(&g.direct, true, ("x-mock-cut-after", "0")).await;
     let id = request_id(&resp);
     assert!(resp.bytes().await.is_err(), "the cut must show");
     let r = record_of(&g.direct, KEY, &id).await;
@@ -783,14 +781,7 @@ async fn a_reply_cut_or_abandoned_before_content_counts_its_prompt() {
     assert_eq!(tokens(&r), (prompt, 0, prompt), "{r}");
     assert_eq!(r["estimated"], true, "{r}");
     // The client leaves once it has the header, before the first event (1 s away).
-    let resp = send(
-        &g.main,
-        "/v1/chat/completions",
-        Some(KEY),
-        &chat_body("echo-1", true),
-        &[("x-mock-delay-ms", "1000")],
-    )
-    .await;
+    let resp = chat_with(&g.main, true, ("x-mock-delay-ms", "1000")).await;
     assert_eq!(resp.status(), 200);
     let id = request_id(&resp);
     drop(resp);
@@ -807,14 +798,7 @@ async fn informational_upstream_replies_are_skipped_and_101_is_an_upstream_error
     let g = start();
     for status in ["100", "102", "103"] {
         for stream in [false, true] {
-            let resp = send(
-                &g.main,
-                "/v1/chat/completions",
-                Some(KEY),
-                &chat_body("echo-1", stream),
-                &[("x-mock-informational", status)],
-            )
-            .await;
+            let resp = chat_with(&g.main, stream, ("x-mock-informational", status)).await;
             assert_eq!(resp.status(), 200, "{status}");
             let id = request_id(&resp);
             let body = resp.text().await.expect("body");
@@ -824,14 +808,7 @@ async fn informational_upstream_replies_are_skipped_and_101_is_an_upstream_error
             assert_eq!(r["estimated"], false, "{r}");
         }
     }
-    let resp = send(
-        &g.main,
-        "/v1/chat/completions",
-        Some(KEY),
-        &chat_body("echo-1", false),
-        &[("x-mock-informational", "101")],
-    )
-    .await;
+    let resp = chat_with(&g.main, false, ("x-mock-informational", "101")).await;
     let id = request_id(&resp);
     let (status, e) = error_of(resp).await;
     assert_eq!((status, e["code"].as_str()), (502, Some("upstream_error")));
@@ -848,14 +825,7 @@ async fn informational_upstream_replies_are_skipped_and_101_is_an_upstream_error
 async fn a_reply_the_upstream_breaks_off_shows_as_cut() {
     let g = start();
     for stream in [true, false] {
-        let resp = send(
-            &g.main,
-            "/v1/chat/completions",
-            Some(KEY),
-            &chat_body("echo-1", stream),
-            &[("x-mock-garbage", "1")],
-        )
-        .await;
+        let resp = chat_with(&g.main, stream, ("x-mock-garbage", "1")).await;
         let id = request_id(&resp);
         let framing = if stream {
             "transfer-encoding"
@@ -878,14 +848,7 @@ async fn a_reply_the_upstream_breaks_off_shows_as_cut() {
 async fn a_web_page_for_a_reply_is_an_upstream_error() {
     let g = start();
     for stream in [false, true] {
-        let resp = send(
-            &g.main,
-            "/v1/chat/completions",
-            Some(KEY),
-            &chat_body("echo-1", stream),
-            &[("x-mock-html", "1")],
-        )
-        .await;
+        let resp = chat_with(&g.main, stream, ("x-mock-html", "1")).await;
         let id = request_id(&resp);
         let (status, e) = error_of(resp).await;
         assert_eq!(
