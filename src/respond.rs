@@ -50,17 +50,13 @@ pub struct Bound<'a> {
 }
 
 /// Runs one write to the client within `bound`. A write that completes at once, the usual
-/// case, arms no timer. One that waits ends in the client's error (a 499 in the record) after
-/// `limit`, or in `shutdown_cut` when the shutdown cuts (`biased`: a write that completes
-/// never looks at the cut).
+/// case, arms no timer (`fast_timeout` makes its timer only when the write waits) and never
+/// looks at the cut (`biased`: the write is polled first). One that waits ends in the client's
+/// error (a 499 in the record) after `limit`, or in `shutdown_cut` when the shutdown cuts.
 pub async fn bounded<T>(
     bound: Bound<'_>,
     write: impl std::future::Future<Output = pingora_error::Result<T>>,
 ) -> pingora_error::Result<T> {
-    let mut write = std::pin::pin!(write);
-    if let Some(wrote) = write.as_mut().now_or_never() {
-        return wrote;
-    }
     tokio::select! {
         biased;
         r = pingora_timeout::fast_timeout::fast_timeout(bound.limit, write) => {

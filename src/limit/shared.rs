@@ -40,15 +40,23 @@ const UNDO_TRIES: usize = 100;
 /// `UNDO`s waiting at once, at most.
 const UNDO_PENDING: usize = 1_000;
 
+/// The start of every script that reads Redis's own clock: `now`, in ms.
+macro_rules! redis_now {
+    () => {
+        "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)"
+    };
+}
+
 /// KEYS: requests, tokens, token sum, leases, spend, given up. ARGV: rpm, tpm, max_concurrent
 /// (0 = none), member (the request id), lease ms. Returns {refusal ("" when admitted, "gone"
 /// when the gateway gave up on this admission: see `UNDO`), retry_after ms, requests in
 /// window, requests reset ms, tokens in window, tokens reset ms, spend, slots taken (this
 /// request's own included when admitted; -1 for a key without `max_concurrent`)}.
-const ADMIT: &str = r"
+const ADMIT: &str = concat!(
+    redis_now!(),
+    r"
 if redis.call('ZSCORE', KEYS[6], ARGV[4]) then return {'gone', 0, 0, 0, 0, 0, '0', -1} end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local win = 60000
 local rpm, tpm, conc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local refusal, retry = '', 0
@@ -116,12 +124,13 @@ if rpm > 0 then
 end
 local spend = redis.call('GET', KEYS[5]) or '0'
 return {refusal, retry, used, req_reset, tok_sum, tok_reset, spend, taken}
-";
+"
+);
 
 /// KEYS: tokens, token sum, spend. ARGV: tokens, member, cost. A reply that ended.
-const ENDED: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+const ENDED: &str = concat!(
+    redis_now!(),
+    r"
 local n = tonumber(ARGV[1])
 if n > 0 then
   redis.call('ZADD', KEYS[1], now, ARGV[2] .. ':' .. ARGV[1])
@@ -131,7 +140,8 @@ if n > 0 then
 end
 if tonumber(ARGV[3]) > 0 then redis.call('INCRBYFLOAT', KEYS[3], ARGV[3]) end
 return 1
-";
+"
+);
 
 /// KEYS: spend. ARGV: the store's total. Spend in Redis never drops below the store's (a
 /// Redis that restarted empty is filled again from the records).
@@ -146,25 +156,28 @@ return 1
 /// and lease are removed, and it is marked given up for two minutes, so that an admission
 /// still queued in a stalled Redis, run after this, does nothing. Either order leaves no
 /// trace, so a slow Redis costs no key its allowance.
-const UNDO: &str = r"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+const UNDO: &str = concat!(
+    redis_now!(),
+    r"
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
 redis.call('ZADD', KEYS[3], now + 120000, ARGV[1])
 redis.call('PEXPIRE', KEYS[3], 120000)
 return 1
-";
+"
+);
 
 /// KEYS: leases. ARGV: lease ms, member. A lease still held gets a new expiry.
-const RENEW: &str = r"
-local t = redis.call('TIME')
-local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+const RENEW: &str = concat!(
+    redis_now!(),
+    r"
+local exp = now + tonumber(ARGV[1])
 redis.call('ZADD', KEYS[1], 'XX', exp, ARGV[2])
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
 return 1
-";
+"
+);
 
 fn keys_of(id: &str) -> [String; 6] {
     // One hash tag per key: a Redis Cluster keeps a key's counters on one node.

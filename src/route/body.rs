@@ -128,28 +128,26 @@ pub fn probe_json(body: &[u8]) -> Result<Probe, GatewayError> {
     })
 }
 
-/// A chat completion names its conversation: `messages`, an array (the API's only required
-/// field besides `model`). Caught here, the client gets the contract's 400 instead of
-/// whatever the upstream makes of it.
 /// An Anthropic message asks for a reply of at most `max_tokens` (required there, a positive
 /// integer).
 pub fn require_max_tokens(p: &Probe) -> Result<(), GatewayError> {
-    match p.max_tokens {
-        None => Err(GatewayError::MissingParameter("max_tokens")),
-        Some(false) => Err(GatewayError::InvalidParameter {
-            param: "max_tokens",
-            message: "'max_tokens' must be a positive integer.".into(),
-        }),
-        Some(true) => Ok(()),
-    }
+    require(p.max_tokens, "max_tokens", "a positive integer")
 }
 
+/// A chat completion names its conversation: `messages`, an array (the API's only required
+/// field besides `model`). Caught here, the client gets the contract's 400 instead of
+/// whatever the upstream makes of it.
 pub fn require_messages(p: &Probe) -> Result<(), GatewayError> {
-    match p.messages {
-        None => Err(GatewayError::MissingParameter("messages")),
+    require(p.messages, "messages", "an array")
+}
+
+/// A required field: absent (None), or present and not `what` (false), is the client's 400.
+fn require(found: Option<bool>, param: &'static str, what: &str) -> Result<(), GatewayError> {
+    match found {
+        None => Err(GatewayError::MissingParameter(param)),
         Some(false) => Err(GatewayError::InvalidParameter {
-            param: "messages",
-            message: "'messages' must be an array.".into(),
+            param,
+            message: format!("'{param}' must be {what}."),
         }),
         Some(true) => Ok(()),
     }
