@@ -200,6 +200,15 @@ fn keys_with(dir: &Path, extra: &str) -> String {
     format!("{now}\n{extra}\n")
 }
 
+/// Waits (10 s at most) until more than `before` keys reloads were applied.
+async fn await_reloads_past(g: &Gateway, before: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric_value(g, "modelgate_keys_reloads_total").await <= before {
+        assert!(Instant::now() < deadline, "no reload");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Polls until `key` gets `status` on chat, for up to 2.5 s (the contract says 2 s).
 async fn await_status(base: &str, key: &str, status: u16) {
     let deadline = Instant::now() + Duration::from_millis(2500);
@@ -392,11 +401,7 @@ async fn a_key_used_from_a_throttled_address_works_on_after_a_reload() {
         ),
     )
     .expect("write");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric_value(&g, "modelgate_keys_reloads_total").await < 1.0 {
-        assert!(Instant::now() < deadline, "no reload");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    await_reloads_past(&g, 0.0).await;
     assert_eq!(
         chat(&g.main, KEY).await.status(),
         200,
@@ -430,11 +435,7 @@ async fn a_concurrency_limit_added_by_a_reload_counts_the_requests_already_runni
     }
     let reloads = metric_value(&g, "modelgate_keys_reloads_total").await;
     std::fs::write(&keys, format!("{before}\n{entry}max_concurrent = 2\n")).expect("write");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric_value(&g, "modelgate_keys_reloads_total").await <= reloads {
-        assert!(Instant::now() < deadline, "no reload");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    await_reloads_past(&g, reloads).await;
     assert_eq!(chat(&g.main, "sk-test-grows-0700").await.status(), 429);
     drop(running);
     let deadline = Instant::now() + Duration::from_secs(10);
