@@ -174,6 +174,31 @@ async fn sign_in_wrong_and_right_with_a_strict_cookie_and_sign_out() {
         .await
         .unwrap();
     assert_eq!(error_of(bare).await.0, 403);
+    // The failed attempts are in the audit log, newest first; a name other than the
+    // console's is not written (it may be a password typed in the wrong box).
+    let audit: Value = c.get("/console/api/audit").await.json().await.unwrap();
+    let failed: Vec<(&str, &str)> = audit["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "login_failed")
+        .map(|e| {
+            assert_eq!(e["detail"]["client"], "127.0.0.1", "{e}");
+            (
+                e["user"].as_str().unwrap(),
+                e["detail"]["reason"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            ("", "unknown user"),
+            ("", "unknown user"),
+            ("admin", "wrong password")
+        ]
+    );
+    assert!(!audit.to_string().contains("root"), "{audit}");
     assert_eq!(c.send("POST", "/console/logout", None).await.status(), 204);
     assert_eq!(error_of(c.get("/console/api/keys").await).await.0, 401);
 }
