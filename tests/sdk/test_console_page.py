@@ -151,6 +151,30 @@ def test_a_key_made_in_the_console_works_then_is_limited_and_revoked(console, ga
     assert "create" in text and "update" in text and secret not in text
 
 
+def test_an_edit_keeps_what_another_editor_changed_meanwhile(console):
+    sign_in(console)
+    console.get_by_label("Key ID").fill("two-editors")
+    console.get_by_label("Expires (UTC)").fill("2031-01-01T00:00:00")
+    console.get_by_role("button", name="Create key").click()
+    expect(console.locator("#secret-box")).to_be_visible()
+    console.get_by_role("button", name="Edit two-editors").click()
+    expect(console.locator("#key-form-title")).to_have_text("Edit key two-editors")
+    # Another editor, meanwhile, gives it a budget and moves its expiry by 30 s (the form
+    # shows minutes, so its expiry field still reads the same).
+    other = console.evaluate("""async () => (await fetch("/console/api/keys/two-editors", {
+        method: "PATCH", headers: {"content-type": "application/json"},
+        body: JSON.stringify({budget: 7, expires_at: "2031-01-01T00:00:30Z"})})).status""")
+    assert other == 200
+    console.get_by_role("button", name="Save changes").click()
+    expect(console.locator("#status")).to_have_text("Nothing changed in key two-editors.")
+    console.get_by_label("Requests per minute").fill("5")
+    console.get_by_role("button", name="Save changes").click()
+    expect(console.locator("#status")).to_contain_text("saved")
+    keys = console.evaluate("""async () => (await (await fetch("/console/api/keys")).json()).data""")
+    key = next(k for k in keys if k["id"] == "two-editors")
+    assert (key["rpm"], key["budget"], key["expires_at"]) == (5, 7, "2031-01-01T00:00:30+00:00"), key
+
+
 def test_usage_across_keys_and_models(console, gateway):
     assert chat(gateway, FULL_KEY) == 200
     sign_in(console)

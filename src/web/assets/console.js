@@ -10,7 +10,7 @@
   const FIELDS = ["time", "request_id", "key_id", "listener", "endpoint", "model", "status", "stream",
     "prompt_tokens", "completion_tokens", "total_tokens", "cost", "latency_ms", "ttft_ms", "upstream", "estimated", "attempts", "served_model"];
   const TZ = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
-  const state = { csrf: "", keys: [], editing: null, cursor: null, chart: null, range: null };
+  const state = { csrf: "", keys: [], editing: null, loaded: null, cursor: null, chart: null, range: null };
 
   function say(text, kind, el) {
     const s = el || $("status");
@@ -155,6 +155,7 @@
 
   function resetForm() {
     state.editing = null;
+    state.loaded = null;
     $("key-form").reset();
     for (const g of GROUPS) $(`k-ep-${g}`).checked = true;
     $("k-id").disabled = false;
@@ -175,6 +176,9 @@
     $("k-conc").value = k.max_concurrent ?? "";
     $("k-budget").value = k.budget ?? "";
     $("k-expires").value = k.expires_at ? inputValue(Date.parse(k.expires_at), "UTC") : "";
+    // What the form showed when it opened: a save sends only what differs from it, so a
+    // change someone else made meanwhile to another field stays.
+    state.loaded = formFields();
     $("key-form-title").textContent = `Edit key ${k.id}`;
     $("k-save").textContent = "Save changes";
     $("k-cancel").hidden = false;
@@ -197,7 +201,13 @@
     const fields = formFields();
     try {
       if (state.editing) {
-        await call("PATCH", `/console/api/keys/${encodeURIComponent(state.editing)}`, fields);
+        const changed = Object.fromEntries(Object.entries(fields)
+          .filter(([name, v]) => JSON.stringify(v) !== JSON.stringify(state.loaded[name])));
+        if (Object.keys(changed).length === 0) {
+          say(`Nothing changed in key ${state.editing}.`);
+          return;
+        }
+        await call("PATCH", `/console/api/keys/${encodeURIComponent(state.editing)}`, changed);
         say(`Key ${state.editing} saved.`, "ok");
       } else {
         const id = $("k-id").value.trim();
