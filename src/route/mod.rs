@@ -6,6 +6,8 @@ pub mod body;
 pub mod endpoint;
 pub mod health;
 #[cfg(test)]
+mod path_props;
+#[cfg(test)]
 mod props;
 pub mod stored;
 
