@@ -605,6 +605,60 @@ async fn a_spent_budget_gives_402_and_spend_and_records_survive_a_restart() {
 }
 
 #[tokio::test]
+async fn costs_that_add_up_to_the_budget_spend_it_exactly() {
+    // Eight requests at 0.1 reach a budget of 0.8: added in floating point they make
+    // 0.7999999999999999, and a ninth was served while the pages showed nothing left.
+    let g = start_with(Setup {
+        extra_config: "[[models]]\nname = \"tenth\"\npool = \"local\"\nupstream_model = \"echo-1\"\nprice = { prompt = 0.0, completion = 0.0, request = 0.1 }\n".into(),
+        extra_keys: "[[keys]]\nid = \"eight-tenths\"\nsecret = \"sk-test-eight-tenths-0099\"\nbudget = 0.8\n".into(),
+        ..Setup::default()
+    });
+    let key = "sk-test-eight-tenths-0099";
+    let mut statuses = Vec::new();
+    for _ in 0..9 {
+        let resp = send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(key),
+            &chat_body("tenth", false),
+            &[],
+        )
+        .await;
+        statuses.push(resp.status().as_u16());
+        let _ = resp.bytes().await;
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 200, 200, 402]);
+    let summary: Value = get(&g.main, "/api/usage/summary", Some(key))
+        .await
+        .json()
+        .await
+        .expect("summary");
+    assert_eq!(summary["key"]["spend"].as_f64(), Some(0.8), "{summary}");
+    assert_eq!(summary["key"]["remaining"].as_f64(), Some(0.0), "{summary}");
+    let billing: Value = get(&g.main, "/v1/dashboard/billing/subscription", Some(key))
+        .await
+        .json()
+        .await
+        .expect("billing");
+    assert_eq!(
+        billing["modelgate"]["spend"].as_f64(),
+        Some(0.8),
+        "{billing}"
+    );
+    // The store's total is a floating-point sum too: still spent after a restart.
+    let g = g.restart();
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(key),
+        &chat_body("tenth", false),
+        &[],
+    )
+    .await;
+    assert_eq!(error_of(resp).await.0, 402);
+}
+
+#[tokio::test]
 async fn no_record_is_lost_after_a_burst_followed_at_once_by_sigterm() {
     burst_then("-TERM").await;
 }

@@ -1,6 +1,12 @@
 //! Spend per key, in memory: loaded from the store at start, advanced when a record is made,
 //! checked before a request goes upstream. A budget can be overshot by at most the requests
 //! already in flight when it is reached, since their cost is only known when they end.
+//!
+//! Counted in whole picocredits (10⁻¹² credit, the unit a record's cost is rounded to), so a
+//! sum is exact: eight costs of 0.1 reach a budget of 0.8. In floating point they add up to
+//! 0.7999999999999999, and a ninth request was served while every page showed the budget
+//! spent. Figures that come in as floating point (the store's totals, Redis's) are read to
+//! the nearest picocredit.
 
 use std::collections::HashMap;
 
@@ -8,25 +14,51 @@ use dashmap::DashMap;
 
 use crate::config::keys::Key;
 
+/// Picocredits in a credit.
+const PICO: f64 = 1e12;
+
+/// Credits as whole picocredits (saturating far beyond any budget: 1.7e26 credits).
+pub fn pico(credits: f64) -> i128 {
+    (credits * PICO).round() as i128
+}
+
+/// Whether `spent` credits have reached `budget`, to the picocredit.
+pub fn reached(spent: f64, budget: f64) -> bool {
+    pico(spent) >= pico(budget)
+}
+
+/// Credits to the nearest picocredit, as the pages show a spend.
+pub fn exact(credits: f64) -> f64 {
+    pico(credits) as f64 / PICO
+}
+
+/// What is left of `budget` after `spent`, to the picocredit (never below 0): 0 exactly when
+/// `reached` says so.
+pub fn remaining(spent: f64, budget: f64) -> f64 {
+    (pico(budget) - pico(spent)).max(0) as f64 / PICO
+}
+
 #[derive(Debug, Default)]
 pub struct Spend {
-    by_key: DashMap<String, f64>,
+    by_key: DashMap<String, i128>,
 }
 
 impl Spend {
     pub fn from_totals(totals: HashMap<String, f64>) -> Spend {
         Spend {
-            by_key: totals.into_iter().collect(),
+            by_key: totals.into_iter().map(|(k, v)| (k, pico(v))).collect(),
         }
     }
 
     pub fn get(&self, key_id: &str) -> f64 {
-        self.by_key.get(key_id).map_or(0.0, |v| *v)
+        self.by_key.get(key_id).map_or(0.0, |v| *v as f64 / PICO)
     }
 
     pub fn add(&self, key_id: &str, cost: f64) {
-        if cost > 0.0 {
-            *self.by_key.entry(key_id.to_string()).or_insert(0.0) += cost;
+        let cost = pico(cost);
+        if cost > 0 {
+            let mut v = self.by_key.entry(key_id.to_string()).or_insert(0);
+            *v = v.saturating_add(cost);
         }
     }
 
@@ -34,16 +66,20 @@ impl Spend {
     /// fleet add to); never lowers it (this gateway's latest costs may not be stored yet).
     pub fn raise_to(&self, totals: &HashMap<String, f64>) {
         for (key, total) in totals {
-            let mut v = self.by_key.entry(key.clone()).or_insert(0.0);
-            if *total > *v {
-                *v = *total;
+            let total = pico(*total);
+            let mut v = self.by_key.entry(key.clone()).or_insert(0);
+            if total > *v {
+                *v = total;
             }
         }
     }
 
     /// The key's spend has reached its budget.
     pub fn exhausted(&self, key: &Key) -> bool {
-        key.budget.is_some_and(|b| self.get(&key.id) >= b)
+        key.budget.is_some_and(|b| {
+            let spent = self.by_key.get(&key.id).map_or(0, |v| *v);
+            spent >= pico(b)
+        })
     }
 }
 
@@ -68,5 +104,30 @@ mod tests {
         assert!(s.exhausted(a));
         s.add("b", 1e9);
         assert!(!s.exhausted(b), "no budget, never exhausted");
+    }
+
+    #[test]
+    fn costs_add_up_exactly_to_the_budget() {
+        let t = KeyTable::parse("k", "[[keys]]\nid='a'\nsecret='sk-aaaaaaaa'\nbudget=0.8\n")
+            .expect("keys");
+        let a = t
+            .get_by_hash(&crate::config::keys::sha256(b"sk-aaaaaaaa"))
+            .expect("a");
+        let s = Spend::default();
+        for _ in 0..7 {
+            s.add("a", 0.1);
+        }
+        assert!(!s.exhausted(a));
+        s.add("a", 0.1);
+        assert!(s.exhausted(a), "8 x 0.1 is 0.8: {}", s.get("a"));
+        assert_eq!(s.get("a"), 0.8);
+        // A store's or Redis's floating-point total reads to the picocredit.
+        assert!(reached(0.7999999999999999, 0.8));
+        assert!(!reached(0.799999999999, 0.8));
+        assert_eq!(remaining(0.7999999999999999, 0.8), 0.0);
+        assert_eq!(remaining(9e-10, 1e-9), 1e-10);
+        assert_eq!(exact(9e-10), 9e-10);
+        let r = Spend::from_totals(HashMap::from([("a".to_string(), 0.7999999999999999)]));
+        assert!(r.exhausted(a));
     }
 }

@@ -129,7 +129,9 @@ impl Gateway {
         // The fleet's figure from Redis, or this gateway's (its own costs and the store's
         // totals): whichever is higher, so a Redis that came back empty lets no spent key on.
         let exhausted = match (key.budget, fleet_spend) {
-            (Some(budget), Some(spent)) => spent.max(self.shared.spend.get(&key.id)) >= budget,
+            (Some(budget), Some(spent)) => {
+                crate::limit::budget::reached(spent.max(self.shared.spend.get(&key.id)), budget)
+            }
             _ => self.shared.spend.exhausted(key),
         };
         if exhausted {

@@ -11,6 +11,7 @@ use super::summary::{Bucket, Range, compute};
 use super::{Exchange, fail, params, store_failed};
 use crate::config::keys::Key;
 use crate::error::GatewayError;
+use crate::limit::budget;
 use crate::state::Shared;
 
 const UNLIMITED: f64 = 100_000_000.0;
@@ -39,8 +40,8 @@ pub async fn subscription(
         "plan": {"title": "modelgate", "id": "modelgate"},
         "modelgate": {
             "key_id": key.id,
-            "spend": super::summary::credits(spend),
-            "remaining": key.budget.map(|b| super::summary::credits((b - spend).max(0.0))),
+            "spend": budget::exact(spend),
+            "remaining": key.budget.map(|b| budget::remaining(spend, b)),
         },
     });
     super::json(session, ex, &body).await

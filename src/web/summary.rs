@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::{Exchange, blocking, fail, params, store_failed};
 use crate::config::keys::Key;
 use crate::error::GatewayError;
+use crate::limit::budget;
 use crate::state::Shared;
 use crate::store::rollup::{self, Rollup, RollupQuery, Sums};
 
@@ -336,8 +337,8 @@ pub fn key_json(key: &Key, spend: f64) -> Value {
     json!({
         "id": key.id,
         "budget": key.budget,
-        "spend": credits(spend),
-        "remaining": key.budget.map(|b| credits((b - spend).max(0.0))),
+        "spend": budget::exact(spend),
+        "remaining": key.budget.map(|b| budget::remaining(spend, b)),
         "rpm": key.rpm,
         "tpm": key.tpm,
         "max_concurrent": key.max_concurrent,
