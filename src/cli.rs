@@ -219,13 +219,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let spend = match store.spend_totals() {
-        Ok(t) => Spend::from_totals(t),
-        Err(e) => {
-            eprintln!("cannot read spend from {where_}: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let spend = Spend::from_totals(store.spend_at_open());
     tracing::info!(
         main = ?c.listeners.main,
         main_tls = c.listeners.main_tls.is_some(),

@@ -773,6 +773,50 @@ async fn a_database_file_locked_by_another_process_delays_records_and_loses_none
     assert_eq!(r["status"], 200, "{r}");
 }
 
+/// Records that wait in the spool across a restart (the database still locked by another
+/// process) count in the key's spend at once: their costs are not in the database's totals
+/// yet, and the key was served past its budget until they were.
+#[tokio::test]
+async fn costs_waiting_in_the_spool_count_against_the_budget_after_a_restart() {
+    let mut g = start_with(Setup {
+        extra_config: "[[models]]\nname = \"tenth\"\npool = \"local\"\nupstream_model = \"echo-1\"\nprice = { prompt = 0.0, completion = 0.0, request = 0.1 }\n".into(),
+        extra_keys: "[[keys]]\nid = \"quarter\"\nsecret = \"sk-test-quarter-budget-0098\"\nbudget = 0.25\n".into(),
+        ..Setup::default()
+    });
+    let key = "sk-test-quarter-budget-0098";
+    let chat = |base: String| async move {
+        let resp = send(
+            &base,
+            "/v1/chat/completions",
+            Some(key),
+            &chat_body("tenth", false),
+            &[],
+        )
+        .await;
+        let status = resp.status().as_u16();
+        let _ = resp.bytes().await;
+        status
+    };
+    let lock = rusqlite::Connection::open(g.dir.path().join("usage.db")).expect("open");
+    lock.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+    assert_eq!(
+        (chat(g.main.clone()).await, chat(g.main.clone()).await),
+        (200, 200)
+    );
+    assert!(g.terminate().success());
+    assert!(
+        std::fs::metadata(g.dir.path().join("usage-spool.jsonl")).is_ok_and(|m| m.len() > 0),
+        "the records wait in the spool"
+    );
+    let g = g.restart_stopped();
+    // 0.2 spent: one more request (to 0.3), then none.
+    assert_eq!(
+        (chat(g.main.clone()).await, chat(g.main.clone()).await),
+        (200, 402)
+    );
+    lock.execute_batch("COMMIT").expect("unlock");
+}
+
 /// Usage the upstream sends that cannot be true (past any context, not an object, counting
 /// nothing) is not believed: the request is estimated as one without usage, so one absurd reply
 /// cannot spend a key's budget or overflow the store's sums.

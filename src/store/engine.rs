@@ -33,10 +33,16 @@ impl From<String> for WriteError {
 
 /// What the writer thread does with its batches; owned by that thread alone.
 pub(crate) trait BatchWriter: Send {
-    /// Commits one batch with its spend and rollups, all or nothing. A row whose `request_id`
-    /// is already stored is skipped, so a batch retried after a lost acknowledgement is never
-    /// counted twice.
+    /// Commits one batch with its spend and rollups, all or nothing. On a database server, a
+    /// row whose `request_id` is already stored is skipped, so a batch retried after a lost
+    /// acknowledgement is never counted twice (SQLite's commit has no lost acknowledgement).
     fn insert_batch(&mut self, batch: &[UsageRecord]) -> Result<(), WriteError>;
+
+    /// `insert_batch` for a batch replayed from the spool, which may hold records already
+    /// committed (a crash between a batch's commit and the spool's note of it).
+    fn insert_replayed(&mut self, batch: &[UsageRecord]) -> Result<(), WriteError> {
+        self.insert_batch(batch)
+    }
 
     /// Deletes at most one chunk of rows older than `cutoff_ms` (spend is kept); returns
     /// whether more may remain.

@@ -28,6 +28,7 @@ pub use query::{Cursor, Page, Query};
 pub use record::{CSV_HEADER, UsageRecord};
 
 use engine::{BatchWriter, Engine};
+use spool::Spool;
 use writer::{Msg, Shared, Writer, WriterConfig};
 
 /// A failed read of the store. Its detail is for the log; clients get a generic message.
@@ -114,6 +115,9 @@ pub struct Store {
     /// queued, the channel is full, or a flush or stop is sent.
     writer_thread: std::thread::Thread,
     batch_max: usize,
+    /// Each key's spend when the store opened: the database's totals and the costs of the
+    /// records waiting in the spool, read before the writer could replay any of them.
+    spend_at_open: Mutex<Option<HashMap<String, f64>>>,
 }
 
 /// A Postgres connection on the store's schema (migrated first), for the keys kept there.
@@ -153,6 +157,12 @@ impl Store {
         conn: Box<dyn BatchWriter>,
         opts: StoreOptions,
     ) -> Result<Arc<Store>, String> {
+        let mut spend = engine.spend_totals().map_err(|e| e.to_string())?;
+        if let Some(path) = &opts.spool {
+            for (key, cost) in Spool::new(path.clone()).pending_costs()? {
+                *spend.entry(key).or_insert(0.0) += cost;
+            }
+        }
         let (tx, rx) = mpsc::sync_channel(opts.channel_capacity.max(1));
         let shared = Arc::new(Shared::default());
         let cfg = WriterConfig {
@@ -178,6 +188,7 @@ impl Store {
             writer: Mutex::new(Some(handle)),
             closed: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
+            spend_at_open: Mutex::new(Some(spend)),
         }))
     }
 
@@ -247,6 +258,16 @@ impl Store {
     /// key_id → total spend, from the spend table (for loading at start).
     pub fn spend_totals(&self) -> Result<HashMap<String, f64>, StoreError> {
         self.engine.spend_totals()
+    }
+
+    /// Each key's spend when the store opened, records waiting in the spool included (once;
+    /// later, `spend_totals`).
+    pub fn spend_at_open(&self) -> HashMap<String, f64> {
+        self.spend_at_open
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .unwrap_or_default()
     }
 
     /// key_id → unix ms of its last committed request (for loading at start).

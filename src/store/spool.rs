@@ -2,8 +2,10 @@
 //! (unreachable, restarting), so the writer keeps taking records with memory flat and none is
 //! lost, also across a restart of the gateway. One JSON line per record, appended and synced
 //! by the writer thread alone; replayed from the front in batches once the server answers, and
-//! removed when all of it is in. A replay cut short (a crash) starts again from the front: the
-//! engine skips request ids it already has, so nothing counts twice.
+//! removed when all of it is in. How far the replay got is kept beside it (`<spool>.done`,
+//! written after each batch commits), so a restart mid-replay goes on from there instead of
+//! writing those records (and their spend) twice. A crash between a batch's commit and that
+//! note replays the batch again: the engine skips records it already has.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Seek, SeekFrom, Write};
@@ -24,10 +26,17 @@ fn io_err(what: &str, path: &Path, e: std::io::Error) -> String {
 }
 
 impl Spool {
+    /// The spool at `path`, read from where an earlier replay left off.
     pub fn new(path: PathBuf) -> Spool {
+        let len = std::fs::metadata(&path).map_or(0, |m| m.len());
+        let read_at = std::fs::read_to_string(done_path(&path))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .filter(|at| *at <= len)
+            .unwrap_or(0);
         Spool {
             path,
-            read_at: 0,
+            read_at,
             skipped: 0,
         }
     }
@@ -109,20 +118,56 @@ impl Spool {
         Ok((out, at))
     }
 
+    /// The cost per key of the records waiting (for the spend at start: they are not in the
+    /// database's totals until they are replayed).
+    pub fn pending_costs(&mut self) -> Result<std::collections::HashMap<String, f64>, String> {
+        let start = self.read_at;
+        let mut costs = std::collections::HashMap::new();
+        loop {
+            let (records, next) = self.read(4_096)?;
+            for r in &records {
+                *costs.entry(r.key_id.clone()).or_insert(0.0) += r.cost;
+            }
+            if next == self.read_at {
+                break;
+            }
+            self.read_at = next;
+        }
+        self.read_at = start;
+        Ok(costs)
+    }
+
     /// Everything before `offset` is committed; when that is all of it, the file goes.
     pub fn consumed(&mut self, offset: u64) -> Result<(), String> {
         self.read_at = offset;
         let len = std::fs::metadata(&self.path).map_or(0, |m| m.len());
+        let done = done_path(&self.path);
         if self.read_at >= len {
-            match std::fs::remove_file(&self.path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err("removing", &self.path, e)),
+            // The note first: a spool started after a crash here is never read from a stale
+            // offset (the old spool would be replayed whole, its records skipped).
+            for path in [&done, &self.path] {
+                match std::fs::remove_file(path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err("removing", path, e)),
+                }
             }
             self.read_at = 0;
+            return Ok(());
         }
-        Ok(())
+        let tmp = done.with_extension("done.tmp");
+        std::fs::write(&tmp, self.read_at.to_string())
+            .and_then(|()| File::open(&tmp)?.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, &done))
+            .map_err(|e| io_err("noting the replay's progress", &done, e))
     }
+}
+
+/// Where the replay's progress is noted: `<spool>.done`.
+fn done_path(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".done");
+    PathBuf::from(name)
 }
 
 #[cfg(test)]
@@ -143,13 +188,20 @@ mod tests {
         let (first, at) = s.read(4).unwrap();
         assert_eq!(first, recs[..4]);
         s.consumed(at).unwrap();
-        // A restart reads from the front again (the engine skips what it has).
+        // A restart goes on where the replay got to, and counts only what waits.
         let mut again = Spool::new(path.clone());
-        assert_eq!(again.read(100).unwrap().0, recs);
+        let costs = again.pending_costs().unwrap();
+        let want: f64 = recs[4..].iter().map(|r| r.cost).sum();
+        assert!((costs["k"] - want).abs() < 1e-9, "{costs:?}");
+        assert_eq!(again.read(100).unwrap().0, recs[4..]);
         let (rest, at) = s.read(100).unwrap();
         assert_eq!(rest, recs[4..]);
         s.consumed(at).unwrap();
         assert!(!path.exists() && s.is_empty());
+        assert!(!done_path(&path).exists());
+        // A new spool begins at its front.
+        s.append(&recs[..2]).unwrap();
+        assert_eq!(Spool::new(path.clone()).read(100).unwrap().0, recs[..2]);
     }
 
     #[test]

@@ -72,6 +72,21 @@ impl BatchWriter for SqliteWriter {
         sqlite::insert_batch(&mut self.conn, batch)
     }
 
+    /// Skips the records already in the table (looked up by key, time and request id: a seek
+    /// in the primary key, made only for replays).
+    fn insert_replayed(&mut self, batch: &[UsageRecord]) -> Result<(), WriteError> {
+        self.check_the_file()?;
+        let fresh = sqlite::not_stored(&self.conn, batch)?;
+        if fresh.len() == batch.len() {
+            return sqlite::insert_batch(&mut self.conn, batch);
+        }
+        tracing::info!(
+            skipped = batch.len() - fresh.len(),
+            "usage store: spooled records already written were skipped"
+        );
+        sqlite::insert_batch(&mut self.conn, &fresh)
+    }
+
     fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError> {
         Ok(sqlite::delete_expired(&self.conn, cutoff_ms).map(|n| n >= sqlite::RETENTION_CHUNK)?)
     }

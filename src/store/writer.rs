@@ -446,7 +446,7 @@ impl Writer {
             let result = if records.is_empty() {
                 Ok(())
             } else {
-                self.conn.insert_batch(&records)
+                self.conn.insert_replayed(&records)
             };
             match result {
                 Ok(()) => {
