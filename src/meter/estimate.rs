@@ -134,10 +134,15 @@ fn rough_json_text(body: &[u8]) -> u64 {
             i += 1;
         }
         let len = i.min(body.len()) - start;
-        if spaced || len <= DATA_RUN {
+        i += 1;
+        // A member's name (`"content":`) is not text either.
+        let name = body[i.min(body.len())..]
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|b| *b == b':');
+        if !name && (spaced || len <= DATA_RUN) {
             text += len;
         }
-        i += 1;
     }
     text.div_ceil(4) as u64
 }
@@ -389,10 +394,11 @@ mod tests {
         assert!((3..40).contains(&rough.completion_tokens), "{rough:?}");
         // Text with escapes and line breaks is text, whatever its length.
         let long = format!("{{\"prompt\":\"{}\"}}", "word\\n".repeat(100));
-        assert_eq!(
-            rough_json_text(long.as_bytes()),
-            (6 + 600_usize).div_ceil(4) as u64
-        );
+        assert_eq!(rough_json_text(long.as_bytes()), 150);
+        // The members' names are not text: a chat saying "hi" is about a token, plus its
+        // model's name and role.
+        let hi = br#"{"model":"echo-1","stream":true,"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}"#;
+        assert_eq!(rough_json_text(hi), 3);
     }
 
     #[test]
