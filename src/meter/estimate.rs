@@ -328,8 +328,28 @@ pub fn reply_text(body: &[u8]) -> String {
         .into_iter()
         .flatten()
     {
-        if let Some(t) = c.pointer("/message/content").or_else(|| c.get("text")) {
-            collect_text(t, &mut out);
+        // A reasoning model's reasoning, the content, and the tool calls' names and arguments.
+        for field in [
+            "/message/reasoning_content",
+            "/message/reasoning",
+            "/message/content",
+            "/text",
+        ] {
+            if let Some(t) = c.pointer(field) {
+                collect_text(t, &mut out);
+            }
+        }
+        for call in c
+            .pointer("/message/tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            for field in ["/function/name", "/function/arguments"] {
+                if let Some(t) = call.pointer(field) {
+                    collect_text(t, &mut out);
+                }
+            }
         }
     }
     out
@@ -399,6 +419,19 @@ mod tests {
         // model's name and role.
         let hi = br#"{"model":"echo-1","stream":true,"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}"#;
         assert_eq!(rough_json_text(hi), 3);
+    }
+
+    #[test]
+    fn a_reply_of_tool_calls_or_reasoning_has_output() {
+        let reply = serde_json::json!({"choices": [{"index": 0, "message": {
+            "role": "assistant", "content": null, "reasoning_content": "Weather needs a tool.",
+            "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}],
+        }}]});
+        assert_eq!(
+            reply_text(reply.to_string().as_bytes()),
+            "Weather needs a tool.\nget_weather\n{\"city\": \"Paris\"}"
+        );
     }
 
     #[test]

@@ -166,10 +166,63 @@ struct Choice<'a> {
     text: Option<Cow<'a, str>>,
 }
 
+/// A chat delta's output: its content, a reasoning model's reasoning (`reasoning_content`
+/// from vLLM and DeepSeek, `reasoning` from others) and the arguments of its tool calls.
 #[derive(Deserialize)]
 struct Delta<'a> {
     #[serde(default, borrow)]
-    content: Option<Cow<'a, str>>,
+    content: Option<Lenient<'a>>,
+    #[serde(default, borrow)]
+    reasoning_content: Option<Lenient<'a>>,
+    #[serde(default, borrow)]
+    reasoning: Option<Lenient<'a>>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<ToolCallDelta<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct ToolCallDelta<'a> {
+    #[serde(default, borrow)]
+    function: Option<FunctionDelta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct FunctionDelta<'a> {
+    #[serde(default, borrow)]
+    name: Option<Lenient<'a>>,
+    #[serde(default, borrow)]
+    arguments: Option<Lenient<'a>>,
+}
+
+/// A string, or anything else (not text; it does not spoil the rest of the event).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Lenient<'a> {
+    Text(#[serde(borrow)] Cow<'a, str>),
+    Other(serde::de::IgnoredAny),
+}
+
+impl Lenient<'_> {
+    fn text(&self) -> &str {
+        match self {
+            Lenient::Text(t) => t,
+            Lenient::Other(_) => "",
+        }
+    }
+}
+
+impl Delta<'_> {
+    fn push_text(&self, out: &mut String) {
+        for piece in [&self.reasoning_content, &self.reasoning, &self.content] {
+            out.push_str(piece.as_ref().map_or("", Lenient::text));
+        }
+        for call in self.tool_calls.iter().flatten() {
+            if let Some(f) = &call.function {
+                out.push_str(f.name.as_ref().map_or("", Lenient::text));
+                out.push_str(f.arguments.as_ref().map_or("", Lenient::text));
+            }
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -352,10 +405,17 @@ impl SseMeter {
                 .and_then(|e| e.response?.id);
         }
         let text = |v: &[u8]| v.len() > 1 && v[0] == b'"' && v[1] != b'"';
+        // Output other than content is looked for only in an event without content (a tool
+        // call's name and arguments, a reasoning model's reasoning).
         let content = has_value(data, b"\"content\"", text)
             || has_value(data, b"\"text\"", text)
             || (self.dialect != Dialect::Chat && has_value(data, b"\"delta\"", text))
-            || (self.dialect == Dialect::Messages && has_value(data, b"\"partial_json\"", text));
+            || (self.dialect == Dialect::Messages && has_value(data, b"\"partial_json\"", text))
+            || (self.dialect == Dialect::Chat
+                && (has_value(data, b"\"arguments\"", text)
+                    || has_value(data, b"\"name\"", text)
+                    || has_value(data, b"\"reasoning_content\"", text)
+                    || has_value(data, b"\"reasoning\"", text)));
         if content {
             self.saw_content = true;
             if self.raw_content.len() + data.len() < MAX_TEXT {
@@ -431,12 +491,10 @@ impl SseMeter {
                 continue;
             };
             for c in ev.choices.iter().flatten() {
-                let piece = c
-                    .delta
-                    .as_ref()
-                    .and_then(|d| d.content.as_deref())
-                    .or(c.text.as_deref());
-                text.push_str(piece.unwrap_or(""));
+                match &c.delta {
+                    Some(d) => d.push_text(&mut text),
+                    None => text.push_str(c.text.as_deref().unwrap_or("")),
+                }
             }
             match ev.delta {
                 Some(AnyDelta::Text(t)) => text.push_str(&t),
@@ -810,6 +868,38 @@ mod tests {
             assert_eq!(String::from_utf8(out).expect("utf-8"), whole);
             assert_eq!(m.usage.map(|u| u.total_tokens), Some(10));
         }
+    }
+
+    /// Output that is not `content` is output too, for the estimate of a stream without usage
+    /// (and its time to first token): a tool call's name and arguments, a reasoning model's
+    /// reasoning. A field of an unexpected type spoils nothing else.
+    #[test]
+    fn tool_calls_and_reasoning_are_output() {
+        let input = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"Think \"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":\"first. \"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning\":{\"effort\":\"low\"},\"content\":\"Sure. \"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"arguments\":\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{\\\"city\\\": \"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"\\\"Paris\\\"}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        for size in [1, 7, input.len()] {
+            let (m, _) = run(input.as_bytes(), true, size);
+            assert_eq!(m.usage, None);
+            assert!(m.saw_content);
+            assert_eq!(
+                m.text(),
+                "Think first. Sure. get_weather{\"city\": \"Paris\"}"
+            );
+        }
+        // A stream of tool calls alone has output from its first arguments on.
+        let calls = &input[input
+            .find("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls")
+            .unwrap()..];
+        let (m, _) = run(calls.as_bytes(), true, calls.len());
+        assert!(m.saw_content);
     }
 
     #[test]
