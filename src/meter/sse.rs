@@ -897,7 +897,7 @@ mod tests {
         // A stream of tool calls alone has output from its first arguments on.
         let calls = &input[input
             .find("data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls")
-            .unwrap()..];
+            .expect("tool calls")..];
         let (m, _) = run(calls.as_bytes(), true, calls.len());
         assert!(m.saw_content);
     }
