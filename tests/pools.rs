@@ -316,6 +316,76 @@ fallbacks = ["echo-1"]
     }
 }
 
+/// A fallback is no way around a key's model allow-list: a key allowed only the primary is not
+/// served by its fallback (nor billed at the fallback's price) when the primary's pool is down.
+#[tokio::test]
+async fn a_fallback_the_key_may_not_use_is_not_taken() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[models]]
+name = "primary-model"
+pool = "dead"
+fallbacks = ["big-model"]
+"#
+        .into(),
+        extra_keys: "[[keys]]\nid = \"primary-only\"\nsecret = \"sk-test-primary-only-0097\"\nmodels = [\"primary-*\"]\n".into(),
+        ..Setup::default()
+    });
+    let key = "sk-test-primary-only-0097";
+    let direct = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(key),
+        &chat_body("big-model", false),
+        &[],
+    )
+    .await;
+    assert_eq!(error_of(direct).await.0, 403);
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(key),
+        &chat_body("primary-model", false),
+        &[],
+    )
+    .await;
+    let id = resp.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let (status, e) = error_of(resp).await;
+    // The dead pool's own answer: refused at connect (502), or out of rotation (503).
+    assert!(
+        matches!(
+            (status, e["code"].as_str()),
+            (502, Some("upstream_error")) | (503, Some("no_healthy_upstream"))
+        ),
+        "{status} {e}"
+    );
+    let r = await_key_record(
+        &client(),
+        &g.direct,
+        key,
+        &id,
+        std::time::Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(
+        (r["status"].as_u64(), r["cost"].as_f64()),
+        (Some(u64::from(status)), Some(0.0)),
+        "{r}"
+    );
+    assert_ne!(r["served_model"], "big-model", "{r}");
+    // A key that may use both is served by the fallback.
+    let resp = post_json(
+        &g.main,
+        "/v1/chat/completions",
+        &chat_body("primary-model", false),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+}
+
 /// A stand-in upstream on a raw socket that answers one stream's first event and then waits:
 /// it reports how long after `since` it saw the gateway close the connection.
 fn hanging_stream_upstream() -> (u16, std::sync::mpsc::Receiver<std::time::Instant>) {

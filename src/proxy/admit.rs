@@ -115,7 +115,7 @@ impl Gateway {
             }
             routed => routed?,
         };
-        prepare_upstream(ctx, endpoint, route, &snapshot.router, probe, read)
+        prepare_upstream(ctx, &key, endpoint, route, &snapshot.router, probe, read)
     }
 
     /// The key may use the endpoint and has budget left (a call that spends nothing needs none).
@@ -445,6 +445,7 @@ fn route_model(router: &Router, key: &Key, model: &str) -> Result<Arc<Route>, St
 /// The meter, the body as the upstream will get it, and the upstream that gets it.
 fn prepare_upstream(
     ctx: &mut Ctx,
+    key: &Key,
     endpoint: Endpoint,
     route: Arc<Route>,
     router: &Router,
@@ -482,10 +483,13 @@ fn prepare_upstream(
         route.upstream_rename(&route.model.name),
         ask_usage,
     );
+    // Only models the key may use: a fallback is not a way around its allow-list (nor onto a
+    // dearer model it was kept from).
     let fallbacks: Vec<Arc<Route>> = route
         .model
         .fallbacks
         .iter()
+        .filter(|m| key.may_use_model(m))
         .filter_map(|m| router.get(m).cloned())
         .collect();
     // Every upstream of every pool that could take it down: say so at once.

@@ -589,11 +589,22 @@ pub async fn await_record_within(
     request_id: &str,
     within: Duration,
 ) -> serde_json::Value {
+    await_key_record(client, direct, KEY, request_id, within).await
+}
+
+/// `await_record_within` among the records of `key`.
+pub async fn await_key_record(
+    client: &reqwest::Client,
+    direct: &str,
+    key: &str,
+    request_id: &str,
+    within: Duration,
+) -> serde_json::Value {
     let deadline = Instant::now() + within;
     loop {
         let page: serde_json::Value = client
             .get(format!("{direct}/api/usage?limit=1000&order=desc"))
-            .bearer_auth(KEY)
+            .bearer_auth(key)
             .send()
             .await
             .expect("usage")
