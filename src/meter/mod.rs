@@ -286,7 +286,7 @@ impl Meter {
         match self {
             Meter::None => false,
             Meter::Json { estimate, .. } => *estimate,
-            Meter::Sse(_) => true,
+            Meter::Sse(m) => !m.reported_only,
         }
     }
 }

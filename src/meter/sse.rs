@@ -89,6 +89,9 @@ pub struct SseMeter {
     /// No `[DONE]` of the gateway's: the upstream's end cannot be told from a cut (a body
     /// ended by a close), or the reply keeps the upstream's length (no byte may be added).
     no_terminator: bool,
+    /// Metered only from the usage its events report, never estimated (a stream of an
+    /// endpoint the gateway does not know: its text may not be what is billed).
+    pub reported_only: bool,
 }
 
 /// A chat or completions event that carries usage.
@@ -251,6 +254,16 @@ impl SseMeter {
     /// The reply's end may not get a `[DONE]` of the gateway's (see `no_terminator`).
     pub fn keep_unterminated(&mut self) {
         self.no_terminator = true;
+    }
+
+    /// A stream of an endpoint the gateway does not know (`other`): passed on as it came (no
+    /// `[DONE]` of the gateway's), metered from the usage its events report, never estimated.
+    pub fn reported() -> SseMeter {
+        SseMeter {
+            no_terminator: true,
+            reported_only: true,
+            ..SseMeter::default()
+        }
     }
 
     /// A Responses or Messages stream (their usage is always sent: nothing to strip).

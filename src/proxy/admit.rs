@@ -466,13 +466,9 @@ fn prepare_upstream(
         Metering::Chat | Metering::Usage | Metering::Responses | Metering::Messages => {
             Meter::json()
         }
-        // A stream of another endpoint counts the usage its events report, else an estimate
-        // of what it carried; it is passed on as it came (no `[DONE]` of the gateway's).
-        Metering::Reported if probe.stream => {
-            let mut m = SseMeter::new(false);
-            m.keep_unterminated();
-            sse(m)
-        }
+        // A stream of another endpoint counts the usage its events report, as a plain reply
+        // does; it is passed on as it came (no `[DONE]` of the gateway's).
+        Metering::Reported if probe.stream => sse(SseMeter::reported()),
         Metering::Reported => Meter::json_reported(),
         Metering::PerRequest | Metering::Free => Meter::None,
     };
