@@ -143,7 +143,11 @@ async fn the_upstream_sees_the_pool_key_and_upstream_model_never_the_client_key_
         "/v1/chat/completions",
         Some(KEY),
         &chat_body("big-model", false),
-        &[("api-key", KEY), ("x-api-key", KEY)],
+        &[
+            ("api-key", KEY),
+            ("x-api-key", KEY),
+            ("accept-encoding", "gzip, br"),
+        ],
     )
     .await;
     assert_eq!(resp.status(), 200);
@@ -152,6 +156,8 @@ async fn the_upstream_sees_the_pool_key_and_upstream_model_never_the_client_key_
         format!("Bearer {POOL_KEY}")
     );
     assert_eq!(resp.headers()["x-mock-model"], "upstream/big-model-v2");
+    // Asked for uncompressed, in so many words: the gateway reads the usage as it passes.
+    assert_eq!(resp.headers()["x-mock-accept-encoding"], "identity");
     let all = format!("{:?}", resp.headers());
     assert!(!all.contains(KEY), "client key leaked upstream: {all}");
 }

@@ -186,6 +186,7 @@ impl HttpServerApp for MockUpstream {
         let anthropic_version = header_bytes(&req.headers, "anthropic-version").to_vec();
         let traceparent = header_bytes(&req.headers, "traceparent").to_vec();
         let tracestate = header_bytes(&req.headers, "tracestate").to_vec();
+        let accept_encoding = header_bytes(&req.headers, "accept-encoding").to_vec();
         let content_type =
             String::from_utf8_lossy(header_bytes(&req.headers, "content-type")).into_owned();
         let expect_continue =
@@ -218,6 +219,7 @@ impl HttpServerApp for MockUpstream {
             anthropic_version,
             traceparent,
             tracestate,
+            accept_encoding,
             body_len: body.total_len,
             body_sha256: body.sha256_hex,
             path: path.clone(),

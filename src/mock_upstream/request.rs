@@ -238,6 +238,8 @@ pub(super) struct Echo {
     /// W3C trace context as it arrived.
     pub(super) traceparent: Vec<u8>,
     pub(super) tracestate: Vec<u8>,
+    /// The codings the request accepts, as it arrived.
+    pub(super) accept_encoding: Vec<u8>,
     pub(super) body_len: usize,
     pub(super) body_sha256: String,
     pub(super) path: String,
@@ -271,6 +273,10 @@ pub(super) fn add_echo_headers(
     )?;
     header.insert_header("x-mock-traceparent", header_value(&echo.traceparent))?;
     header.insert_header("x-mock-tracestate", header_value(&echo.tracestate))?;
+    header.insert_header(
+        "x-mock-accept-encoding",
+        header_value(&echo.accept_encoding),
+    )?;
     header.insert_header("x-mock-body-len", echo.body_len.to_string())?;
     header.insert_header("x-mock-body-sha256", echo.body_sha256.as_str())?;
     header.insert_header("x-mock-path", header_value(echo.path.as_bytes()))?;

@@ -164,8 +164,13 @@ pub fn rewrite_request(
         req.insert_header(name.clone(), value.clone())?;
     }
     req.insert_header(http::header::HOST, up.host_header.clone())?;
-    // The reply is metered as it passes, so ask for it uncompressed.
-    req.remove_header("accept-encoding");
+    // The reply is metered as it passes, so ask for it uncompressed: in so many words (a
+    // request without `Accept-Encoding` accepts any coding, RFC 9110 §12.5.3, and a gzipped
+    // reply's usage cannot be read).
+    req.insert_header(
+        http::header::ACCEPT_ENCODING,
+        http::HeaderValue::from_static("identity"),
+    )?;
     req.insert_header("x-request-id", request_id)?;
     // The body was read whole (and maybe rewritten): send it with an exact length.
     req.remove_header(&http::header::TRANSFER_ENCODING);
