@@ -604,28 +604,39 @@ async fn a_spent_budget_gives_402_and_spend_and_records_survive_a_restart() {
     assert_eq!(error_of(resp).await.0, 402, "spend survived the restart");
 }
 
+/// A gateway with a model `tenth` at 0.1 credit a request and a key `secret` with `budget`.
+fn with_budget(id: &str, secret: &str, budget: f64) -> Gateway {
+    start_with(Setup {
+        extra_config: "[[models]]\nname = \"tenth\"\npool = \"local\"\nupstream_model = \"echo-1\"\nprice = { prompt = 0.0, completion = 0.0, request = 0.1 }\n".into(),
+        extra_keys: format!("[[keys]]\nid = \"{id}\"\nsecret = \"{secret}\"\nbudget = {budget}\n"),
+        ..Setup::default()
+    })
+}
+
+/// The status of one chat with the model `tenth`.
+async fn tenth(base: &str, key: &str) -> u16 {
+    let resp = send(
+        base,
+        "/v1/chat/completions",
+        Some(key),
+        &chat_body("tenth", false),
+        &[],
+    )
+    .await;
+    let status = resp.status().as_u16();
+    let _ = resp.bytes().await;
+    status
+}
+
 #[tokio::test]
 async fn costs_that_add_up_to_the_budget_spend_it_exactly() {
     // Eight requests at 0.1 reach a budget of 0.8: added in floating point they make
     // 0.7999999999999999, and a ninth was served while the pages showed nothing left.
-    let g = start_with(Setup {
-        extra_config: "[[models]]\nname = \"tenth\"\npool = \"local\"\nupstream_model = \"echo-1\"\nprice = { prompt = 0.0, completion = 0.0, request = 0.1 }\n".into(),
-        extra_keys: "[[keys]]\nid = \"eight-tenths\"\nsecret = \"sk-test-eight-tenths-0099\"\nbudget = 0.8\n".into(),
-        ..Setup::default()
-    });
     let key = "sk-test-eight-tenths-0099";
+    let g = with_budget("eight-tenths", key, 0.8);
     let mut statuses = Vec::new();
     for _ in 0..9 {
-        let resp = send(
-            &g.main,
-            "/v1/chat/completions",
-            Some(key),
-            &chat_body("tenth", false),
-            &[],
-        )
-        .await;
-        statuses.push(resp.status().as_u16());
-        let _ = resp.bytes().await;
+        statuses.push(tenth(&g.main, key).await);
     }
     assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 200, 200, 402]);
     let summary: Value = get(&g.main, "/api/usage/summary", Some(key))
@@ -647,15 +658,7 @@ async fn costs_that_add_up_to_the_budget_spend_it_exactly() {
     );
     // The store's total is a floating-point sum too: still spent after a restart.
     let g = g.restart();
-    let resp = send(
-        &g.main,
-        "/v1/chat/completions",
-        Some(key),
-        &chat_body("tenth", false),
-        &[],
-    )
-    .await;
-    assert_eq!(error_of(resp).await.0, 402);
+    assert_eq!(tenth(&g.main, key).await, 402);
 }
 
 #[tokio::test]
@@ -778,29 +781,12 @@ async fn a_database_file_locked_by_another_process_delays_records_and_loses_none
 /// yet, and the key was served past its budget until they were.
 #[tokio::test]
 async fn costs_waiting_in_the_spool_count_against_the_budget_after_a_restart() {
-    let mut g = start_with(Setup {
-        extra_config: "[[models]]\nname = \"tenth\"\npool = \"local\"\nupstream_model = \"echo-1\"\nprice = { prompt = 0.0, completion = 0.0, request = 0.1 }\n".into(),
-        extra_keys: "[[keys]]\nid = \"quarter\"\nsecret = \"sk-test-quarter-budget-0098\"\nbudget = 0.25\n".into(),
-        ..Setup::default()
-    });
     let key = "sk-test-quarter-budget-0098";
-    let chat = |base: String| async move {
-        let resp = send(
-            &base,
-            "/v1/chat/completions",
-            Some(key),
-            &chat_body("tenth", false),
-            &[],
-        )
-        .await;
-        let status = resp.status().as_u16();
-        let _ = resp.bytes().await;
-        status
-    };
+    let mut g = with_budget("quarter", key, 0.25);
     let lock = rusqlite::Connection::open(g.dir.path().join("usage.db")).expect("open");
     lock.execute_batch("BEGIN EXCLUSIVE").expect("lock");
     assert_eq!(
-        (chat(g.main.clone()).await, chat(g.main.clone()).await),
+        (tenth(&g.main, key).await, tenth(&g.main, key).await),
         (200, 200)
     );
     assert!(g.terminate().success());
@@ -811,7 +797,7 @@ async fn costs_waiting_in_the_spool_count_against_the_budget_after_a_restart() {
     let g = g.restart_stopped();
     // 0.2 spent: one more request (to 0.3), then none.
     assert_eq!(
-        (chat(g.main.clone()).await, chat(g.main.clone()).await),
+        (tenth(&g.main, key).await, tenth(&g.main, key).await),
         (200, 402)
     );
     lock.execute_batch("COMMIT").expect("unlock");
