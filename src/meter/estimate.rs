@@ -421,6 +421,24 @@ mod tests {
         assert_eq!(rough_json_text(hi), 3);
     }
 
+    proptest::proptest! {
+        /// Any bytes: no panic, never more than the bytes allow. Any text value in JSON: its
+        /// written bytes, its member's name left out.
+        #[test]
+        fn the_rough_count_takes_the_text_of_any_json(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+            text in "[a-z\"\\\\\n ]{0,300} [a-z]{0,8}",
+        ) {
+            proptest::prop_assert!(rough_json_text(&bytes) <= bytes.len().div_ceil(4) as u64);
+            let value = serde_json::Value::String(text).to_string();
+            let body = format!("{{ \"messages\" : {value} }}");
+            proptest::prop_assert_eq!(
+                rough_json_text(body.as_bytes()),
+                (value.len() - 2).div_ceil(4) as u64
+            );
+        }
+    }
+
     #[test]
     fn a_reply_of_tool_calls_or_reasoning_has_output() {
         let reply = serde_json::json!({"choices": [{"index": 0, "message": {
