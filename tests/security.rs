@@ -231,6 +231,45 @@ async fn a_trailing_slash_goes_upstream_as_the_api_names_the_path() {
     );
 }
 
+/// An absolute-form target (`POST http://evil.example/v1/...`, which RFC 9112 lets a
+/// client send) goes upstream in origin-form: a front end before the upstream (a forward or
+/// egress proxy, a server of several hosts) would route by the target's host, and take the
+/// pool's credential there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absolute_form_target_goes_upstream_in_origin_form() {
+    let rec = Recorder::start().await;
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        ..Setup::default()
+    });
+    let body = serde_json::to_string(&chat_body("recorded", false)).expect("json");
+    for (n, target) in [
+        "http://evil.example/v1/chat/completions",
+        "ftp://evil.example/v1/chat/completions?x=1",
+        "HTTP://evil.example/v1/chat/completions/",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let request = format!(
+            "POST {target} HTTP/1.1\r\nHost: evil.example\r\nAuthorization: Bearer {KEY}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let reply = raw(&g.main, request.as_bytes());
+        assert!(reply.starts_with("HTTP/1.1 200"), "{target}: {reply}");
+        let seen = rec.seen();
+        assert_eq!(seen.len(), n + 1, "{target}");
+        let head = &seen[n].head;
+        let line = head.lines().next().unwrap_or_default();
+        assert!(
+            line.starts_with("POST /v1/chat/completions"),
+            "{target}: {line}"
+        );
+        assert!(!head.contains("evil.example"), "{target}: {head}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_wrong_keys_are_throttled_and_never_reach_the_upstream() {
     let rec = Recorder::start().await;

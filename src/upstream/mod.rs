@@ -184,10 +184,13 @@ pub fn rewrite_request(
     // origin-form target to an upstream without a base path is already what goes up. A path
     // the gateway read without its trailing slash goes up as the API names it (a server that
     // redirects `/v1/chat/completions/` would tell the client its own address).
+    // (Pingora keeps an absolute-form target's bytes for the wire, whatever its URI says: only
+    // a target that starts with `/` is origin-form.)
     let path = req.uri.path();
     let trailing = path.len() > 1 && path.ends_with('/');
     if up.cfg.base_path.is_empty()
         && !trailing
+        && req.raw_path().starts_with(b"/")
         && req.uri.scheme().is_none()
         && req.uri.authority().is_none()
     {
