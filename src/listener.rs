@@ -228,6 +228,13 @@ impl Deadlined {
         }
     }
 
+    /// Whether a write may be Pingora's bare error: only before the proxy has the request's
+    /// header (a request it could not parse). After that every write is the proxy's own, a
+    /// reply body that happens to read like that header included.
+    fn bare_error_possible(&self) -> bool {
+        !self.header_in.load(Ordering::Relaxed)
+    }
+
     /// Whether the header deadline has passed with the header still out.
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         if !self.armed || self.header_in.load(Ordering::Relaxed) {
@@ -284,7 +291,7 @@ impl AsyncWrite for Deadlined {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.replacing.is_none() && pingoras_bare_error(buf) {
+        if self.replacing.is_none() && self.bare_error_possible() && pingoras_bare_error(buf) {
             self.replacing = Some((unparseable_reply(), 0));
         }
         if self.replacing.is_some() {
@@ -307,7 +314,10 @@ impl AsyncWrite for Deadlined {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let first = bufs.iter().find(|b| !b.is_empty());
-        if self.replacing.is_none() && first.is_some_and(|b| pingoras_bare_error(b)) {
+        if self.replacing.is_none()
+            && self.bare_error_possible()
+            && first.is_some_and(|b| pingoras_bare_error(b))
+        {
             self.replacing = Some((unparseable_reply(), 0));
         }
         if self.replacing.is_some() {

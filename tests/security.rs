@@ -36,6 +36,8 @@ struct Recorder {
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Every byte received, across connections.
     wire: Arc<Mutex<Vec<u8>>>,
+    /// A body to answer with instead of `REPLY` (as `text/plain`).
+    body: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 impl Recorder {
@@ -46,19 +48,26 @@ impl Recorder {
         let port = listener.local_addr().expect("addr").port();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let wire: Arc<Mutex<Vec<u8>>> = Arc::default();
-        let (s, w) = (seen.clone(), wire.clone());
+        let body: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
+        let (s, w, b) = (seen.clone(), wire.clone(), body.clone());
         tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
-                tokio::spawn(Self::serve(conn, s.clone(), w.clone()));
+                tokio::spawn(Self::serve(conn, s.clone(), w.clone(), b.clone()));
             }
         });
-        Recorder { port, seen, wire }
+        Recorder {
+            port,
+            seen,
+            wire,
+            body,
+        }
     }
 
     async fn serve(
         mut conn: tokio::net::TcpStream,
         seen: Arc<Mutex<Vec<Seen>>>,
         wire: Arc<Mutex<Vec<u8>>>,
+        answer: Arc<Mutex<Option<Vec<u8>>>>,
     ) {
         let mut buf = Vec::new();
         let mut chunk = [0u8; 16384];
@@ -97,12 +106,25 @@ impl Recorder {
             let body = buf[head_end..head_end + length].to_vec();
             buf.drain(..head_end + length);
             seen.lock().expect("lock").push(Seen { head, body });
-            let reply = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-                 x-ratelimit-limit-requests: 10000\r\nx-ratelimit-remaining-requests: 9999\r\n\r\n{REPLY}",
-                REPLY.len()
-            );
-            if conn.write_all(reply.as_bytes()).await.is_err() {
+            let custom = answer.lock().expect("lock").clone();
+            let reply = match custom {
+                Some(b) => {
+                    let mut r = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
+                        b.len()
+                    )
+                    .into_bytes();
+                    r.extend_from_slice(&b);
+                    r
+                }
+                None => format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                     x-ratelimit-limit-requests: 10000\r\nx-ratelimit-remaining-requests: 9999\r\n\r\n{REPLY}",
+                    REPLY.len()
+                )
+                .into_bytes(),
+            };
+            if conn.write_all(&reply).await.is_err() {
                 return;
             }
         }
@@ -229,6 +251,34 @@ async fn a_trailing_slash_goes_upstream_as_the_api_names_the_path() {
         head.starts_with("POST /v1/chat/completions?x=1 HTTP/1.1\r\n"),
         "{head}"
     );
+}
+
+/// A reply body that reads like the header of Pingora's own bare error goes to the client as
+/// it came: the listener replaces that error only before the proxy has a request's header
+/// (the body was swapped mid-reply for a 400 of the gateway's, and the connection's framing
+/// broken for the next reply).
+#[tokio::test]
+async fn a_reply_body_that_reads_like_an_http_header_passes_unchanged() {
+    let rec = Recorder::start().await;
+    let poison =
+        b"HTTP/1.1 404 X\r\ncache-control: private, no-store\r\ncontent-length: 0\r\n\r\n".to_vec();
+    *rec.body.lock().expect("lock") = Some(poison.clone());
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        ..Setup::default()
+    });
+    let c = client();
+    for _ in 0..2 {
+        let resp = c
+            .post(format!("{}/v1/chat/completions", g.main))
+            .bearer_auth(KEY)
+            .json(&chat_body("recorded", false))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(resp.status(), 200);
+        assert_eq!(&resp.bytes().await.expect("body")[..], &poison[..]);
+    }
 }
 
 /// An absolute-form target (`POST http://evil.example/v1/...`, which RFC 9112 lets a
