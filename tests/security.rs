@@ -36,8 +36,9 @@ struct Recorder {
     seen: Arc<Mutex<Vec<Seen>>>,
     /// Every byte received, across connections.
     wire: Arc<Mutex<Vec<u8>>>,
-    /// A body to answer with instead of `REPLY` (as `text/plain`).
-    body: Arc<Mutex<Option<Vec<u8>>>>,
+    /// A whole reply (status line, header, body) to answer with instead of `REPLY`; the
+    /// connection is closed after it.
+    raw_reply: Arc<Mutex<Option<Vec<u8>>>>,
 }
 
 impl Recorder {
@@ -48,8 +49,8 @@ impl Recorder {
         let port = listener.local_addr().expect("addr").port();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let wire: Arc<Mutex<Vec<u8>>> = Arc::default();
-        let body: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
-        let (s, w, b) = (seen.clone(), wire.clone(), body.clone());
+        let raw_reply: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
+        let (s, w, b) = (seen.clone(), wire.clone(), raw_reply.clone());
         tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
                 tokio::spawn(Self::serve(conn, s.clone(), w.clone(), b.clone()));
@@ -59,7 +60,7 @@ impl Recorder {
             port,
             seen,
             wire,
-            body,
+            raw_reply,
         }
     }
 
@@ -107,23 +108,16 @@ impl Recorder {
             buf.drain(..head_end + length);
             seen.lock().expect("lock").push(Seen { head, body });
             let custom = answer.lock().expect("lock").clone();
-            let reply = match custom {
-                Some(b) => {
-                    let mut r = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
-                        b.len()
-                    )
-                    .into_bytes();
-                    r.extend_from_slice(&b);
-                    r
-                }
-                None => format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-                     x-ratelimit-limit-requests: 10000\r\nx-ratelimit-remaining-requests: 9999\r\n\r\n{REPLY}",
-                    REPLY.len()
-                )
-                .into_bytes(),
-            };
+            if let Some(raw) = custom {
+                let _ = conn.write_all(&raw).await;
+                return;
+            }
+            let reply = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                 x-ratelimit-limit-requests: 10000\r\nx-ratelimit-remaining-requests: 9999\r\n\r\n{REPLY}",
+                REPLY.len()
+            );
+            let reply = reply.into_bytes();
             if conn.write_all(&reply).await.is_err() {
                 return;
             }
@@ -262,7 +256,13 @@ async fn a_reply_body_that_reads_like_an_http_header_passes_unchanged() {
     let rec = Recorder::start().await;
     let poison =
         b"HTTP/1.1 404 X\r\ncache-control: private, no-store\r\ncontent-length: 0\r\n\r\n".to_vec();
-    *rec.body.lock().expect("lock") = Some(poison.clone());
+    let mut raw = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
+        poison.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&poison);
+    *rec.raw_reply.lock().expect("lock") = Some(raw);
     let g = start_with(Setup {
         extra_config: rec.config(),
         ..Setup::default()
@@ -279,6 +279,77 @@ async fn a_reply_body_that_reads_like_an_http_header_passes_unchanged() {
         assert_eq!(resp.status(), 200);
         assert_eq!(&resp.bytes().await.expect("body")[..], &poison[..]);
     }
+}
+
+/// The upstream's hop-by-hop reply headers stay on its hop (RFC 9110 §7.6.1): those its
+/// `Connection` names, `Keep-Alive`, `Upgrade`, `Proxy-Authenticate`, `Trailer`, its framing;
+/// and an HTTP/1.0 upstream's reply (ended by its close) reaches an HTTP/1.1 client as an
+/// HTTP/1.1 reply in chunks, whole.
+#[tokio::test]
+async fn the_upstreams_hop_by_hop_reply_headers_and_version_stay_on_its_hop() {
+    let rec = Recorder::start().await;
+    let raw = format!(
+        "HTTP/1.0 200 OK\r\ncontent-type: application/json\r\nConnection: x-secret-hop, keep-alive\r\n\
+         X-Secret-Hop: leak\r\nKeep-Alive: timeout=5\r\nUpgrade: h2c\r\nProxy-Authenticate: Basic\r\n\
+         Trailer: x-t\r\nx-kept: yes\r\n\r\n{REPLY}"
+    );
+    *rec.raw_reply.lock().expect("lock") = Some(raw.into_bytes());
+    let g = start_with(Setup {
+        extra_config: rec.config(),
+        ..Setup::default()
+    });
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("recorded", false),
+        &[],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), reqwest::Version::HTTP_11);
+    let h = resp.headers().clone();
+    for gone in [
+        "x-secret-hop",
+        "keep-alive",
+        "upgrade",
+        "proxy-authenticate",
+        "trailer",
+    ] {
+        assert!(!h.contains_key(gone), "{gone}: {h:?}");
+    }
+    assert_eq!(h["x-kept"], "yes");
+    assert_eq!(h["transfer-encoding"], "chunked", "{h:?}");
+    let id = h["x-request-id"].to_str().expect("id").to_string();
+    assert_eq!(resp.text().await.expect("body"), REPLY);
+    let r = await_record(&g, &id).await;
+    assert_eq!(
+        (r["status"].as_u64(), r["total_tokens"].as_u64()),
+        (Some(200), Some(4)),
+        "{r}"
+    );
+}
+
+/// An HTTP/1.0 client knows no chunks: a stream (chunked from the upstream) reaches it ended
+/// by the close of the connection, its events whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http10_client_gets_a_stream_without_chunks() {
+    let g = start();
+    let body = serde_json::to_string(&chat_body("echo-1", true)).expect("json");
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let reply = raw(&g.main, request.as_bytes());
+    let (head, events) = reply.split_once("\r\n\r\n").expect("a header");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        !head.to_ascii_lowercase().contains("transfer-encoding"),
+        "{head}"
+    );
+    assert!(events.starts_with("data: {"), "{events}");
+    assert!(events.ends_with("data: [DONE]\n\n"), "{events}");
 }
 
 /// An absolute-form target (`POST http://evil.example/v1/...`, which RFC 9112 lets a

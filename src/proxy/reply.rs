@@ -13,6 +13,53 @@ use crate::meter::Meter;
 /// `upstream_error` instead of a misleading auth error. That is an error returned here, before
 /// the client's header is written, so `fail_to_proxy` answers it whole — also when the
 /// upstream's refusal has no body. Every reply gets `x-request-id`.
+/// Whether a reply header belongs to the upstream's hop only.
+fn hop_by_hop(name: &str) -> bool {
+    matches!(
+        name,
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
+}
+
+/// The upstream's reply as the gateway's own to its client (RFC 9110 §7.6.1): its framing
+/// (the gateway frames the body for this client: chunks for HTTP/1.1, the close for HTTP/1.0,
+/// which knows no chunks), its connection's options and every header its `Connection` names
+/// stay on the upstream's hop; and it is an HTTP/1.1 reply whatever the upstream spoke.
+fn drop_hop_by_hop(resp: &mut ResponseHeader) {
+    resp.set_version(http::Version::HTTP_11);
+    if !resp.headers.keys().any(|k| hop_by_hop(k.as_str())) {
+        return;
+    }
+    let mut names: Vec<String> = resp
+        .headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split(',')
+                .map(|n| n.trim().to_ascii_lowercase())
+                .filter(|n| !n.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    names.extend(
+        resp.headers
+            .keys()
+            .filter(|k| hop_by_hop(k.as_str()))
+            .map(|k| k.as_str().to_string()),
+    );
+    for name in names {
+        resp.remove_header(&name);
+    }
+}
+
 pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_error::Result<()> {
     match resp.status.as_u16() {
         401 => {
@@ -31,6 +78,7 @@ pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_e
         }
         _ => {}
     }
+    drop_hop_by_hop(resp);
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     // The upstream's rate-limit headers describe the pool's account, not the client's key:
     // the key's own (if it has limits) replace them.
