@@ -203,6 +203,31 @@ async fn sign_in_wrong_and_right_with_a_strict_cookie_and_sign_out() {
     assert_eq!(error_of(c.get("/console/api/keys").await).await.0, 401);
 }
 
+/// A sign-in whose body's framing cannot be read (a chunk size that is not one) is the
+/// client's 400, not the gateway's 500, and the connection ends after it.
+#[tokio::test]
+async fn a_sign_in_body_with_broken_framing_is_a_400() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start_with(console_setup());
+    for size in ["zz", "-1", "fffffffffffffffffffff"] {
+        let mut s = raw_connect(&g.main).await;
+        let request = format!(
+            "POST /console/login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Transfer-Encoding: chunked\r\n\r\n{size}\r\n{{}}\r\n0\r\n\r\n"
+        );
+        s.write_all(request.as_bytes()).await.expect("send");
+        let mut reply = String::new();
+        let _ = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            s.read_to_string(&mut reply),
+        )
+        .await
+        .expect("the connection ends");
+        assert!(reply.starts_with("HTTP/1.1 400"), "{size}: {reply}");
+        assert!(reply.contains(r#""param":"body""#), "{size}: {reply}");
+    }
+}
+
 #[tokio::test]
 async fn failed_sign_ins_are_throttled_per_address() {
     let g = start_with(console_setup());

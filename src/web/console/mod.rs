@@ -98,7 +98,15 @@ async fn body(
             fail(session, ex, &GatewayError::RequestTimeout(ms)).await?;
             return Ok(None);
         };
-        match next? {
+        let next = match next {
+            Ok(next) => next,
+            Err(e) => {
+                let e = crate::proxy::body::unreadable(session, e)?;
+                fail(session, ex, &e).await?;
+                return Ok(None);
+            }
+        };
+        match next {
             Some(chunk) => {
                 buf.extend_from_slice(&chunk);
                 if buf.len() > MAX_BODY {
