@@ -90,7 +90,39 @@ async fn a_client_waiting_for_100_continue_gets_it_and_then_its_reply() {
         assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&reply));
         reply.extend_from_slice(&chunk[..n]);
     }
-    assert!(String::from_utf8_lossy(&reply).contains("200 OK"));
+    let reply = String::from_utf8_lossy(&reply).to_ascii_lowercase();
+    assert!(reply.contains("200 ok"), "{reply}");
+    // The connection stays for the next request (the interim reply turned keep-alive off).
+    assert!(reply.contains("connection: keep-alive"), "{reply}");
+    let models = "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ".to_string()
+        + KEY
+        + "\r\nConnection: close\r\n\r\n";
+    s.write_all(models.as_bytes()).await.expect("next request");
+    let mut next = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        s.read_to_string(&mut next),
+    )
+    .await
+    .expect("next reply in time")
+    .expect("read");
+    assert!(next.contains("200 OK") && next.contains("echo-1"), "{next}");
+
+    // HTTP/1.0 knows no interim replies: its body is read without one.
+    let mut s = raw_connect(&g.main).await;
+    let head =
+        chat_head(KEY, body.len(), "Expect: 100-continue\r\n").replacen("HTTP/1.1", "HTTP/1.0", 1);
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(&body).await.expect("body");
+    let mut reply = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        s.read_to_string(&mut reply),
+    )
+    .await
+    .expect("reply in time")
+    .expect("read");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
 }
 
 /// Refused before its `100 Continue` (a wrong key), the client never sends its body: the

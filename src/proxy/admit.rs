@@ -382,16 +382,24 @@ fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), S
 }
 
 /// Reads the whole body before any upstream; a client waiting for `100 Continue` gets it now
-/// (only once its key has passed, and its permission and budget but on an `other` path).
+/// (only once its key has passed, and its permission and budget but on an `other` path; never
+/// an HTTP/1.0 client, which knows no interim replies, RFC 9110 §10.1.1).
 async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Result<Bytes, Stop> {
     if let Some(e) = body::refuse_unread(session, config.max_body_bytes) {
         return Err(e.into());
     }
     ctx.body_asked = true;
-    if body::expects_continue(session) {
+    if body::expects_continue(session) && session.req_header().version != http::Version::HTTP_10 {
+        // The body is read whole after it (or the connection ends on a failed read): the
+        // interim reply must not turn keep-alive off as an early answer would.
+        let downstream = session.as_downstream_mut();
+        downstream.set_close_on_response_before_downstream_finish(false);
         let bound = ctx.bound();
-        let write = session.as_downstream_mut().write_continue_response();
-        crate::respond::bounded(bound, write).await?;
+        let written = crate::respond::bounded(bound, downstream.write_continue_response()).await;
+        session
+            .as_downstream_mut()
+            .set_close_on_response_before_downstream_finish(true);
+        written?;
     }
     let limit = config.client_body_timeout;
     let read = tokio::time::timeout(limit, body::read(session, config.max_body_bytes));
