@@ -1079,7 +1079,7 @@ async fn a_key_in_the_url_in_any_spelling_is_refused_and_never_repeated() {
 
 /// Hop-by-hop headers describe the client's connection, not the request: none goes upstream
 /// (nor a header `Connection` names), so a client's `Connection: close` does not close the
-/// pool's connection either. The upstream's rate-limit headers describe the pool's account:
+/// pool's connection either; nor do the client's `Forwarded`/`X-Forwarded-*`/`X-Real-IP`. The upstream's rate-limit headers describe the pool's account:
 /// the client sees its key's own, or none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hop_by_hop_headers_stay_on_their_hop_and_the_upstreams_limits_stay_upstream() {
@@ -1095,7 +1095,9 @@ async fn hop_by_hop_headers_stay_on_their_hop_and_the_upstreams_limits_stay_upst
         KEY,
         body.len(),
         "Connection: close, X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n\
-         Upgrade: h2c\r\nProxy-Connection: keep-alive\r\nTrailer: x-t\r\nX-Kept: 1\r\n",
+         Upgrade: h2c\r\nProxy-Connection: keep-alive\r\nTrailer: x-t\r\nX-Kept: 1\r\n\
+         X-Forwarded-For: 6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\nForwarded: for=6.6.6.6\r\n\
+         X-Forwarded-Host: evil.example\r\nX-Forwarded-Proto: https\r\nX-Forwarded-Port: 1\r\n",
     );
     s.write_all(head.as_bytes()).await.expect("head");
     s.write_all(&body).await.expect("body");
@@ -1121,6 +1123,12 @@ async fn hop_by_hop_headers_stay_on_their_hop_and_the_upstreams_limits_stay_upst
         "proxy-connection:",
         "trailer:",
         "connection:",
+        // Who and where the client is (anything it likes to write there) is no upstream's
+        // business either.
+        "6.6.6.6",
+        "forwarded",
+        "evil.example",
+        "x-real-ip",
     ] {
         assert!(!up.contains(gone), "{gone} went upstream: {up}");
     }

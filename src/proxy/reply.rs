@@ -37,18 +37,7 @@ fn drop_hop_by_hop(resp: &mut ResponseHeader) {
     if !resp.headers.keys().any(|k| hop_by_hop(k.as_str())) {
         return;
     }
-    let mut names: Vec<String> = resp
-        .headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .flat_map(|v| {
-            String::from_utf8_lossy(v.as_bytes())
-                .split(',')
-                .map(|n| n.trim().to_ascii_lowercase())
-                .filter(|n| !n.is_empty())
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let mut names = crate::upstream::connection_named(&resp.headers);
     names.extend(
         resp.headers
             .keys()

@@ -15,16 +15,36 @@ use crate::route::{Pool, Upstream};
 mod pool;
 pub use pool::Connections;
 
-/// Headers that may carry the client's gateway credential or session; none goes upstream.
-const CLIENT_CREDENTIALS: [&str; 7] = [
-    "openai-organization",
-    "openai-project",
-    "authorization",
-    "proxy-authorization",
-    "api-key",
-    "x-api-key",
-    "cookie",
-];
+/// Whether a request header stays with the client: what may carry its gateway credential or
+/// session; what says who and where the client is (a client could write any address there, and
+/// a hosted model's provider has no business with the end user's address); and the hop-by-hop
+/// headers (RFC 9110 §7.6.1), which are about the client's connection to the gateway, not the
+/// request (the upstream connection is the gateway's own, kept alive in the pool: a client's
+/// `Connection: close` must not close it).
+fn stays_with_client(name: &str) -> bool {
+    matches!(
+        name,
+        "openai-organization"
+            | "openai-project"
+            | "authorization"
+            | "proxy-authorization"
+            | "api-key"
+            | "x-api-key"
+            | "cookie"
+            | "forwarded"
+            | "x-forwarded-for"
+            | "x-forwarded-host"
+            | "x-forwarded-proto"
+            | "x-forwarded-port"
+            | "x-real-ip"
+            | "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "upgrade"
+    )
+}
 
 pub fn peer(pool: &Pool, up: &Upstream) -> Box<HttpPeer> {
     let sni = if up.cfg.tls {
@@ -115,47 +135,44 @@ fn one_write(req: &RequestHeader, body_len: usize) -> bool {
         && !req.headers.contains_key(http::header::TRANSFER_ENCODING)
 }
 
-/// Rewrites the client's request header into the upstream's.
-/// Hop-by-hop headers (RFC 9110 §7.6.1): they are about the client's connection to the
-/// gateway, not the request; the upstream connection is the gateway's own (kept alive in the
-/// pool: a client's `Connection: close` must not close it).
-const HOP_BY_HOP: [&str; 6] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
-];
+/// The headers a message's `Connection` names (hop-by-hop, RFC 9110 §7.6.1), lower case.
+pub fn connection_named(headers: &http::HeaderMap) -> Vec<String> {
+    headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split(',')
+                .map(|n| n.trim().to_ascii_lowercase())
+                .filter(|n| !n.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
 
+/// Rewrites the client's request header into the upstream's.
 pub fn rewrite_request(
     req: &mut RequestHeader,
     up: &Upstream,
     body_len: usize,
     request_id: &str,
 ) -> pingora_error::Result<()> {
-    for h in CLIENT_CREDENTIALS {
-        req.remove_header(h);
-    }
     // The headers `Connection` names are hop-by-hop too (removed before the gateway's own
     // go in, so none of those can be named away).
     if req.headers.contains_key(http::header::CONNECTION) {
-        let mut names: Vec<String> = Vec::new();
-        for v in req.headers.get_all(http::header::CONNECTION) {
-            let listed = String::from_utf8_lossy(v.as_bytes());
-            names.extend(
-                listed
-                    .split(',')
-                    .map(|n| n.trim().to_ascii_lowercase())
-                    .filter(|n| !n.is_empty()),
-            );
-        }
-        for name in names {
+        for name in connection_named(&req.headers) {
             req.remove_header(&name);
         }
     }
-    for h in HOP_BY_HOP {
-        req.remove_header(h);
+    // One pass over the header for what stays with the client.
+    let stays: Vec<http::HeaderName> = req
+        .headers
+        .keys()
+        .filter(|k| stays_with_client(k.as_str()))
+        .cloned()
+        .collect();
+    for name in stays {
+        req.remove_header(&name);
     }
     // Upstreams are spoken to in HTTP/1.1, whatever the client spoke (HTTP/2 on a TLS
     // listener): the request line must say so.
