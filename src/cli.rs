@@ -153,11 +153,55 @@ fn init_logging() {
         }
     }
     use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(crate::redact::RedactingStderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter).with_filter(ClientNoise))
         .try_init();
+}
+
+/// Pingora logs an ERROR for each connection whose client left or stalled before its request
+/// header was whole ("Fail to proxy: Downstream …"): anyone could write the gateway's log at
+/// ERROR at will, where an operator looks for the gateway's own faults. Those lines are left
+/// out (the header deadline and its 400s have their own metrics).
+struct ClientNoise;
+
+impl<S> tracing_subscriber::layer::Filter<S> for ClientNoise {
+    fn enabled(
+        &self,
+        _: &tracing::Metadata<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        true
+    }
+
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _: &tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        if *event.metadata().level() != tracing::Level::ERROR {
+            return true;
+        }
+        let mut client_side = ClientSide(false);
+        event.record(&mut client_side);
+        !client_side.0
+    }
+}
+
+/// Whether an event's message is Pingora's report of a client that left or stalled early.
+struct ClientSide(bool);
+
+impl tracing::field::Visit for ClientSide {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}").starts_with("Fail to proxy: Downstream ");
+        }
+    }
 }
 
 fn load(path: &Path) -> Result<Live, crate::config::Problems> {
