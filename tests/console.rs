@@ -228,6 +228,45 @@ async fn a_sign_in_body_with_broken_framing_is_a_400() {
     }
 }
 
+/// A console password changed in the config file is in force within the reload's 2 s, and
+/// ends the sessions made with the old one (the old password went on signing in until a
+/// restart, while the log said the file was reloaded). A section only a restart puts in force
+/// is named in a warning.
+#[tokio::test]
+async fn a_console_password_rotated_in_the_config_file_is_in_force_at_once() {
+    let mut g = start_with(console_setup());
+    let old = Console::sign_in(&g.main).await;
+    let path = g.dir.path().join("modelgate.toml");
+    let config = std::fs::read_to_string(&path).unwrap();
+    let rotated = config.replace(
+        "password = \"env:MG_TEST_CONSOLE_PW\"",
+        "password = \"a-new-console-password\"",
+    );
+    assert_ne!(rotated, config);
+    let rotated = rotated.replace("[limits]\n", "[limits]\nauth_failures_per_minute = 7\n");
+    std::fs::write(&path, rotated).unwrap();
+    // (Sign-in attempts made while waiting would count as failures: the reload is awaited.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while metric_value(&g, "modelgate_config_reloads_total").await < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "no reload");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        login(&g.main, "admin", "a-new-console-password")
+            .await
+            .status(),
+        204
+    );
+    assert_eq!(login(&g.main, "admin", PASSWORD).await.status(), 401);
+    assert_eq!(error_of(old.get("/console/api/keys").await).await.0, 401);
+    g.terminate();
+    let log = g.take_stderr();
+    assert!(
+        log.contains("in force only after a restart") && log.contains("limits"),
+        "{log}"
+    );
+}
+
 #[tokio::test]
 async fn failed_sign_ins_are_throttled_per_address() {
     let g = start_with(console_setup());

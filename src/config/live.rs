@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::keys::KeyTable;
 use super::{Config, Problems};
@@ -18,8 +18,12 @@ pub struct Snapshot {
 }
 
 pub struct Live {
+    /// The config as loaded at start: what a reload does not change (see `reload`).
     pub config: Arc<Config>,
     state: ArcSwap<Snapshot>,
+    /// `[console]` in force: a reload changes it (a password rotated takes effect at once, and
+    /// ends the sessions made with the old one).
+    console: ArcSwapOption<super::ConsoleConfig>,
 }
 
 impl Live {
@@ -34,6 +38,7 @@ impl Live {
         let router = Router::build(&config).map_err(|p| problems.extend(p)).ok();
         match (keys, router) {
             (Some(keys), Some(router)) => Ok(Live {
+                console: ArcSwapOption::from(config.console.clone().map(Arc::new)),
                 config: Arc::new(config),
                 state: ArcSwap::from_pointee(Snapshot {
                     keys: Arc::new(keys),
@@ -47,6 +52,15 @@ impl Live {
     /// The state in force now; hold it for the whole request.
     pub fn snapshot(&self) -> Arc<Snapshot> {
         self.state.load_full()
+    }
+
+    /// `[console]` as in force now (None: no console).
+    pub fn console(&self) -> Option<Arc<super::ConsoleConfig>> {
+        self.console.load_full()
+    }
+
+    pub fn set_console(&self, console: Option<super::ConsoleConfig>) {
+        self.console.store(console.map(Arc::new));
     }
 
     /// Puts a new router (pools, models, prices, fallbacks) in force; the keys stay.

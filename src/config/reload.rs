@@ -1,6 +1,7 @@
 //! Hot reload, a background service: a change to the keys file is picked up within 2 s, with no
 //! restart, and so is a change to the config file's pools, models, prices and fallbacks (the
-//! router). Listeners, storage and server settings need a restart; a change to them is logged. Triggers: the `notify` watcher on the file's folder (so replacement by
+//! router) and its `[console]`. Every other section takes a restart: a reload that changed one
+//! names it in a warning. Triggers: the `notify` watcher on the file's folder (so replacement by
 //! rename and Kubernetes-style symlink swaps are seen), SIGHUP, and a 1 s check of the file's
 //! identity (mtime, length, inode) in case an event is missed. A reload prepares the whole new
 //! table first and then swaps it in one store; a file that does not parse or validate is
@@ -16,9 +17,9 @@ use notify::Watcher;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
+use super::Problems;
 use super::keys::KeyTable;
 use super::live::Live;
-use super::{Problems, Secret};
 
 pub struct KeysReloader {
     live: Arc<Live>,
@@ -28,6 +29,16 @@ pub struct KeysReloader {
     /// Both files as they were when the gateway loaded them (taken before any listener is up,
     /// so a change made once the gateway answers is never mistaken for the loaded version).
     loaded: (Fingerprint, Fingerprint),
+    /// The config file's sections as the gateway started with them, to name those a reload
+    /// changed that only a restart puts in force.
+    started_with: Option<toml::Table>,
+}
+
+/// The config file's sections a reload puts in force; every other one takes a restart.
+const LIVE_SECTIONS: [&str; 3] = ["pools", "models", "console"];
+
+fn sections(path: &Path) -> Option<toml::Table> {
+    std::fs::read_to_string(path).ok()?.parse().ok()
 }
 
 /// What identifies a version of the file, following symlinks.
@@ -50,42 +61,59 @@ impl KeysReloader {
         let path = live.config.keys_file.clone();
         let config = live.config.path.clone();
         let loaded = (fingerprint(&path), fingerprint(&config));
+        let started_with = sections(&config);
         KeysReloader {
             live,
             path,
             config,
             loaded,
+            started_with,
         }
+    }
+
+    /// The sections of the file now that differ from those the gateway started with and that
+    /// only a restart puts in force.
+    fn awaiting_restart(&self) -> Vec<String> {
+        let (Some(before), Some(now)) = (self.started_with.as_ref(), sections(&self.config)) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = before
+            .keys()
+            .chain(now.keys())
+            .filter(|k| !LIVE_SECTIONS.contains(&k.as_str()))
+            .filter(|k| before.get(*k) != now.get(*k))
+            .cloned()
+            .collect();
+        names.sort();
+        names.dedup();
+        names
     }
 
     /// Reads the config file, builds its router (upstream health carried over) and swaps it
     /// in; a file that does not load keeps the router in force. Returns the models in force.
     pub fn reload_router(&self) -> Result<usize, Problems> {
         let config = super::Config::load(&self.config)?;
-        let old = &self.live.config;
-        if config.listeners.main != old.listeners.main
-            || config.listeners.direct != old.listeners.direct
-            || config.listeners.admin != old.listeners.admin
-            || config.sqlite != old.sqlite
-            || config.postgres.as_ref().map(Secret::expose)
-                != old.postgres.as_ref().map(Secret::expose)
-            || config.keys_file != old.keys_file
-        {
-            tracing::warn!("listeners, storage and the keys file change only with a restart");
-        }
         let router =
             crate::route::Router::build_after(&config, Some(&self.live.snapshot().router))?;
         let n = router.ordered.len();
         self.live.set_router(router);
+        self.live.set_console(config.console);
         Ok(n)
     }
 
     fn reload_router_and_report(&self, why: &str) {
         match self.reload_router() {
             Ok(n) => {
-                tracing::info!(models = n, file = %self.config.display(), "pools and models reloaded ({why})");
+                tracing::info!(models = n, file = %self.config.display(), "pools, models and the console reloaded ({why})");
                 if let Some(m) = crate::metrics::get() {
                     m.config_reloads.inc();
+                }
+                let waiting = self.awaiting_restart();
+                if !waiting.is_empty() {
+                    tracing::warn!(
+                        sections = %waiting.join(", "),
+                        "changed in the config file, in force only after a restart"
+                    );
                 }
             }
             Err(problems) => {

@@ -125,7 +125,7 @@ pub async fn serve(
     ex: &mut Exchange,
     route: Route,
 ) -> pingora_error::Result<()> {
-    let Some(console) = shared.live.config.console.clone() else {
+    let Some(console) = shared.live.console() else {
         let e = GatewayError::NotFound("the console (no [console] section in the config)".into());
         return fail(session, ex, &e).await;
     };
