@@ -56,6 +56,7 @@ impl BackgroundService for HealthChecker {
         let connections = Arc::new(upstream::Connections::default());
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
+        let mut lookup_due = Instant::now() + super::DNS_REFRESH;
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
@@ -63,6 +64,11 @@ impl BackgroundService for HealthChecker {
             }
             let now = Instant::now();
             let snapshot = self.live.snapshot();
+            if now >= lookup_due {
+                lookup_due = now + super::DNS_REFRESH;
+                let router = snapshot.router.clone();
+                tokio::task::spawn_blocking(move || look_up_again(&router));
+            }
             for pool in &snapshot.router.pools {
                 let Some(every) = pool.cfg.health_interval else {
                     continue;
@@ -75,6 +81,17 @@ impl BackgroundService for HealthChecker {
                     let (pool, connections) = (pool.clone(), connections.clone());
                     tokio::spawn(async move { check(&connections, &pool, i).await });
                 }
+            }
+        }
+    }
+}
+
+/// Looks up again every upstream named by a host name (see `Upstream::resolve_again`).
+fn look_up_again(router: &super::Router) {
+    for pool in &router.pools {
+        for up in pool.upstreams.iter().filter(|u| u.named()) {
+            if let Some((old, new)) = up.resolve_again(super::lookup) {
+                tracing::info!(pool = %pool.name, upstream = %up.cfg.url, %old, %new, "upstream moved to a new address");
             }
         }
     }

@@ -24,13 +24,53 @@ use balance::{Balancer, Health};
 
 pub struct Upstream {
     pub cfg: UpstreamConfig,
-    pub addr: SocketAddr,
+    /// The address connections go to: resolved at load, and again every `DNS_REFRESH` when
+    /// the URL names a host (see `resolve_again`).
+    addr: arc_swap::ArcSwap<SocketAddr>,
     /// `Host` header value: host, plus the port when it is not the scheme's default.
     pub host_header: HeaderValue,
     /// The credential (the upstream's own key, else the pool's), sent in place of the
     /// client's: `Bearer <key>` in `Authorization`, or the key in `x-api-key`.
     pub authorization: Option<(http::HeaderName, HeaderValue)>,
     pub health: Arc<Health>,
+}
+
+/// How often an upstream named by a host name is looked up again: a provider that moves to
+/// new addresses (hosted APIs behind a CDN do) is followed within this, without a restart.
+pub const DNS_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Upstream {
+    /// The address a connection to it goes to now.
+    pub fn addr(&self) -> SocketAddr {
+        **self.addr.load()
+    }
+
+    /// Whether its URL names a host (not an address) that may move.
+    pub fn named(&self) -> bool {
+        self.cfg.host.parse::<std::net::IpAddr>().is_err()
+    }
+
+    /// Looks its host up again with `resolve` (blocking); the address in use stays while the
+    /// host still has it (no hopping between a name's addresses), else the first one is taken.
+    /// Returns the old and new address when it moved.
+    pub fn resolve_again(
+        &self,
+        resolve: impl Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>,
+    ) -> Option<(SocketAddr, SocketAddr)> {
+        let found = resolve(&self.cfg.host, self.cfg.port).ok()?;
+        let now = self.addr();
+        if found.contains(&now) {
+            return None;
+        }
+        let new = *found.first()?;
+        self.addr.store(Arc::new(new));
+        Some((now, new))
+    }
+}
+
+/// The addresses of `host` (the system's resolver, blocking).
+pub fn lookup(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
+    Ok((host, port).to_socket_addrs()?.collect())
 }
 
 pub struct Pool {
@@ -161,7 +201,7 @@ impl Router {
                         match HeaderValue::from_str(&host) {
                             Ok(host_header) => upstreams.push(Upstream {
                                 cfg: u.clone(),
-                                addr,
+                                addr: arc_swap::ArcSwap::from_pointee(addr),
                                 host_header,
                                 authorization,
                                 health: previous
@@ -234,5 +274,55 @@ impl Router {
 
     pub fn get(&self, model: &str) -> Option<&Arc<Route>> {
         self.by_model.get(model)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod dns_tests {
+    use super::*;
+
+    /// An upstream named by a host follows the host to a new address (it went on to the old
+    /// one until a restart); while the host still has the address in use, it stays there.
+    #[test]
+    fn an_upstream_named_by_a_host_follows_it_to_a_new_address() {
+        let text = "[listeners]\nmain = \"127.0.0.1:1\"\ndirect = \"127.0.0.1:2\"\n\
+                    [keys]\nfile = \"keys.toml\"\n\
+                    [[pools]]\nname = \"p\"\nupstreams = [\"http://localhost:9\", \"http://127.0.0.1:9\"]\n\
+                    [[models]]\nname = \"m\"\npool = \"p\"\n";
+        let config = Config::parse(std::path::Path::new("/tmp/c.toml"), text).unwrap();
+        let router = Router::build(&config).unwrap();
+        let pool = router.pools.iter().next().unwrap();
+        let (named, literal) = (&pool.upstreams[0], &pool.upstreams[1]);
+        assert!(named.named() && !literal.named());
+        let at = |ip: &str| -> SocketAddr { format!("{ip}:9").parse().unwrap() };
+        let first = named.addr();
+        // Still there among others: no move.
+        assert_eq!(
+            named.resolve_again(|_, _| Ok(vec![at("10.0.0.7"), first])),
+            None
+        );
+        // Gone: the first new one.
+        assert_eq!(
+            named.resolve_again(|_, _| Ok(vec![at("10.0.0.7"), at("10.0.0.8")])),
+            Some((first, at("10.0.0.7")))
+        );
+        assert_eq!(named.addr(), at("10.0.0.7"));
+        assert_eq!(upstream_peer_addr(pool, named), at("10.0.0.7"));
+        // A failed or empty lookup keeps the address in use.
+        assert_eq!(
+            named.resolve_again(|_, _| Err(std::io::ErrorKind::NotFound.into())),
+            None
+        );
+        assert_eq!(named.resolve_again(|_, _| Ok(vec![])), None);
+        assert_eq!(named.addr(), at("10.0.0.7"));
+    }
+
+    fn upstream_peer_addr(pool: &Pool, up: &Upstream) -> SocketAddr {
+        use pingora_core::upstreams::peer::Peer;
+        match crate::upstream::peer(pool, up).address() {
+            pingora_core::protocols::l4::socket::SocketAddr::Inet(a) => *a,
+            other => panic!("{other:?}"),
+        }
     }
 }

@@ -52,7 +52,7 @@ pub fn peer(pool: &Pool, up: &Upstream) -> Box<HttpPeer> {
     } else {
         String::new()
     };
-    let mut peer = HttpPeer::new(up.addr, up.cfg.tls, sni);
+    let mut peer = HttpPeer::new(up.addr(), up.cfg.tls, sni);
     let o = &mut peer.options;
     o.connection_timeout = Some(pool.cfg.connect_timeout);
     o.total_connection_timeout = Some(pool.cfg.connect_timeout * 2);
