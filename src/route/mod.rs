@@ -292,7 +292,7 @@ mod dns_tests {
                     [[models]]\nname = \"m\"\npool = \"p\"\n";
         let config = Config::parse(std::path::Path::new("/tmp/c.toml"), text).unwrap();
         let router = Router::build(&config).unwrap();
-        let pool = router.pools.iter().next().unwrap();
+        let pool = router.pools.first().unwrap();
         let (named, literal) = (&pool.upstreams[0], &pool.upstreams[1]);
         assert!(named.named() && !literal.named());
         let at = |ip: &str| -> SocketAddr { format!("{ip}:9").parse().unwrap() };
