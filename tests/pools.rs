@@ -313,6 +313,34 @@ fallbacks = ["echo-1"]
         .await;
         assert_eq!(resp.status(), 200);
         assert_eq!(resp.headers()["x-mock-model"], "echo-1");
+        let _ = resp.bytes().await;
+    }
+    // The metrics count them under the model asked for, as the records do.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let m = reqwest::get(format!("{}/metrics", g.admin))
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        let requests: Vec<&str> = m
+            .lines()
+            .filter(|l| l.starts_with("modelgate_requests_total{"))
+            .collect();
+        let count = |model: &str| {
+            requests
+                .iter()
+                .filter(|l| l.contains(&format!("model=\"{model}\"")))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum::<f64>()
+        };
+        if count("primary-model") + count("primary-of-echo") >= 4.0 {
+            assert_eq!(count("big-model") + count("echo-1"), 0.0, "{m}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{m}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
 

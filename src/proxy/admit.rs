@@ -332,6 +332,7 @@ fn route_stored(
     ctx.free = true; // STORED_RESPONSE's Metering::Free
     ctx.body = body;
     ctx.pinned = Some(upstream);
+    ctx.asked = Some(route.clone());
     ctx.route = Some(route);
     ctx.proxied = true;
     Ok(())
@@ -481,6 +482,7 @@ fn prepare_upstream(
         Metering::PerRequest | Metering::Free => Meter::None,
     };
     ctx.free = endpoint.metering == Metering::Free;
+    ctx.asked = Some(route.clone());
     ctx.body = route_body::for_upstream(
         &body,
         &probe,

@@ -24,7 +24,11 @@ pub struct Ctx {
     pub group: &'static str,
     /// The model the client asked for.
     pub model: String,
+    /// The route that answered (or was tried last): a fallback's once one was taken.
     pub route: Option<Arc<Route>>,
+    /// The configured model the request was routed as (the client's choice, before any
+    /// fallback): the metrics' `model` label, as the record's `model` is the client's.
+    pub asked: Option<Arc<Route>>,
     /// Index of the upstream that answered (or was tried last) in the route's pool.
     pub upstream: usize,
     /// Tries it took upstream (0: never sent).
@@ -90,6 +94,7 @@ impl Ctx {
             group: "",
             model: String::new(),
             route: None,
+            asked: None,
             upstream: 0,
             attempts: 0,
             fallbacks: None,

@@ -251,7 +251,7 @@ fn observe(
     m.request_end(&crate::metrics::RequestEnd {
         listener: ctx.listener.name(),
         endpoint: ctx.group,
-        model: ctx.route.as_ref().map_or("", |r| r.model.name.as_str()),
+        model: ctx.asked.as_ref().map_or("", |r| r.model.name.as_str()),
         status: r.status,
         refusal: ctx.refusal,
         total: ended.saturating_duration_since(ctx.started),
