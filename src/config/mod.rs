@@ -1189,6 +1189,18 @@ fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
+    if authority.contains('@') {
+        // Not repeated: what precedes the `@` is a password.
+        return Err(
+            "an upstream URL carries no user or password: give the credential as `api_key`".into(),
+        );
+    }
+    if url.parse::<http::Uri>().is_err() || url.chars().any(|c| c.is_whitespace()) {
+        return Err(format!(
+            "'{}' is not a valid URL (a space or another character a URL cannot hold)",
+            url.escape_debug()
+        ));
+    }
     let (host, port) = match authority.rsplit_once(':') {
         Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
             let port = p
@@ -1260,6 +1272,23 @@ price = { prompt = 1.0, completion = 2.0 }
         );
         assert_eq!(c.models[0].upstream_model, "echo-1");
         assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    /// An upstream URL that could not be asked (a space in it) is refused by `check`, and one
+    /// with a user and password is refused without repeating them.
+    #[test]
+    fn an_upstream_url_with_a_space_or_a_password_is_refused() {
+        for (url, says) in [
+            ("http://127.0.0.1:9100/ x", "not a valid URL"),
+            ("http://127.0.0.1:9100/a\tb", "not a valid URL"),
+            ("http://user:hunter2@api.example.com", "no user or password"),
+        ] {
+            let text = GOOD.replace("http://127.0.0.1:9100", url);
+            let e = Config::parse(Path::new("c.toml"), &text).expect_err(url);
+            let s = e.to_string();
+            assert!(s.contains(says) && s.contains("c.toml:"), "{s}");
+            assert!(!s.contains("hunter2"), "{s}");
+        }
     }
 
     #[test]
