@@ -87,13 +87,21 @@ enum KeysCommand {
 enum KeyCommand {
     /// Print a fresh random key and the `[[keys]]` entry holding only its SHA-256.
     New {
-        #[arg(long, default_value = "new-key")]
+        #[arg(long, default_value = "new-key", value_parser = key_id)]
         id: String,
         /// Append the entry to this keys file (comments and layout kept; the running gateway
         /// picks it up) and print only the secret.
         #[arg(long, value_name = "KEYS_FILE")]
         append: Option<PathBuf>,
     },
+}
+
+/// A key id the keys file takes (an empty one it refuses).
+fn key_id(id: &str) -> Result<String, String> {
+    if id.is_empty() {
+        return Err("a key's id cannot be empty".into());
+    }
+    Ok(id.to_string())
 }
 
 pub fn run() -> ExitCode {
@@ -141,8 +149,20 @@ pub fn run() -> ExitCode {
 }
 
 fn init_logging() {
-    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A directive that does not parse is left out, the others kept (one typo dropped them
+    // all, silently); it is named once the log is up.
+    let (mut filter, bad) = match std::env::var("RUST_LOG") {
+        Ok(v) => match tracing_subscriber::EnvFilter::try_new(&v) {
+            Ok(f) => (f, None),
+            Err(e) => (
+                tracing_subscriber::EnvFilter::builder()
+                    .with_default_directive(tracing::level_filters::LevelFilter::INFO.into())
+                    .parse_lossy(&v),
+                Some(e.to_string()),
+            ),
+        },
+        Err(_) => (tracing_subscriber::EnvFilter::new("info"), None),
+    };
     // The file watcher's own trace writes a line per change in the config's folder: a log
     // kept in that folder would feed itself (millions of lines a minute at RUST_LOG=trace).
     // Named in RUST_LOG, it is as asked.
@@ -162,6 +182,9 @@ fn init_logging() {
     let _ = tracing_subscriber::registry()
         .with(fmt.with_filter(filter).with_filter(ClientNoise))
         .try_init();
+    if let Some(e) = bad {
+        tracing::warn!("RUST_LOG: a directive left out ({e}); the others are in force");
+    }
 }
 
 /// Pingora logs an ERROR for each connection whose client left or stalled before its request

@@ -261,6 +261,23 @@ fn check_names_the_field_of_a_type_error() {
     assert!(err.contains("k.toml:4: rpm: invalid type"), "{err}");
 }
 
+/// A RUST_LOG directive that does not parse is named, and the others stay in force (one typo
+/// dropped them all, silently).
+#[test]
+fn a_bad_rust_log_directive_is_named_and_the_rest_kept() {
+    let out = Command::new(bin())
+        .args(["key", "new"])
+        .env("RUST_LOG", "warn,pingora=nonsense")
+        .output()
+        .expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success());
+    assert!(
+        err.contains("RUST_LOG: a directive left out") && err.contains("WARN"),
+        "{err}"
+    );
+}
+
 #[test]
 fn key_new_prints_a_fresh_key_and_an_entry_with_only_its_hash() {
     let (code, out, _) = run(&["key", "new", "--id", "ci-bot"], None);
@@ -284,6 +301,13 @@ fn key_new_prints_a_fresh_key_and_an_entry_with_only_its_hash() {
     );
     let (_, again, _) = run(&["key", "new"], None);
     assert_ne!(again.lines().next(), Some(secret));
+    // An entry the keys file would refuse is never printed.
+    let (code, out, err) = run(&["key", "new", "--id", ""], None);
+    assert_ne!(code, 0);
+    assert!(
+        out.is_empty() && err.contains("cannot be empty"),
+        "{out} {err}"
+    );
 }
 
 #[test]
