@@ -379,7 +379,21 @@ fn check(path: &Path) -> ExitCode {
         }
     };
     let checked = match Config::load_lenient(path) {
-        Ok((config, problems)) if problems.0.is_empty() => Live::load(config),
+        Ok((config, problems)) if problems.0.is_empty() => {
+            // The store `serve` opens (SQLite: nothing is written here).
+            let store = match &config.postgres {
+                None => crate::store::check_sqlite_path(&config.sqlite).map_err(|m| {
+                    crate::config::Problems::one(crate::config::Problem::new(
+                        &path.display().to_string(),
+                        None,
+                        "storage.sqlite",
+                        m,
+                    ))
+                }),
+                Some(_) => Ok(()),
+            };
+            store.and_then(|()| Live::load(config))
+        }
         Ok((config, mut problems)) => {
             // What only resolving the upstreams finds (a name that does not resolve), too.
             if let Err(found) = crate::route::Router::build(&config) {

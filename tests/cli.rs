@@ -77,6 +77,38 @@ pool = "missing"
 /// Values that would break the gateway at run time are refused by `check` (and `serve`): a
 /// duration past a week (a grace period near u64::MAX panicked at shutdown), a price that
 /// makes a cost infinite, a model name longer than a request may give.
+/// A usage store `serve` could not open (a folder, a file that is no database) is named by
+/// `check` too, which writes nothing; a store still to be made passes.
+#[test]
+fn check_names_a_usage_store_that_cannot_be_opened() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("k.toml"), "").expect("write");
+    std::fs::write(
+        dir.path().join("notes.txt"),
+        "not a database, but long enough to be read as one",
+    )
+    .expect("write");
+    std::fs::create_dir(dir.path().join("folder")).expect("mkdir");
+    let path = dir.path().join("c.toml");
+    for (store, ok) in [
+        ("folder", false),
+        ("notes.txt", false),
+        ("new/usage.db", true),
+        ("notes.txt/usage.db", false),
+    ] {
+        let config = format!(
+            "[listeners]\nmain = \"127.0.0.1:1\"\n[keys]\nfile = \"k.toml\"\n[storage]\nsqlite = \"{store}\"\n"
+        );
+        std::fs::write(&path, config).expect("write");
+        let (code, out, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+        assert_eq!(code == 0, ok, "{store}: {out}{err}");
+        if !ok {
+            assert!(err.contains("c.toml: storage.sqlite"), "{store}: {err}");
+        }
+    }
+    assert!(!dir.path().join("new").exists(), "check wrote nothing");
+}
+
 #[test]
 fn check_refuses_durations_prices_and_names_out_of_range() {
     let dir = tempfile::tempdir().expect("tmp");

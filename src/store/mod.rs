@@ -125,6 +125,35 @@ pub fn postgres_client(url: &str) -> Result<::postgres::Client, String> {
     postgres::migrated_client(url)
 }
 
+/// Whether the SQLite store at `path` can be opened (checked by `check`, which writes
+/// nothing): a database file, or a place one can be made; not a folder or another file.
+pub fn check_sqlite_path(path: &Path) -> Result<(), String> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(format!(
+            "{} is a folder, not a database file",
+            path.display()
+        )),
+        Ok(_) => {
+            rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .and_then(|c| c.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(())))
+                .map_err(|e| format!("{} cannot be opened as a database: {e}", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            // Made at start, with its folders: the nearest folder that exists must be one.
+            let mut up = path.parent();
+            while let Some(dir) = up.filter(|d| !d.as_os_str().is_empty()) {
+                match std::fs::metadata(dir) {
+                    Ok(m) if m.is_dir() => return Ok(()),
+                    Ok(_) => return Err(format!("{} is not a folder", dir.display())),
+                    Err(_) => up = dir.parent(),
+                }
+            }
+            Ok(())
+        }
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
 /// Whether `url` is Postgres connection settings the store can use (checked by `check`).
 pub fn check_postgres_url(url: &str) -> Result<(), String> {
     postgres::config(url).map(drop)
