@@ -112,6 +112,28 @@ pub fn redact(line: &str) -> String {
             }
         }
     }
+    // A key where no name announces it (pasted in a path, say `/v1/models/sk-…`, which a
+    // trace prints whole): `sk-` and at least 20 more key characters, as every key
+    // `modelgate key new` makes and the providers' keys look.
+    let mut from = 0;
+    while let Some(i) = out[from..].find("sk-").map(|i| i + from) {
+        let start = i + "sk-".len();
+        let end = start
+            + out.as_bytes()[start..]
+                .iter()
+                .take_while(|&&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_'))
+                .count();
+        let begins_token = i == 0 || {
+            let c = out.as_bytes()[i - 1];
+            !(c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_'))
+        };
+        if begins_token && end - start >= 20 {
+            out.replace_range(i..end, REDACTED);
+            from = i + REDACTED.len();
+        } else {
+            from = start;
+        }
+    }
     for param in SECRET_PARAMS {
         let mut from = 0;
         while let Some(i) = out[from..].find(param).map(|i| i + from) {
@@ -180,6 +202,21 @@ mod tests {
         }
         assert!(r.contains("x=1") && r.contains("\"host\": \"h\""), "{r}");
         assert_eq!(redact("BEARER abc.def"), "BEARER [redacted]");
+        // A key in a path or anywhere else, announced by nothing.
+        let key = "sk-Ab3_dEf-9hIjKlMnOpQrStUvWxYz0123456789abcdefgh";
+        for line in [
+            format!("uri: /v1/models/{key}, version: HTTP/1.1"),
+            format!("GET /v1/{key}?start={key} HTTP/1.1"),
+        ] {
+            let r = redact(&line);
+            assert!(!r.contains("Ab3_dEf"), "{r}");
+        }
+        // Not a key: too short, or inside a word.
+        assert_eq!(redact("task-sk-abc"), "task-sk-abc");
+        assert_eq!(
+            redact("risk-assessment-12345678901234567890"),
+            "risk-assessment-12345678901234567890"
+        );
         assert_eq!(
             redact("no secrets here, monkey=1"),
             "no secrets here, monkey=1"
