@@ -306,3 +306,32 @@ upstream_model = "echo-1"
     assert!(sum(&m, "process_open_fds", &[]) > 0.0);
     assert!(m.iter().any(|s| s.name == "process_cpu_seconds_total"));
 }
+
+/// The gateway's own pages and the console are counted as what they are, not as the usage
+/// API (a failed console sign-in looked like a usage call refused).
+#[tokio::test]
+async fn pages_the_console_and_unknown_paths_have_their_own_endpoint_label() {
+    let g = start();
+    for (base, path, group) in [
+        (&g.direct, "/", "page"),
+        (&g.main, "/console/login", "console"),
+        (&g.direct, "/favicon-nothing.ico", "none"),
+        (&g.direct, "/api/usage", "usage"),
+    ] {
+        let resp = get(base, path, Some(KEY)).await;
+        let _ = resp.bytes().await;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while sum(
+            &scrape(&g).await,
+            "modelgate_requests_total",
+            &[("endpoint", group)],
+        ) < 1.0
+        {
+            assert!(
+                Instant::now() < deadline,
+                "{path}: no request counted as {group}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

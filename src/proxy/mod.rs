@@ -183,7 +183,7 @@ impl Gateway {
         if ex.status != 0 {
             ctx.outcome = Outcome::Answered(ex.status);
         }
-        ctx.group = Group::Usage.name();
+        ctx.group = web::group_of(session.req_header().uri.path());
         sent.map(|()| true)
     }
 }

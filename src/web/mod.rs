@@ -80,6 +80,21 @@ pub fn cors_path(path: &str) -> bool {
         || path.starts_with("/v1/dashboard/")
 }
 
+/// The endpoint group a path of this stage is counted under (metrics, access log): `usage`
+/// for the usage and billing APIs, `console` for the console's paths, `page` for the pages
+/// and their assets, `none` for anything else (a scanner's guesses).
+pub fn group_of(path: &str) -> &'static str {
+    if cors_path(path) {
+        "usage"
+    } else if path == "/console" || path.starts_with("/console/") {
+        "console"
+    } else if path == "/" || page::asset(path).is_some() {
+        "page"
+    } else {
+        "none"
+    }
+}
+
 enum Route {
     Page,
     Asset(&'static page::Asset),
