@@ -72,6 +72,17 @@ pool = "missing"
     ] {
         assert!(err.contains(needle), "missing `{needle}` in:\n{err}");
     }
+    // A config that is not even TOML (an unclosed string): the keys file it names is checked
+    // all the same.
+    std::fs::write(
+        &path,
+        "[listeners]\nmain = \"127.0.0.1:1\n\n[keys]\nfile = \"keys.toml\"\n",
+    )
+    .expect("write");
+    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    assert!(err.contains("modelgate.toml:2"), "{err}");
+    assert!(err.contains("keys.toml:8: keys[1].id"), "{err}");
 }
 
 /// Values that would break the gateway at run time are refused by `check` (and `serve`): a

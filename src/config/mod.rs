@@ -457,6 +457,35 @@ struct RawServer {
     keepalive_timeout_ms: Option<u64>,
 }
 
+/// The keys file a `[keys]` section names, from its lines alone (each line that parses as TOML
+/// on its own): `keys.toml` when it names none, None without the section or with keys in
+/// Postgres.
+fn keys_section_lines(text: &str) -> Option<String> {
+    let mut in_keys = false;
+    let mut seen = false;
+    let mut file = None;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_keys = line == "[keys]";
+            seen |= in_keys;
+            continue;
+        }
+        if !in_keys {
+            continue;
+        }
+        let Ok(entry) = toml::from_str::<toml::Table>(line) else {
+            continue;
+        };
+        if entry.get("source").and_then(toml::Value::as_str) == Some("postgres") {
+            return None;
+        }
+        if let Some(f) = entry.get("file").and_then(toml::Value::as_str) {
+            file = Some(f.to_string());
+        }
+    }
+    seen.then(|| file.unwrap_or_else(|| "keys.toml".into()))
+}
+
 impl Config {
     /// Reads, parses and validates the config file. Every problem is reported at once.
     pub fn load(path: &Path) -> Result<Config, Problems> {
@@ -477,7 +506,11 @@ impl Config {
     /// file is not TOML at all.
     pub fn keys_file_named(path: &Path) -> Option<PathBuf> {
         let text = std::fs::read_to_string(path).ok()?;
-        let table: toml::Table = toml::from_str(&text).ok()?;
+        let folder = path.parent().unwrap_or(Path::new(""));
+        let Ok(table) = toml::from_str::<toml::Table>(&text) else {
+            // Not TOML as a whole (a syntax error elsewhere): the `[keys]` section's lines.
+            return keys_section_lines(&text).map(|file| folder.join(file));
+        };
         // Only a file the config names: without `[keys]` it names none.
         let keys = table.get("keys")?.as_table()?;
         if keys.get("source").and_then(toml::Value::as_str) == Some("postgres") {
@@ -487,7 +520,7 @@ impl Config {
             None => "keys.toml",
             Some(f) => f.as_str()?,
         };
-        Some(path.parent().unwrap_or(Path::new("")).join(file))
+        Some(folder.join(file))
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Config, Problems> {
