@@ -9,46 +9,59 @@ use super::ctx::{Ctx, Outcome};
 use crate::error::GatewayError;
 use crate::meter::Meter;
 
-/// Upstream 401/403 mean the gateway's own credential failed: the client gets 502
-/// `upstream_error` instead of a misleading auth error. That is an error returned here, before
-/// the client's header is written, so `fail_to_proxy` answers it whole — also when the
-/// upstream's refusal has no body. Every reply gets `x-request-id`.
-/// Whether a reply header belongs to the upstream's hop only.
-fn hop_by_hop(name: &str) -> bool {
-    matches!(
-        name,
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-    )
+/// A reply header that belongs to the upstream's hop only, as a static name.
+fn hop_by_hop(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "connection" => "connection",
+        "keep-alive" => "keep-alive",
+        "proxy-connection" => "proxy-connection",
+        "proxy-authenticate" => "proxy-authenticate",
+        "te" => "te",
+        "trailer" => "trailer",
+        "transfer-encoding" => "transfer-encoding",
+        "upgrade" => "upgrade",
+        _ => return None,
+    })
 }
 
 /// The upstream's reply as the gateway's own to its client (RFC 9110 §7.6.1): its framing
 /// (the gateway frames the body for this client: chunks for HTTP/1.1, the close for HTTP/1.0,
 /// which knows no chunks), its connection's options and every header its `Connection` names
-/// stay on the upstream's hop; and it is an HTTP/1.1 reply whatever the upstream spoke.
+/// stay on the upstream's hop; and it is an HTTP/1.1 reply whatever the upstream spoke. One
+/// pass over the header and no allocation in the usual case (a `Connection` that says only
+/// keep-alive or close).
 fn drop_hop_by_hop(resp: &mut ResponseHeader) {
     resp.set_version(http::Version::HTTP_11);
-    if !resp.headers.keys().any(|k| hop_by_hop(k.as_str())) {
-        return;
+    let mut found = [""; 8];
+    let mut n = 0;
+    for name in resp.headers.keys().filter_map(|k| hop_by_hop(k.as_str())) {
+        if n < found.len() && !found[..n].contains(&name) {
+            found[n] = name;
+            n += 1;
+        }
     }
-    let mut names = crate::upstream::connection_named(&resp.headers);
-    names.extend(
-        resp.headers
-            .keys()
-            .filter(|k| hop_by_hop(k.as_str()))
-            .map(|k| k.as_str().to_string()),
-    );
-    for name in names {
-        resp.remove_header(&name);
+    let options_only = resp
+        .headers
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .all(|v| {
+            let v = v.as_bytes().trim_ascii();
+            v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
+        });
+    if !options_only {
+        for name in crate::upstream::connection_named(&resp.headers) {
+            resp.remove_header(&name);
+        }
+    }
+    for name in &found[..n] {
+        resp.remove_header(*name);
     }
 }
 
+/// Upstream 401/403 mean the gateway's own credential failed: the client gets 502
+/// `upstream_error` instead of a misleading auth error. That is an error returned here, before
+/// the client's header is written, so `fail_to_proxy` answers it whole — also when the
+/// upstream's refusal has no body. Every reply gets `x-request-id`.
 pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_error::Result<()> {
     match resp.status.as_u16() {
         401 => {

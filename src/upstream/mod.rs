@@ -21,29 +21,29 @@ pub use pool::Connections;
 /// headers (RFC 9110 §7.6.1), which are about the client's connection to the gateway, not the
 /// request (the upstream connection is the gateway's own, kept alive in the pool: a client's
 /// `Connection: close` must not close it).
-fn stays_with_client(name: &str) -> bool {
-    matches!(
-        name,
-        "openai-organization"
-            | "openai-project"
-            | "authorization"
-            | "proxy-authorization"
-            | "api-key"
-            | "x-api-key"
-            | "cookie"
-            | "forwarded"
-            | "x-forwarded-for"
-            | "x-forwarded-host"
-            | "x-forwarded-proto"
-            | "x-forwarded-port"
-            | "x-real-ip"
-            | "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "upgrade"
-    )
+fn stays_with_client(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "openai-organization" => "openai-organization",
+        "openai-project" => "openai-project",
+        "authorization" => "authorization",
+        "proxy-authorization" => "proxy-authorization",
+        "api-key" => "api-key",
+        "x-api-key" => "x-api-key",
+        "cookie" => "cookie",
+        "forwarded" => "forwarded",
+        "x-forwarded-for" => "x-forwarded-for",
+        "x-forwarded-host" => "x-forwarded-host",
+        "x-forwarded-proto" => "x-forwarded-proto",
+        "x-forwarded-port" => "x-forwarded-port",
+        "x-real-ip" => "x-real-ip",
+        "connection" => "connection",
+        "keep-alive" => "keep-alive",
+        "proxy-connection" => "proxy-connection",
+        "te" => "te",
+        "trailer" => "trailer",
+        "upgrade" => "upgrade",
+        _ => return None,
+    })
 }
 
 pub fn peer(pool: &Pool, up: &Upstream) -> Box<HttpPeer> {
@@ -164,15 +164,21 @@ pub fn rewrite_request(
             req.remove_header(&name);
         }
     }
-    // One pass over the header for what stays with the client.
-    let stays: Vec<http::HeaderName> = req
+    // One pass over the header for what stays with the client (no allocation).
+    let mut stays = [""; 19];
+    let mut n = 0;
+    for name in req
         .headers
         .keys()
-        .filter(|k| stays_with_client(k.as_str()))
-        .cloned()
-        .collect();
-    for name in stays {
-        req.remove_header(&name);
+        .filter_map(|k| stays_with_client(k.as_str()))
+    {
+        if n < stays.len() {
+            stays[n] = name;
+            n += 1;
+        }
+    }
+    for name in &stays[..n] {
+        req.remove_header(*name);
     }
     // Upstreams are spoken to in HTTP/1.1, whatever the client spoke (HTTP/2 on a TLS
     // listener): the request line must say so.
