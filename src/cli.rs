@@ -149,20 +149,7 @@ pub fn run() -> ExitCode {
 }
 
 fn init_logging() {
-    // A directive that does not parse is left out, the others kept (one typo dropped them
-    // all, silently); it is named once the log is up.
-    let (mut filter, bad) = match std::env::var("RUST_LOG") {
-        Ok(v) => match tracing_subscriber::EnvFilter::try_new(&v) {
-            Ok(f) => (f, None),
-            Err(e) => (
-                tracing_subscriber::EnvFilter::builder()
-                    .with_default_directive(tracing::level_filters::LevelFilter::INFO.into())
-                    .parse_lossy(&v),
-                Some(e.to_string()),
-            ),
-        },
-        Err(_) => (tracing_subscriber::EnvFilter::new("info"), None),
-    };
+    let (mut filter, bad) = log_filter(std::env::var("RUST_LOG").ok().as_deref());
     // The file watcher's own trace writes a line per change in the config's folder: a log
     // kept in that folder would feed itself (millions of lines a minute at RUST_LOG=trace).
     // Named in RUST_LOG, it is as asked.
@@ -172,57 +159,38 @@ fn init_logging() {
             filter = filter.add_directive(d);
         }
     }
-    use std::io::IsTerminal;
-    use tracing_subscriber::Layer;
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(crate::redact::RedactingStderr)
-        .with_ansi(std::io::stderr().is_terminal());
-    let _ = tracing_subscriber::registry()
-        .with(fmt.with_filter(filter).with_filter(ClientNoise))
-        .try_init();
     if let Some(e) = bad {
-        tracing::warn!("RUST_LOG: a directive left out ({e}); the others are in force");
+        // Said whatever the filter lets through (it might leave out every warning).
+        eprintln!(
+            "{}",
+            crate::redact::redact(&format!(
+                "RUST_LOG: a directive left out ({e}); the others are in force"
+            ))
+        );
     }
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(crate::redact::RedactingStderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
 }
 
-/// Pingora logs an ERROR for each connection whose client left or stalled before its request
-/// header was whole ("Fail to proxy: Downstream …"): anyone could write the gateway's log at
-/// ERROR at will, where an operator looks for the gateway's own faults. Those lines are left
-/// out (the header deadline and its 400s have their own metrics).
-struct ClientNoise;
-
-impl<S> tracing_subscriber::layer::Filter<S> for ClientNoise {
-    fn enabled(
-        &self,
-        _: &tracing::Metadata<'_>,
-        _: &tracing_subscriber::layer::Context<'_, S>,
-    ) -> bool {
-        true
-    }
-
-    fn event_enabled(
-        &self,
-        event: &tracing::Event<'_>,
-        _: &tracing_subscriber::layer::Context<'_, S>,
-    ) -> bool {
-        if *event.metadata().level() != tracing::Level::ERROR {
-            return true;
-        }
-        let mut client_side = ClientSide(false);
-        event.record(&mut client_side);
-        !client_side.0
-    }
-}
-
-/// Whether an event's message is Pingora's report of a client that left or stalled early.
-struct ClientSide(bool);
-
-impl tracing::field::Visit for ClientSide {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.0 = format!("{value:?}").starts_with("Fail to proxy: Downstream ");
+/// The log's filter from RUST_LOG (`info` without it): a directive that does not parse is left
+/// out and the others kept as written (one typo dropped them all, silently); why, to say so.
+fn log_filter(rust_log: Option<&str>) -> (tracing_subscriber::EnvFilter, Option<String>) {
+    use tracing_subscriber::EnvFilter;
+    let Some(v) = rust_log else {
+        return (EnvFilter::new("info"), None);
+    };
+    match EnvFilter::try_new(v) {
+        Ok(f) => (f, None),
+        Err(e) => {
+            let good: Vec<&str> = v
+                .split(',')
+                .filter(|d| EnvFilter::try_new(d.trim()).is_ok())
+                .collect();
+            (EnvFilter::new(good.join(",")), Some(e.to_string()))
         }
     }
 }
@@ -596,5 +564,19 @@ fn keys_command(config: &Path, command: KeysCommand) -> ExitCode {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_bad_rust_log_directive_is_left_out_and_the_others_kept_as_written() {
+        let (f, bad) = super::log_filter(Some("modelgate=debug,pingora=nonsense"));
+        assert_eq!(f.to_string(), "modelgate=debug");
+        assert!(bad.is_some());
+        let (f, bad) = super::log_filter(Some("warn,modelgate=trace"));
+        assert!(bad.is_none());
+        assert!(f.to_string().contains("modelgate=trace"), "{f}");
+        assert_eq!(super::log_filter(None).0.to_string(), "info");
     }
 }

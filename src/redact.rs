@@ -181,7 +181,7 @@ impl Write for EventWriter {
 
 impl Drop for EventWriter {
     fn drop(&mut self) {
-        if self.0.is_empty() {
+        if self.0.is_empty() || client_noise(&self.0) {
             return;
         }
         let line = redact(&String::from_utf8_lossy(&self.0));
@@ -189,9 +189,28 @@ impl Drop for EventWriter {
     }
 }
 
+/// Pingora's ERROR for each connection whose client left or stalled before its request header
+/// was whole ("Fail to proxy: Downstream …"): anyone could write the gateway's log at ERROR at
+/// will, where an operator looks for the gateway's own faults; those lines are left out (the
+/// header deadline and its 400s have their own metrics). Done here, on lines written, so the
+/// log's level filter keeps its fast path (a filter of events costs every callsite).
+fn client_noise(line: &[u8]) -> bool {
+    memchr::memmem::find(line, b" ERROR ").is_some()
+        && memchr::memmem::find(line, b"pingora_proxy: Fail to proxy: Downstream ").is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::redact;
+
+    #[test]
+    fn a_client_that_left_before_its_header_is_no_error_line() {
+        assert!(super::client_noise(b"2026-11-26T03:28:58.345329Z ERROR pingora_proxy: Fail to proxy: Downstream ConnectionClosed context: while reading request headers, bytes already read: 18, downstream session type: h1\n"));
+        assert!(!super::client_noise(b"2026-11-26T03:28:58.345329Z ERROR pingora_proxy: Fail to proxy: Upstream ConnectRefused\n"));
+        assert!(!super::client_noise(
+            b"2026-11-26T03:28:58.345329Z  INFO modelgate: Fail to proxy: Downstream\n"
+        ));
+    }
 
     #[test]
     fn keys_tokens_and_cookies_are_redacted_and_the_rest_kept() {

@@ -310,15 +310,13 @@ fn check_names_the_field_of_a_type_error() {
 fn a_bad_rust_log_directive_is_named_and_the_rest_kept() {
     let out = Command::new(bin())
         .args(["key", "new"])
-        .env("RUST_LOG", "warn,pingora=nonsense")
+        .env("RUST_LOG", "error,pingora=nonsense")
         .output()
         .expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success());
-    assert!(
-        err.contains("RUST_LOG: a directive left out") && err.contains("WARN"),
-        "{err}"
-    );
+    // Said even though the filter lets no warning through.
+    assert!(err.contains("RUST_LOG: a directive left out"), "{err}");
 }
 
 #[test]
