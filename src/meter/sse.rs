@@ -418,20 +418,26 @@ impl SseMeter {
                 .and_then(|e| e.response?.id);
         }
         let text = |v: &[u8]| v.len() > 1 && v[0] == b'"' && v[1] != b'"';
-        // Output other than content is looked for only in an event without content (a tool
-        // call's name and arguments, a reasoning model's reasoning).
+        // Chat output other than content (a tool call's name and arguments, a reasoning
+        // model's reasoning) is looked for only in an event without content, and each only
+        // where its member's name is there at all (two scans for a role or finish event).
+        let find = |name: &[u8]| memchr::memmem::find(data, name).is_some();
         let content = has_value(data, b"\"content\"", text)
             || has_value(data, b"\"text\"", text)
             || (self.dialect != Dialect::Chat && has_value(data, b"\"delta\"", text))
             || (self.dialect == Dialect::Messages && has_value(data, b"\"partial_json\"", text))
             || (self.dialect == Dialect::Chat
-                && (has_value(data, b"\"arguments\"", text)
-                    || has_value(data, b"\"name\"", text)
-                    || has_value(data, b"\"reasoning_content\"", text)
-                    || has_value(data, b"\"reasoning\"", text)));
+                && ((find(b"\"tool_calls\"")
+                    && (has_value(data, b"\"arguments\"", text)
+                        || has_value(data, b"\"name\"", text)))
+                    || (find(b"\"reasoning")
+                        && (has_value(data, b"\"reasoning_content\"", text)
+                            || has_value(data, b"\"reasoning\"", text)))));
         if content {
             self.saw_content = true;
-            if self.raw_content.len() + data.len() < MAX_TEXT {
+            // Kept for an estimate, which a stream metered only from its reported usage never
+            // makes.
+            if !self.reported_only && self.raw_content.len() + data.len() < MAX_TEXT {
                 self.raw_content.extend_from_slice(data);
                 self.raw_content.push(b'\n');
             }
