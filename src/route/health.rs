@@ -57,6 +57,9 @@ impl BackgroundService for HealthChecker {
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
         let mut lookup_due = Instant::now() + super::DNS_REFRESH;
+        // One round of lookups at a time: a resolver that hangs (each lookup can take tens of
+        // seconds) must not pile rounds up on the blocking threads.
+        let mut lookups: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             tokio::select! {
                 _ = shutdown.changed() => return,
@@ -64,10 +67,10 @@ impl BackgroundService for HealthChecker {
             }
             let now = Instant::now();
             let snapshot = self.live.snapshot();
-            if now >= lookup_due {
+            if now >= lookup_due && lookups.as_ref().is_none_or(|h| h.is_finished()) {
                 lookup_due = now + super::DNS_REFRESH;
                 let router = snapshot.router.clone();
-                tokio::task::spawn_blocking(move || look_up_again(&router));
+                lookups = Some(tokio::task::spawn_blocking(move || look_up_again(&router)));
             }
             for pool in &snapshot.router.pools {
                 let Some(every) = pool.cfg.health_interval else {

@@ -44,6 +44,12 @@ pub(crate) trait BatchWriter: Send {
         self.insert_batch(batch)
     }
 
+    /// The records of `batch` not stored yet, where the store can tell at no great cost
+    /// (SQLite); else all of them.
+    fn not_stored(&mut self, batch: &[UsageRecord]) -> Vec<UsageRecord> {
+        batch.to_vec()
+    }
+
     /// Deletes at most one chunk of rows older than `cutoff_ms` (spend is kept); returns
     /// whether more may remain.
     fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError>;

@@ -183,13 +183,19 @@ impl Store {
     /// Starts the writer thread on `conn` in front of `engine`.
     fn start(
         engine: Arc<dyn Engine>,
-        conn: Box<dyn BatchWriter>,
+        mut conn: Box<dyn BatchWriter>,
         opts: StoreOptions,
     ) -> Result<Arc<Store>, String> {
         let mut spend = engine.spend_totals().map_err(|e| e.to_string())?;
         if let Some(path) = &opts.spool {
-            for (key, cost) in Spool::new(path.clone()).pending_costs()? {
-                *spend.entry(key).or_insert(0.0) += cost;
+            match Spool::new(path.clone()).pending_costs(|b| conn.not_stored(b)) {
+                Ok(costs) => {
+                    for (key, cost) in costs {
+                        *spend.entry(key).or_insert(0.0) += cost;
+                    }
+                }
+                // The writer meets it again and says so; the gateway starts.
+                Err(e) => tracing::error!("{e}: the spend of the records in it is not counted"),
             }
         }
         let (tx, rx) = mpsc::sync_channel(opts.channel_capacity.max(1));

@@ -87,6 +87,10 @@ impl BatchWriter for SqliteWriter {
         sqlite::insert_batch(&mut self.conn, &fresh)
     }
 
+    fn not_stored(&mut self, batch: &[UsageRecord]) -> Vec<UsageRecord> {
+        sqlite::not_stored(&self.conn, batch).unwrap_or_else(|_| batch.to_vec())
+    }
+
     fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError> {
         Ok(sqlite::delete_expired(&self.conn, cutoff_ms).map(|n| n >= sqlite::RETENTION_CHUNK)?)
     }
