@@ -105,43 +105,56 @@ fn rough(bytes: &[u8]) -> u64 {
     bytes.len().div_ceil(4) as u64
 }
 
-/// A string longer than this without a space or line break is data (a base64 image or audio,
-/// a data URL), not text.
+/// A string longer than this made only of what base64 and data URLs are written with is data
+/// (an image, audio), not text. Text in a language written without spaces (CJK, Thai) or
+/// written as `\u` escapes is text whatever its length.
 const DATA_RUN: usize = 256;
 
+fn data_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'+' | b'/' | b'=' | b'-' | b'_' | b':' | b';' | b',' | b'.'
+        )
+}
+
 /// About four bytes a token of the text in a JSON body, in one pass without parsing it: its
-/// string literals, but none that reads as encoded data. (Counting the whole body made a
-/// picture of 1 MB a prompt of 275,000 tokens.)
+/// string values, none that reads as encoded data. (Counting the whole body made a picture of
+/// 1 MB a prompt of 275,000 tokens.) Jumps from quote to quote (`memchr`).
 fn rough_json_text(body: &[u8]) -> u64 {
     let mut text = 0usize;
     let mut i = 0;
-    while i < body.len() {
-        if body[i] != b'"' {
-            i += 1;
-            continue;
-        }
-        let (start, mut spaced) = (i + 1, false);
-        i += 1;
-        while i < body.len() && body[i] != b'"' {
-            match body[i] {
-                b'\\' => {
-                    spaced |= body.get(i + 1) == Some(&b'n');
-                    i += 1;
+    while let Some(q) = memchr::memchr(b'"', &body[i..]) {
+        let start = i + q + 1;
+        // The string's end: the next quote no backslash escapes.
+        let mut end = start;
+        loop {
+            match memchr::memchr2(b'"', b'\\', &body[end.min(body.len())..]) {
+                Some(j) if body[end + j] == b'\\' => end += j + 2,
+                Some(j) => {
+                    end += j;
+                    break;
                 }
-                b' ' => spaced = true,
-                _ => {}
+                None => {
+                    end = body.len();
+                    break;
+                }
             }
-            i += 1;
         }
-        let len = i.min(body.len()) - start;
-        i += 1;
+        let end = end.min(body.len());
+        let value = &body[start..end];
+        i = (end + 1).min(body.len());
         // A member's name (`"content":`) is not text either.
-        let name = body[i.min(body.len())..]
+        let name = body[i..]
             .iter()
             .find(|b| !b.is_ascii_whitespace())
             .is_some_and(|b| *b == b':');
-        if !name && (spaced || len <= DATA_RUN) {
-            text += len;
+        let data = value.len() > DATA_RUN && value.iter().all(|b| data_byte(*b));
+        if !name && !data {
+            text += value.len();
+        }
+        if i >= body.len() {
+            break;
         }
     }
     text.div_ceil(4) as u64
@@ -278,11 +291,19 @@ impl Tokenizers {
     }
 
     /// Prompt tokens of a request body: its text (a huge one counted by a prefix, see
-    /// `count`); images, audio and the JSON around them are not text.
+    /// `count`); images, audio and the JSON around them are not text. A body past
+    /// `MAX_PARSED` is not parsed into a tree (a flood of them would hold every estimator
+    /// thread): about four bytes a token of its text.
     pub fn prompt_tokens(&self, model: &str, body: &[u8]) -> u64 {
+        if body.len() > MAX_PARSED {
+            return rough_json_text(body);
+        }
         self.count(model, &prompt_text(body))
     }
 }
+
+/// The largest body parsed for its prompt's text.
+const MAX_PARSED: usize = 4 * 1024 * 1024;
 
 /// Past this much text, count a prefix and scale by length: a count must stay bounded
 /// whatever a client sends (one thread serves every request's estimate).
@@ -419,6 +440,15 @@ mod tests {
         // model's name and role.
         let hi = br#"{"model":"echo-1","stream":true,"messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}"#;
         assert_eq!(rough_json_text(hi), 3);
+        // Text written without spaces (CJK), or as \u escapes, is text whatever its length.
+        let cjk =
+            serde_json::json!({"messages": [{"role": "user", "content": "你好世界".repeat(100)}]});
+        assert_eq!(
+            rough_json_text(cjk.to_string().as_bytes()),
+            (4 + 1200_usize).div_ceil(4) as u64
+        );
+        let escaped = format!("{{\"prompt\":\"{}\"}}", "\\u4f60\\u597d".repeat(50));
+        assert_eq!(rough_json_text(escaped.as_bytes()), 150);
     }
 
     proptest::proptest! {
