@@ -162,6 +162,24 @@ async fn a_client_refused_before_its_100_continue_gets_the_answer_and_a_close() 
         assert!(text.contains("connection: close"), "{text}");
         assert!(text.contains("invalid_api_key"), "{text}");
     }
+    // HTTP/1.0 knows no `100 Continue`: its body comes at once with the header, and is read
+    // and dropped so that the client reads its answer (the connection was closed on it unread,
+    // a reset that can take the answer with it).
+    let body = vec![b'x'; 300_000];
+    let mut s = raw_connect(&g.main).await;
+    let head = chat_head("sk-wrong", body.len(), "Expect: 100-continue\r\n")
+        .replacen("HTTP/1.1", "HTTP/1.0", 1);
+    s.write_all(head.as_bytes()).await.expect("head");
+    s.write_all(&body).await.expect("body");
+    let mut reply = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        s.read_to_string(&mut reply),
+    )
+    .await
+    .expect("the connection ends")
+    .expect("the answer, not a reset");
+    assert!(reply.starts_with("HTTP/1.1 401"), "{reply}");
 }
 
 #[tokio::test]

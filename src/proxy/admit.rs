@@ -390,7 +390,7 @@ async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Res
         return Err(e.into());
     }
     ctx.body_asked = true;
-    if body::expects_continue(session) && session.req_header().version != http::Version::HTTP_10 {
+    if body::expects_continue(session) {
         // The body is read whole after it (or the connection ends on a failed read): the
         // interim reply must not turn keep-alive off as an early answer would.
         let downstream = session.as_downstream_mut();
