@@ -1205,50 +1205,64 @@ fn one_port(a: &std::net::SocketAddr, b: &std::net::SocketAddr) -> bool {
     a.port() == b.port() && (x == y || covers(x, y) || covers(y, x))
 }
 
+/// An upstream URL as messages show it: whatever precedes its last `@` after the scheme (a
+/// user and password, which may hold `/` or `?`) left out.
+fn shown_url(url: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    match rest.rfind('@') {
+        Some(at) if scheme.is_empty() => format!("…@{}", &rest[at + 1..]),
+        Some(at) => format!("{scheme}://…@{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
 fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
+    // Every message shows the URL without what precedes an `@` in its authority (a user and
+    // password, never repeated).
+    let shown = shown_url(url);
+    if url.contains('@') {
+        return Err(format!(
+            "'{shown}': an upstream URL carries no user or password: give the credential as \
+             `api_key`"
+        ));
+    }
     let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
         (true, r)
     } else if let Some(r) = url.strip_prefix("http://") {
         (false, r)
     } else {
-        return Err(format!("'{url}' must start with http:// or https://"));
+        return Err(format!("'{shown}' must start with http:// or https://"));
     };
     if rest.contains(['?', '#']) {
         return Err(format!(
-            "'{url}': a base URL has no query or fragment (request paths are added to it)"
+            "'{shown}': a base URL has no query or fragment (request paths are added to it)"
         ));
     }
     let (authority, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
         None => (rest, ""),
     };
-    if authority.contains('@') {
-        // Not repeated: what precedes the `@` is a password.
-        return Err(
-            "an upstream URL carries no user or password: give the credential as `api_key`".into(),
-        );
-    }
     if url.parse::<http::Uri>().is_err() || url.chars().any(|c| c.is_whitespace()) {
         return Err(format!(
             "'{}' is not a valid URL (a space or another character a URL cannot hold)",
-            url.escape_debug()
+            shown.escape_debug()
         ));
     }
     let (host, port) = match authority.rsplit_once(':') {
         Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
             let port = p
                 .parse::<u16>()
-                .map_err(|_| format!("'{url}' has a bad port"))?;
+                .map_err(|_| format!("'{shown}' has a bad port"))?;
             (h, port)
         }
         _ => (authority, if tls { 443 } else { 80 }),
     };
     if host.is_empty() {
-        return Err(format!("'{url}' has no host"));
+        return Err(format!("'{shown}' has no host"));
     }
     let base_path = path.trim_end_matches('/');
     if base_path.ends_with("/v1") {
-        return Err(format!("'{url}': give the base URL without /v1"));
+        return Err(format!("'{shown}': give the base URL without /v1"));
     }
     Ok(UpstreamConfig {
         url: url.to_string(),
@@ -1315,12 +1329,21 @@ price = { prompt = 1.0, completion = 2.0 }
             ("http://127.0.0.1:9100/ x", "not a valid URL"),
             ("http://127.0.0.1:9100/a\tb", "not a valid URL"),
             ("http://user:hunter2@api.example.com", "no user or password"),
+            ("htps://user:hunter2@api.example.com", "no user or password"),
+            (
+                "http://user:hunter2@api.example.com/?x",
+                "no user or password",
+            ),
+            (
+                "http://user:hun/ter2@api.example.com",
+                "no user or password",
+            ),
         ] {
             let text = GOOD.replace("http://127.0.0.1:9100", url);
             let e = Config::parse(Path::new("c.toml"), &text).expect_err(url);
             let s = e.to_string();
             assert!(s.contains(says) && s.contains("c.toml:"), "{s}");
-            assert!(!s.contains("hunter2"), "{s}");
+            assert!(!s.contains("hunter2") && !s.contains("ter2"), "{s}");
         }
     }
 
