@@ -176,28 +176,36 @@ async fn sign_in_wrong_and_right_with_a_strict_cookie_and_sign_out() {
     assert_eq!(error_of(bare).await.0, 403);
     // The failed attempts are in the audit log, newest first; a name other than the
     // console's is not written (it may be a password typed in the wrong box).
-    let audit: Value = c.get("/console/api/audit").await.json().await.unwrap();
-    let failed: Vec<(&str, &str)> = audit["data"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["action"] == "login_failed")
-        .map(|e| {
-            assert_eq!(e["detail"]["client"], "127.0.0.1", "{e}");
-            (
-                e["user"].as_str().unwrap(),
-                e["detail"]["reason"].as_str().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(
-        failed,
-        [
-            ("", "unknown user"),
-            ("", "unknown user"),
-            ("admin", "wrong password")
-        ]
-    );
+    // (Written beside the answers: awaited.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let (audit, mut failed) = loop {
+        let audit: Value = c.get("/console/api/audit").await.json().await.unwrap();
+        let failed: Vec<(String, String)> = audit["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["action"] == "login_failed")
+            .map(|e| {
+                assert_eq!(e["detail"]["client"], "127.0.0.1", "{e}");
+                (
+                    e["user"].as_str().unwrap().to_string(),
+                    e["detail"]["reason"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        if failed.len() >= 3 || std::time::Instant::now() > deadline {
+            break (audit, failed);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    failed.sort();
+    let want = [
+        ("", "unknown user"),
+        ("", "unknown user"),
+        ("admin", "wrong password"),
+    ]
+    .map(|(u, r)| (u.to_string(), r.to_string()));
+    assert_eq!(failed, want);
     assert!(!audit.to_string().contains("root"), "{audit}");
     assert_eq!(c.send("POST", "/console/logout", None).await.status(), 204);
     assert_eq!(error_of(c.get("/console/api/keys").await).await.0, 401);

@@ -161,6 +161,26 @@ pub fn check_csrf(
     }
 }
 
+/// Failed sign-ins written to the audit log in a minute, at most: the log has no retention
+/// and a guessing crowd of addresses (each under the throttle) could otherwise fill it.
+const AUDITED_FAILURES: u32 = 60;
+
+/// Whether this failed sign-in goes into the audit log (see `AUDITED_FAILURES`).
+fn failure_audited(now: Instant) -> bool {
+    static WINDOW: std::sync::Mutex<Option<(Instant, u32)>> = std::sync::Mutex::new(None);
+    let mut w = WINDOW.lock().unwrap_or_else(|e| e.into_inner());
+    match w.as_mut() {
+        Some((start, n)) if now.saturating_duration_since(*start).as_secs() < 60 => {
+            *n += 1;
+            *n <= AUDITED_FAILURES
+        }
+        _ => {
+            *w = Some((now, 1));
+            true
+        }
+    }
+}
+
 fn password_ok(console: &ConsoleConfig, user: &str, password: &str) -> bool {
     use argon2::{PasswordHash, PasswordVerifier};
     let user_ok = bool::from(user.as_bytes().ct_eq(console.user.as_bytes()));
@@ -238,9 +258,15 @@ pub async fn login(
             })
             .to_string(),
         };
-        let store = shared.store.clone();
-        if let Err(e) = blocking(move || store.console.audit_add(&audit)).await {
-            tracing::warn!(error = %e, "console: a failed sign-in was not audited");
+        // Written beside the answer, not before it (a locked store would hold the 401), and
+        // at most `AUDITED_FAILURES` a minute whatever comes from how many addresses.
+        if failure_audited(now) {
+            let store = shared.store.clone();
+            tokio::spawn(async move {
+                if let Err(e) = blocking(move || store.console.audit_add(&audit)).await {
+                    tracing::warn!(error = %e, "console: a failed sign-in was not audited");
+                }
+            });
         }
         return fail(session, ex, &GatewayError::BadCredentials).await;
     }
@@ -334,4 +360,17 @@ pub async fn logout(
         |h| h.insert_header("set-cookie", clear),
     )
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn at_most_sixty_failed_sign_ins_a_minute_are_audited() {
+        let t0 = Instant::now() + std::time::Duration::from_secs(3600);
+        let audited = (0..100).filter(|_| failure_audited(t0)).count();
+        assert_eq!(audited, AUDITED_FAILURES as usize);
+        assert!(failure_audited(t0 + std::time::Duration::from_secs(61)));
+    }
 }
