@@ -85,9 +85,6 @@ pool = "missing"
     assert!(err.contains("keys.toml:8: keys[1].id"), "{err}");
 }
 
-/// Values that would break the gateway at run time are refused by `check` (and `serve`): a
-/// duration past a week (a grace period near u64::MAX panicked at shutdown), a price that
-/// makes a cost infinite, a model name longer than a request may give.
 /// A usage store `serve` could not open (a folder, a file that is no database) is named by
 /// `check` too, which writes nothing; a store still to be made passes.
 #[test]
@@ -120,6 +117,9 @@ fn check_names_a_usage_store_that_cannot_be_opened() {
     assert!(!dir.path().join("new").exists(), "check wrote nothing");
 }
 
+/// Values that would break the gateway at run time are refused by `check` (and `serve`): a
+/// duration past a week (a grace period near u64::MAX panicked at shutdown), a price that
+/// makes a cost infinite, a model name longer than a request may give.
 #[test]
 fn check_refuses_durations_prices_and_names_out_of_range() {
     let dir = tempfile::tempdir().expect("tmp");

@@ -270,7 +270,7 @@ async fn a_console_password_rotated_in_the_config_file_is_in_force_at_once() {
     g.terminate();
     let log = g.take_stderr();
     assert!(
-        log.contains("in force only after a restart") && log.contains("limits"),
+        log.contains("in force only after a restart") && log.contains("sections=limits"),
         "{log}"
     );
 }

@@ -635,15 +635,24 @@ async fn costs_that_add_up_to_the_budget_spend_it_exactly() {
     let key = "sk-test-eight-tenths-0099";
     let g = with_budget("eight-tenths", key, 0.8);
     let mut statuses = Vec::new();
-    for _ in 0..9 {
+    for _ in 0..8 {
         statuses.push(tenth(&g.main, key).await);
     }
+    // A request's cost is added once its reply has gone: awaited before the ninth.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let summary = loop {
+        let summary: Value = get(&g.main, "/api/usage/summary", Some(key))
+            .await
+            .json()
+            .await
+            .expect("summary");
+        if summary["key"]["spend"].as_f64() >= Some(0.8) || Instant::now() > deadline {
+            break summary;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    statuses.push(tenth(&g.main, key).await);
     assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 200, 200, 402]);
-    let summary: Value = get(&g.main, "/api/usage/summary", Some(key))
-        .await
-        .json()
-        .await
-        .expect("summary");
     assert_eq!(summary["key"]["spend"].as_f64(), Some(0.8), "{summary}");
     assert_eq!(summary["key"]["remaining"].as_f64(), Some(0.0), "{summary}");
     let billing: Value = get(&g.main, "/v1/dashboard/billing/subscription", Some(key))
@@ -795,11 +804,22 @@ async fn costs_waiting_in_the_spool_count_against_the_budget_after_a_restart() {
         "the records wait in the spool"
     );
     let g = g.restart_stopped();
-    // 0.2 spent: one more request (to 0.3), then none.
-    assert_eq!(
-        (tenth(&g.main, key).await, tenth(&g.main, key).await),
-        (200, 402)
-    );
+    // 0.2 spent: one more request (to 0.3), then none (its cost awaited before the next).
+    assert_eq!(tenth(&g.main, key).await, 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let summary: Value = get(&g.main, "/api/usage/summary", Some(key))
+            .await
+            .json()
+            .await
+            .expect("summary");
+        if summary["key"]["spend"].as_f64() >= Some(0.3) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{summary}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(tenth(&g.main, key).await, 402);
     lock.execute_batch("COMMIT").expect("unlock");
 }
 
