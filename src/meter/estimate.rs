@@ -387,10 +387,31 @@ fn collect_text(v: &Value, out: &mut String) {
         Value::Array(items) => {
             for item in items {
                 match item {
-                    // A text part, or an item (a Responses input message) with content.
-                    Value::Object(_) => {
-                        if let Some(t) = item.get("text").or_else(|| item.get("content")) {
+                    // A text part, or an item (a Responses input message) with content; a
+                    // tool call (Messages `tool_use`, Responses `function_call`): its name and
+                    // arguments; a Responses reasoning item: its summary.
+                    Value::Object(o) => {
+                        if let Some(t) = o.get("text").or_else(|| o.get("content")) {
                             collect_text(t, out);
+                        }
+                        let kind = o.get("type").and_then(Value::as_str);
+                        if matches!(kind, Some("tool_use" | "function_call")) {
+                            for field in ["name", "arguments"] {
+                                if let Some(t) = o.get(field) {
+                                    collect_text(t, out);
+                                }
+                            }
+                            if let Some(input) = o.get("input").filter(|i| i.is_object()) {
+                                collect_text(&Value::String(input.to_string()), out);
+                            }
+                        }
+                        if let Some(summary) = o.get("summary") {
+                            collect_text(summary, out);
+                        }
+                        if kind == Some("thinking") {
+                            if let Some(t) = o.get("thinking") {
+                                collect_text(t, out);
+                            }
                         }
                     }
                     other => collect_text(other, out),
@@ -467,6 +488,26 @@ mod tests {
                 (value.len() - 2).div_ceil(4) as u64
             );
         }
+    }
+
+    #[test]
+    fn messages_and_responses_tool_calls_and_reasoning_are_output() {
+        let messages = serde_json::json!({"content": [
+            {"type": "thinking", "thinking": "x"},
+            {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}},
+        ]});
+        assert_eq!(
+            reply_text(messages.to_string().as_bytes()),
+            "x\nget_weather\n{\"city\":\"Paris\"}"
+        );
+        let responses = serde_json::json!({"output": [
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Needs a tool."}]},
+            {"type": "function_call", "name": "get_weather", "arguments": "{\"city\":\"Paris\"}"},
+        ]});
+        assert_eq!(
+            reply_text(responses.to_string().as_bytes()),
+            "Needs a tool.\nget_weather\n{\"city\":\"Paris\"}"
+        );
     }
 
     #[test]
