@@ -346,23 +346,30 @@ fn check(path: &Path) -> ExitCode {
             problems.extend(p);
         }
     };
+    // The store `serve` opens (SQLite: nothing is written here).
+    let store_problem = |config: &Config| match &config.postgres {
+        None => crate::store::check_sqlite_path(&config.sqlite)
+            .err()
+            .map(|m| {
+                crate::config::Problem::new(&path.display().to_string(), None, "storage.sqlite", m)
+            }),
+        Some(_) => None,
+    };
     let checked = match Config::load_lenient(path) {
-        Ok((config, problems)) if problems.0.is_empty() => {
-            // The store `serve` opens (SQLite: nothing is written here).
-            let store = match &config.postgres {
-                None => crate::store::check_sqlite_path(&config.sqlite).map_err(|m| {
-                    crate::config::Problems::one(crate::config::Problem::new(
-                        &path.display().to_string(),
-                        None,
-                        "storage.sqlite",
-                        m,
-                    ))
-                }),
-                Some(_) => Ok(()),
-            };
-            store.and_then(|()| Live::load(config))
-        }
+        Ok((config, problems)) if problems.0.is_empty() => match store_problem(&config) {
+            None => Live::load(config),
+            Some(p) => {
+                let mut problems = crate::config::Problems::one(p);
+                if let Err(more) = Live::load(config) {
+                    problems.extend(more);
+                }
+                Err(problems)
+            }
+        },
         Ok((config, mut problems)) => {
+            problems.extend(crate::config::Problems(
+                store_problem(&config).into_iter().collect(),
+            ));
             // What only resolving the upstreams finds (a name that does not resolve), too.
             if let Err(found) = crate::route::Router::build(&config) {
                 for f in found.0 {

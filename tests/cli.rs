@@ -115,6 +115,18 @@ fn check_names_a_usage_store_that_cannot_be_opened() {
         }
     }
     assert!(!dir.path().join("new").exists(), "check wrote nothing");
+    // Named beside the config's other problems too.
+    std::fs::write(
+        &path,
+        "[listeners]\nmain = \"127.0.0.1:1\"\n[keys]\nfile = \"k.toml\"\n[storage]\nsqlite = \"folder\"\n[server]\ngrace_period_seconds = 9223372036854775807\n",
+    )
+    .expect("write");
+    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("storage.sqlite") && err.contains("grace_period_seconds"),
+        "{err}"
+    );
 }
 
 /// Values that would break the gateway at run time are refused by `check` (and `serve`): a
