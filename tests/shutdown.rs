@@ -253,7 +253,9 @@ async fn a_usage_page_to_a_client_that_stops_reading_is_cut_with_its_record() {
     terminate_past_the_grace_period(&mut g);
     let g = g.restart_stopped();
     let page = usage_page(&g, "limit=3&order=desc").await;
-    // The first page was cut, or it went whole and the second (its own id) was cut.
+    // The first page was cut, or it went whole and the second (its own id) was cut, or the
+    // second was never read (a connection takes no new request once the shutdown began: it
+    // passed no auth and leaves no record).
     let cut: Vec<_> = page["data"]
         .as_array()
         .expect("data")
@@ -267,7 +269,9 @@ async fn a_usage_page_to_a_client_that_stops_reading_is_cut_with_its_record() {
         })
         .collect();
     assert!(
-        cut == [(true, Some(503))] || cut == [(false, Some(503)), (true, Some(200))],
+        cut == [(true, Some(503))]
+            || cut == [(false, Some(503)), (true, Some(200))]
+            || cut == [(true, Some(200))],
         "{page}"
     );
 }
