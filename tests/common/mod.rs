@@ -341,9 +341,12 @@ fn spawn(dir: tempfile::TempDir, setup: &Setup, ports: Ports) -> Result<Gateway,
                     }
                     return Err(format!("exited with {status}: {err}"));
                 }
-                let up = [main, direct, admin, mock]
-                    .iter()
-                    .all(|p| std::net::TcpStream::connect(("127.0.0.1", *p)).is_ok());
+                // A connection to itself (the kernel may give a connect to a port nothing
+                // listens on that very port as its source) is not the gateway listening.
+                let up = [main, direct, admin, mock].iter().all(|p| {
+                    std::net::TcpStream::connect(("127.0.0.1", *p))
+                        .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
+                });
                 if up {
                     break child;
                 }
