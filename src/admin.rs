@@ -60,8 +60,15 @@ impl ServeHttp for Admin {
 
 impl Admin {
     /// Ready only when keys are loaded, the store is writing and every pool has a healthy
-    /// upstream; otherwise 503 with every reason.
+    /// upstream; otherwise 503 with every reason. From a shutdown's signal on, 503 `draining`.
     fn readiness(&self) -> (u16, &'static str, String) {
+        if self.shared.lifecycle.draining() {
+            let body = serde_json::json!({
+                "status": "draining",
+                "reasons": ["shutting down"],
+            });
+            return (503, "application/json", body.to_string());
+        }
         let snapshot = self.shared.live.snapshot();
         let mut reasons = Vec::new();
         if snapshot.keys.is_empty() {

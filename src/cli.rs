@@ -315,6 +315,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     }
     let signals = crate::lifecycle::Signals {
         lifecycle: shared.lifecycle.clone(),
+        delay: c.shutdown_delay,
     };
     let server = match crate::server::build(shared, upgrade) {
         Ok(s) => s,

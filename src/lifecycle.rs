@@ -8,9 +8,13 @@
 //!
 //! SIGINT (Ctrl-C) shuts down the same way (`Signals`); a second one ends the grace period at
 //! once, so the requests in flight are cut then, each still with its record.
+//!
+//! From the signal on, the gateway is draining: `/readyz` answers 503 and replies close their
+//! connections. With `[server] shutdown_delay_ms`, it keeps accepting and serving for that
+//! long first, so a load balancer sees it leave rotation before its listeners close.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -26,6 +30,7 @@ const CUT_WAIT: Duration = Duration::from_secs(3);
 pub struct Lifecycle {
     inflight: AtomicUsize,
     cut: watch::Sender<bool>,
+    draining: AtomicBool,
 }
 
 impl Default for Lifecycle {
@@ -33,6 +38,7 @@ impl Default for Lifecycle {
         Lifecycle {
             inflight: AtomicUsize::new(0),
             cut: watch::Sender::new(false),
+            draining: AtomicBool::new(false),
         }
     }
 }
@@ -46,6 +52,15 @@ impl Lifecycle {
 
     pub fn inflight(&self) -> usize {
         self.inflight.load(Ordering::SeqCst)
+    }
+
+    /// A shutdown has begun: the instance is leaving rotation.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    fn drain(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Asks every request in flight to end now.
@@ -164,6 +179,9 @@ impl BackgroundService for Drain {
 /// record. Here a SIGINT after any of them asks the requests in flight to end now (`cut`).
 pub struct Signals {
     pub lifecycle: Arc<Lifecycle>,
+    /// `[server] shutdown_delay_ms`: how long SIGTERM or SIGINT keeps the listeners open,
+    /// draining, before the shutdown proper.
+    pub delay: Duration,
 }
 
 #[async_trait]
@@ -183,10 +201,25 @@ impl ShutdownSignalWatch for Signals {
             _ = term.recv() => ShutdownSignal::GracefulTerminate,
             _ = int.recv() => ShutdownSignal::GracefulTerminate,
         };
+        self.lifecycle.drain();
+        let mut interrupted = false;
+        // An upgrade hands the listeners over at once: the new instance serves meanwhile.
+        if matches!(first, ShutdownSignal::GracefulTerminate) && !self.delay.is_zero() {
+            tracing::info!(
+                delay_ms = self.delay.as_millis() as u64,
+                "draining: /readyz says 503 and replies close their connections; the listeners \
+                 close after the delay"
+            );
+            // A Ctrl-C ends the delay (and then the grace period) at once.
+            tokio::select! {
+                () = tokio::time::sleep(self.delay) => {}
+                _ = int.recv() => interrupted = true,
+            }
+        }
         // Whichever began the shutdown, a Ctrl-C now ends its wait.
         let lifecycle = self.lifecycle.clone();
         tokio::spawn(async move {
-            if int.recv().await.is_some() {
+            if interrupted || int.recv().await.is_some() {
                 tracing::warn!(
                     in_flight = lifecycle.inflight(),
                     "interrupted: ending the requests in flight now"

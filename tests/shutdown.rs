@@ -30,6 +30,57 @@ async fn an_idle_gateway_exits_at_once_on_sigterm() {
     );
 }
 
+/// With `shutdown_delay_ms`, SIGTERM drains first: `/readyz` answers 503 `draining` while the
+/// API still serves, each reply closing its connection (a kept-alive one too), so a load
+/// balancer moves the clients elsewhere; the listeners close after the delay and the process
+/// exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_delay_drains_before_the_listeners_close() {
+    let mut g = start_with(Setup {
+        server_extra: "shutdown_delay_ms = 2000".into(),
+        ..Setup::default()
+    });
+    assert_eq!(get(&g.admin, "/readyz", None).await.status(), 200);
+    let mut kept = blocking_connect(&g.main, Duration::from_secs(20));
+    let first = models_over(&mut kept);
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(
+        !first.to_ascii_lowercase().contains("connection: close"),
+        "{first}"
+    );
+    let started = Instant::now();
+    g.send_signal("-TERM");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let readiness = loop {
+        let r = get(&g.admin, "/readyz", None).await;
+        if r.status() == 503 {
+            break r.json::<serde_json::Value>().await.expect("json");
+        }
+        assert!(Instant::now() < deadline, "/readyz still {}", r.status());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(readiness["status"], "draining", "{readiness}");
+    assert_eq!(get(&g.admin, "/healthz", None).await.status(), 200);
+    // Served while draining, and the connection closed after the reply: the kept-alive one and
+    // a new one alike.
+    let again = models_over(&mut kept);
+    assert!(again.starts_with("HTTP/1.1 200"), "{again}");
+    assert!(
+        again.to_ascii_lowercase().contains("connection: close"),
+        "{again}"
+    );
+    let resp = get(&g.main, "/v1/models", Some(KEY)).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["connection"], "close");
+    let status = tokio::task::block_in_place(|| g.wait());
+    assert!(status.success(), "{status}");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "the listeners closed before the delay: {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_longer_than_the_grace_period_are_cut_and_each_leaves_a_record() {
     let mut g = start_with(Setup {

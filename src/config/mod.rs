@@ -59,6 +59,9 @@ pub struct Config {
     pub console: Option<ConsoleConfig>,
     pub threads: usize,
     pub grace_period_seconds: u64,
+    /// `[server] shutdown_delay_ms`: after SIGTERM or SIGINT, how long the listeners stay open,
+    /// draining (`/readyz` 503, replies closing their connections), before the shutdown proper.
+    pub shutdown_delay: Duration,
     /// Where a process started with `--upgrade` takes the listening sockets over from this
     /// one (default `modelgate-upgrade.sock` beside the config file).
     pub upgrade_sock: PathBuf,
@@ -446,6 +449,8 @@ struct RawServer {
     trusted_proxies: Option<Spanned<Vec<String>>>,
     #[serde(default, deserialize_with = "duration_s")]
     grace_period_seconds: Option<u64>,
+    #[serde(default, deserialize_with = "duration_ms")]
+    shutdown_delay_ms: Option<u64>,
     upgrade_sock: Option<String>,
     #[serde(default, deserialize_with = "duration_ms")]
     client_header_timeout_ms: Option<u64>,
@@ -1100,6 +1105,12 @@ impl Config {
                 .as_ref()
                 .and_then(|s| s.grace_period_seconds)
                 .unwrap_or(5),
+            shutdown_delay: Duration::from_millis(
+                server
+                    .as_ref()
+                    .and_then(|s| s.shutdown_delay_ms)
+                    .unwrap_or(0),
+            ),
             client_header_timeout: Duration::from_millis(
                 server
                     .as_ref()

@@ -318,6 +318,10 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
     ) -> pingora_error::Result<bool> {
         crate::listener::header_arrived(session);
+        if self.shared.lifecycle.draining() {
+            // Leaving rotation: the client's next request goes to a new connection, elsewhere.
+            session.as_downstream_mut().set_keepalive(None);
+        }
         self.admit(session, ctx).await
     }
 
