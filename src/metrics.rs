@@ -98,6 +98,8 @@ pub struct Metrics {
     pub config_reload_errors: IntCounter,
     pub keys: IntGauge,
     records_written: IntCounter,
+    otlp_spans_exported: IntCounter,
+    otlp_spans_failed: IntCounter,
     records_overflowed: IntCounter,
     records_dropped: IntCounter,
     record_write_errors: IntCounter,
@@ -284,6 +286,14 @@ impl Metrics {
                 "usage_records_written_total",
                 "Usage records committed to the store",
             )?,
+            otlp_spans_exported: counter(
+                "otlp_spans_exported_total",
+                "Spans the OTLP collector took",
+            )?,
+            otlp_spans_failed: counter(
+                "otlp_spans_failed_total",
+                "Spans dropped because their batch's export to the OTLP collector failed",
+            )?,
             records_overflowed: counter(
                 "usage_records_overflowed_total",
                 "Usage records that found the writer's channel full and waited in the overflow queue",
@@ -446,6 +456,9 @@ impl Metrics {
     pub fn render(&self, store: StoreStats, router: &Router) -> String {
         let bump = |c: &IntCounter, now: u64| c.inc_by(now.saturating_sub(c.get()));
         bump(&self.records_written, store.written);
+        let (exported, failed) = crate::telemetry::export_counts();
+        bump(&self.otlp_spans_exported, exported);
+        bump(&self.otlp_spans_failed, failed);
         bump(&self.records_overflowed, store.overflowed);
         bump(&self.records_dropped, store.dropped);
         bump(&self.record_write_errors, store.write_errors);

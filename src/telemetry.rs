@@ -6,7 +6,8 @@
 //! times the request noted (no span objects live during the request).
 
 use std::borrow::Cow;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use http::HeaderValue;
@@ -15,8 +16,9 @@ use opentelemetry::trace::{
 };
 use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{
-    BatchSpanProcessor, SpanData, SpanEvents, SpanLinks, SpanProcessor,
+    BatchSpanProcessor, SpanData, SpanEvents, SpanExporter, SpanLinks, SpanProcessor,
 };
 
 /// `[telemetry]`.
@@ -177,7 +179,7 @@ pub fn start(cfg: &TelemetryConfig) -> Result<(), String> {
         .with_timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| format!("OTLP exporter: {e}"))?;
-    let mut processor = BatchSpanProcessor::builder(exporter).build();
+    let mut processor = BatchSpanProcessor::builder(Watched::new(exporter)).build();
     processor.set_resource(
         &Resource::builder_empty()
             .with_service_name(cfg.service_name.clone())
@@ -193,6 +195,96 @@ pub fn start(cfg: &TelemetryConfig) -> Result<(), String> {
             scope,
         })
         .map_err(|_| "telemetry started twice".to_string())
+}
+
+/// Spans the collector took, and spans in batches it did not (for `/metrics`).
+static EXPORTED: AtomicU64 = AtomicU64::new(0);
+static FAILED: AtomicU64 = AtomicU64::new(0);
+
+/// (spans exported, spans whose batch failed) since the start.
+pub fn export_counts() -> (u64, u64) {
+    (
+        EXPORTED.load(Ordering::Relaxed),
+        FAILED.load(Ordering::Relaxed),
+    )
+}
+
+/// How often a collector that keeps failing is said in the log.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The OTLP exporter, with each batch's fate counted and a failing collector said in the log:
+/// its first failure at once, then at most once a minute with the count since, and its
+/// recovery (the SDK's own messages are not built in; without this a collector that is down
+/// or refuses the spans went unnoticed).
+#[derive(Debug)]
+struct Watched<E> {
+    inner: E,
+    failing: Mutex<Failing>,
+}
+
+#[derive(Debug, Default)]
+struct Failing {
+    /// Batches failed since the last line said so.
+    unsaid: u64,
+    /// Batches failed since the last success.
+    since_success: u64,
+    said_at: Option<Instant>,
+}
+
+impl<E> Watched<E> {
+    fn new(inner: E) -> Self {
+        Watched {
+            inner,
+            failing: Mutex::default(),
+        }
+    }
+
+    fn note(&self, spans: u64, result: &OTelSdkResult) {
+        let mut f = self.failing.lock().unwrap_or_else(|e| e.into_inner());
+        match result {
+            Ok(()) => {
+                EXPORTED.fetch_add(spans, Ordering::Relaxed);
+                if f.since_success > 0 {
+                    tracing::info!(failed_batches = f.since_success, "OTLP export works again");
+                }
+                *f = Failing::default();
+            }
+            Err(e) => {
+                FAILED.fetch_add(spans, Ordering::Relaxed);
+                f.unsaid += 1;
+                f.since_success += 1;
+                if f.said_at.is_none_or(|t| t.elapsed() >= FAILURE_LOG_EVERY) {
+                    tracing::warn!(
+                        failed_batches = f.unsaid,
+                        "OTLP export failed ({e}); the spans of failed batches are dropped"
+                    );
+                    f.unsaid = 0;
+                    f.said_at = Some(Instant::now());
+                }
+            }
+        }
+    }
+}
+
+impl<E: SpanExporter> SpanExporter for Watched<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len() as u64;
+        let result = self.inner.export(batch).await;
+        self.note(spans, &result);
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
 }
 
 /// Sends what is still queued (at shutdown).

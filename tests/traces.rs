@@ -281,4 +281,54 @@ upstream_model = "echo-1"
             .iter()
             .all(|(_, s)| hex(&s.trace_id) != unsampled)
     );
+    // Counted as exported once the collector answered each batch.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let received = got.lock().expect("lock").len() as f64;
+    while metric_value(&g, "modelgate_otlp_spans_exported_total").await < received {
+        assert!(Instant::now() < deadline, "exported spans not counted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        metric_value(&g, "modelgate_otlp_spans_failed_total").await,
+        0.0
+    );
+}
+
+/// A collector that cannot be reached is said in the log, once however many batches fail (not
+/// a line per batch), and its dropped spans are counted on `/metrics`; requests are served as
+/// ever.
+#[tokio::test]
+async fn a_collector_that_is_down_is_logged_once_and_counted() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[telemetry]
+otlp_endpoint = "http://127.0.0.1:@DEAD@"
+"#
+        .into(),
+        env: vec![("OTEL_BSP_SCHEDULE_DELAY".into(), "20".into())],
+        ..Setup::default()
+    });
+    // Three batches, each failed before the next request.
+    let mut failed = 0.0;
+    for _ in 0..3 {
+        let body = chat_body("echo-1", false);
+        let resp = send(&g.main, "/v1/chat/completions", Some(KEY), &body, &[]).await;
+        assert_eq!(resp.status(), 200);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let now = metric_value(&g, "modelgate_otlp_spans_failed_total").await;
+            if now > failed {
+                failed = now;
+                break;
+            }
+            assert!(Instant::now() < deadline, "failed spans not counted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(
+        metric_value(&g, "modelgate_otlp_spans_exported_total").await,
+        0.0
+    );
+    let log = g.stop_and_stderr();
+    assert_eq!(log.matches("OTLP export failed").count(), 1, "{log}");
 }
