@@ -195,11 +195,31 @@ fn log_filter(rust_log: Option<&str>) -> (tracing_subscriber::EnvFilter, Option<
     }
 }
 
+/// SIGHUP asks a running gateway to reload; its default action ends the process, and the
+/// config watcher that handles it starts only with the server. A handler is registered here,
+/// first, so a SIGHUP during the start (a config manager's reload racing a restart) is taken
+/// as the reload the start does anyway. The handler stays for the life of the process.
+fn hold_hangups() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let registered = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(|e| e.to_string())
+        .and_then(|rt| {
+            rt.block_on(async { signal(SignalKind::hangup()).map(drop) })
+                .map_err(|e| e.to_string())
+        });
+    if let Err(e) = registered {
+        tracing::warn!("cannot hold SIGHUP during the start (one would end the process): {e}");
+    }
+}
+
 fn load(path: &Path) -> Result<Live, crate::config::Problems> {
     Live::load(Config::load(path)?)
 }
 
 fn serve(path: &Path, upgrade: bool) -> ExitCode {
+    hold_hangups();
     let live = match load(path) {
         Ok(l) => Arc::new(l),
         Err(p) => {

@@ -560,3 +560,62 @@ fn a_trace_log_kept_beside_the_config_does_not_feed_itself() {
     let watcher_lines = text.lines().filter(|l| l.contains("notify")).count();
     assert_eq!(watcher_lines, 0, "{} bytes of log", text.len());
 }
+
+/// A SIGHUP while the gateway starts (a config manager's reload racing a restart) ends nothing:
+/// signals sent from the first log line on, until it answers, leave it serving.
+#[test]
+fn a_sighup_during_the_start_does_not_end_the_process() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (main, admin) = (free_port(), free_port());
+    let config = format!(
+        "[listeners]\nmain = \"127.0.0.1:{main}\"\nadmin = \"127.0.0.1:{admin}\"\n\
+         [keys]\nfile = \"keys.toml\"\n[storage]\nsqlite = \"usage.db\"\n"
+    );
+    std::fs::write(dir.path().join("modelgate.toml"), config).expect("config");
+    std::fs::write(
+        dir.path().join("keys.toml"),
+        "[[keys]]\nid = \"a\"\nsecret = \"sk-sighup-start-key\"\n",
+    )
+    .expect("keys");
+    let log = dir.path().join("stderr.log");
+    let mut child = Command::new(bin())
+        .args(["serve", "--config"])
+        .arg(dir.path().join("modelgate.toml"))
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("serve");
+    let pid = child.id().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("modelgate starting")
+    {
+        assert!(std::time::Instant::now() < deadline, "never started");
+        assert!(child.try_wait().expect("wait").is_none(), "exited");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let mut sent = 0;
+    let healthy = loop {
+        let _ = Command::new("kill").args(["-HUP", &pid]).status();
+        sent += 1;
+        if child.try_wait().expect("wait").is_some() {
+            break false;
+        }
+        // (A connect that reached itself is no listener.)
+        if std::net::TcpStream::connect(("127.0.0.1", admin))
+            .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
+        {
+            break true;
+        }
+        assert!(std::time::Instant::now() < deadline, "never healthy");
+    };
+    let exited = child.try_wait().expect("wait");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        healthy && exited.is_none(),
+        "ended by SIGHUP number {sent}: {exited:?}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+}
