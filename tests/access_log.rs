@@ -18,20 +18,14 @@ async fn every_request_gets_one_json_line_with_its_record_and_no_secret() {
     let g = start();
     let ok = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
     assert_eq!(ok.status(), 200);
-    let ok_id = ok.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let ok_id = request_id(&ok);
     let stream = post_json(
         &g.direct,
         "/v1/chat/completions",
         &chat_body("echo-1", true),
     )
     .await;
-    let stream_id = stream.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let stream_id = request_id(&stream);
     let _ = stream.bytes().await;
     let refused = send(
         &g.main,
@@ -42,10 +36,7 @@ async fn every_request_gets_one_json_line_with_its_record_and_no_secret() {
     )
     .await;
     assert_eq!(refused.status(), 401);
-    let refused_id = refused.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let refused_id = request_id(&refused);
     let (status, stderr) = tokio::task::block_in_place(|| g.terminate_and_stderr());
     assert!(status.success());
     let lines = access_lines(&stderr);

@@ -17,13 +17,6 @@ fn messages_body(stream: bool) -> Value {
            "messages": [{"role": "user", "content": [{"type": "text", "text": "say hello to me"}]}]})
 }
 
-fn request_id(resp: &reqwest::Response) -> String {
-    resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string()
-}
-
 /// POSTs with the key in `x-api-key` and Anthropic's version header, as its SDK does.
 async fn anthropic(
     base: &str,

@@ -204,10 +204,7 @@ async fn every_framing_sees_the_same_cut_stream_and_the_same_dead_upstream() {
         };
         let mut resp = req.send().await.expect("send");
         assert_eq!(resp.status(), 200, "{size} {chunked}");
-        let id = resp.headers()["x-request-id"]
-            .to_str()
-            .expect("id")
-            .to_string();
+        let id = request_id(&resp);
         let clean_end = loop {
             match resp.chunk().await {
                 Ok(Some(_)) => {}

@@ -276,10 +276,7 @@ async fn a_path_spelled_another_way_is_refused_and_another_endpoints_stream_is_m
         }
         let resp = send(&g.main, "/v1/generate", Some(KEY), &body, &[]).await;
         assert_eq!(resp.status(), 200);
-        let id = resp.headers()["x-request-id"]
-            .to_str()
-            .expect("id")
-            .to_string();
+        let id = request_id(&resp);
         let text = resp.text().await.expect("stream");
         // Passed on as it came: the upstream's own end, once.
         assert_eq!(text.matches("data: [DONE]").count(), 1, "{text}");
@@ -351,10 +348,7 @@ async fn other_model_server_paths_are_routed_by_model_and_metered_from_their_usa
     });
     let resp = send(&g.main, "/v1/rerank", Some(KEY), &body, &[]).await;
     assert_eq!(resp.status(), 200);
-    let id = resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&resp);
     let reply: serde_json::Value = resp.json().await.expect("json");
     assert_eq!(
         reply["results"].as_array().map(Vec::len),

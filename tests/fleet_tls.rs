@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::pg::Postgres;
 use common::pki::Pki;
 use common::redis::Redis;
-use common::{KEY, Setup, chat_body, send, start_with};
+use common::{KEY, Setup, chat_body, request_id, send, start_with};
 
 /// A private CA and a certificate for 127.0.0.1 signed by it: (pki, ca, cert, key) paths.
 fn pki() -> (Pki, String, String, String) {
@@ -92,10 +92,7 @@ async fn postgres_and_redis_are_reached_over_tls_only() {
         &[],
     )
     .await;
-    let id = r.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&r);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let page: serde_json::Value = common::get(&g.direct, "/api/usage?limit=100", Some(KEY))

@@ -84,10 +84,7 @@ async fn both_listeners_speak_https_with_http2_and_http1_streaming_included() {
             let resp = chat(client, base, true).await.expect("streamed chat");
             assert_eq!(resp.status(), 200);
             assert_eq!(resp.version(), version);
-            let id = resp.headers()["x-request-id"]
-                .to_str()
-                .expect("id")
-                .to_string();
+            let id = request_id(&resp);
             let mut resp = resp;
             let mut text = String::new();
             while let Some(chunk) = resp.chunk().await.expect("chunk") {
@@ -124,10 +121,7 @@ async fn both_listeners_speak_https_with_http2_and_http1_streaming_included() {
         .await
         .expect("stream");
     assert_eq!(cut.version(), reqwest::Version::HTTP_2);
-    let id = cut.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&cut);
     let mut seen = String::new();
     while !seen.contains("Hello") {
         let piece = cut.chunk().await.expect("chunk").expect("piece");

@@ -230,10 +230,7 @@ upstream_model = "echo-1"
         .await;
         let elapsed = started.elapsed();
         assert_eq!(resp.status(), 200, "{status}");
-        let id = resp.headers()["x-request-id"]
-            .to_str()
-            .expect("id")
-            .to_string();
+        let id = request_id(&resp);
         // Waits of 100 ms, then 200 ms, each plus up to 10%.
         let least = if fails == 2 { 300 } else { 100 };
         assert!(
@@ -258,10 +255,7 @@ upstream_model = "echo-1"
     )
     .await;
     assert_eq!(resp.status(), 400);
-    let id = resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&resp);
     assert_eq!(await_record(&g, &id).await["attempts"], 1);
 }
 
@@ -293,10 +287,7 @@ fallbacks = ["echo-1"]
         assert_eq!(resp.status(), 200);
         // The fallback's upstream name went upstream.
         assert_eq!(resp.headers()["x-mock-model"], "upstream/big-model-v2");
-        let id = resp.headers()["x-request-id"]
-            .to_str()
-            .expect("id")
-            .to_string();
+        let id = request_id(&resp);
         let r = await_record(&g, &id).await;
         assert_eq!(
             (r["model"].as_str(), r["served_model"].as_str()),
@@ -377,10 +368,7 @@ fallbacks = ["big-model"]
         &[],
     )
     .await;
-    let id = resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&resp);
     let (status, e) = error_of(resp).await;
     // The dead pool's own answer: refused at connect (502), or out of rotation (503).
     assert!(
@@ -488,10 +476,7 @@ pool = "hanging"
         assert_eq!(resp.status(), 200);
         let first = resp.chunk().await.expect("first event").expect("some");
         assert!(String::from_utf8_lossy(&first).contains("hi"));
-        let id = resp.headers()["x-request-id"]
-            .to_str()
-            .expect("id")
-            .to_string();
+        let id = request_id(&resp);
         let cancelled = std::time::Instant::now();
         drop(resp);
         let at =
@@ -810,10 +795,7 @@ upstream_model = "echo-1"
     assert_eq!(resp.status(), 200);
     let resp = send(&g.main, "/v1/chat/completions", Some(KEY), &body, &[]).await;
     assert_eq!(resp.status(), 502);
-    let id = resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&resp);
     assert_eq!(await_record(&g, &id).await["attempts"], 1);
     assert_eq!(
         metric(&g, "modelgate_upstream_connections_stale_total").await,
@@ -869,10 +851,7 @@ upstream_model = "echo-1"
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let id = resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&resp);
     let text = resp.text().await.unwrap_or_default();
     assert!(
         !text.contains("[DONE]"),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::pg::Postgres;
-use common::{KEY, OTHER_KEY, Setup, chat_body, send, start_with};
+use common::{KEY, OTHER_KEY, Setup, chat_body, request_id, send, start_with};
 use modelgate::store::console::{AuditEntry, Session};
 use modelgate::store::rollup::RollupQuery;
 use modelgate::store::{Query, Store, StoreOptions, UsageRecord};
@@ -293,10 +293,7 @@ async fn request_ids(resp: Vec<reqwest::Response>) -> Vec<String> {
     resp.iter()
         .map(|r| {
             assert_eq!(r.status(), 200);
-            r.headers()["x-request-id"]
-                .to_str()
-                .expect("id")
-                .to_string()
+            request_id(r)
         })
         .collect()
 }
@@ -440,10 +437,7 @@ async fn postgres_killed_and_restarted_under_load_loses_and_doubles_nothing() {
                 )
                 .await;
                 assert_eq!(r.status(), 200);
-                let id = r.headers()["x-request-id"]
-                    .to_str()
-                    .expect("id")
-                    .to_string();
+                let id = request_id(&r);
                 r.bytes().await.expect("body");
                 ids.push(id);
                 done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

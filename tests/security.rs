@@ -1050,10 +1050,7 @@ async fn a_key_in_the_url_in_any_spelling_is_refused_and_never_repeated() {
         &[],
     )
     .await;
-    let id = resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&resp);
     let (status, e) = error_of(resp).await;
     assert_eq!((status, e["code"].as_str()), (404, Some("model_not_found")));
     assert!(!e.to_string().contains(KEY), "{e}");

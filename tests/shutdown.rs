@@ -155,12 +155,7 @@ async fn ctrl_c_ends_the_wait_after(first: &str) {
     let mut streams = Vec::new();
     for _ in 0..3 {
         let resp = long_stream(&c, &g.main).await;
-        ids.push(
-            resp.headers()["x-request-id"]
-                .to_str()
-                .expect("id")
-                .to_string(),
-        );
+        ids.push(request_id(&resp));
         streams.push(tokio::spawn(async move {
             let mut resp = resp;
             while let Ok(Some(_)) = resp.chunk().await {}

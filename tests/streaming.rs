@@ -181,10 +181,7 @@ async fn usage_in_every_server_shape_is_metered_and_hidden_from_a_client_that_di
                 )
                 .await;
                 assert_eq!(resp.status(), 200);
-                let id = resp.headers()["x-request-id"]
-                    .to_str()
-                    .expect("id")
-                    .to_string();
+                let id = request_id(&resp);
                 let bytes = resp.bytes().await.expect("body");
                 let text = String::from_utf8_lossy(&bytes);
                 let at = format!("{path} shape {shape} split {split}");

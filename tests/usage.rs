@@ -39,13 +39,6 @@ async fn record_of(base: &str, key: &str, request_id: &str) -> Value {
     }
 }
 
-fn request_id(resp: &reqwest::Response) -> String {
-    resp.headers()["x-request-id"]
-        .to_str()
-        .expect("ascii")
-        .to_string()
-}
-
 /// Sends, drains the reply, and returns (request id, body).
 async fn call(
     base: &str,
@@ -750,10 +743,7 @@ async fn readyz_is_503_while_the_store_cannot_write_and_200_again_after() {
         .expect("rename back");
     drop(other);
     let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
-    let id = resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&resp);
     await_record(&g, &id).await;
     let (status, body) = readyz().await;
     assert_eq!(status, 200, "{body}");

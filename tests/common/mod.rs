@@ -91,6 +91,14 @@ pub fn models_over(s: &mut std::net::TcpStream) -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
+/// The `x-request-id` of a reply.
+pub fn request_id(resp: &reqwest::Response) -> String {
+    resp.headers()["x-request-id"]
+        .to_str()
+        .expect("ascii")
+        .to_string()
+}
+
 /// The `x-request-id` of a reply read off a `raw_connect` socket (its text as it came).
 pub fn request_id_in(raw: &str) -> String {
     raw.lines()
