@@ -483,11 +483,45 @@ impl Metrics {
             }
         }
         let mut families = self.registry.gather();
-        families.extend(self.process.gather());
+        let mut process = self.process.gather();
+        precise_cpu(&mut process, cpu_seconds());
+        families.extend(process);
         let mut out = Vec::new();
         let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+/// `process_cpu_seconds_total` to the clock tick: the prometheus crate's process collector
+/// rounds it down to whole seconds, so a gateway at a few percent of a core read 0 for
+/// minutes, then jumped (a rate over it was steps).
+fn precise_cpu(families: &mut [prometheus::proto::MetricFamily], seconds: Option<f64>) {
+    let Some(seconds) = seconds else { return };
+    for family in families
+        .iter_mut()
+        .filter(|f| f.get_name() == "process_cpu_seconds_total")
+    {
+        for m in family.mut_metric() {
+            let mut c = prometheus::proto::Counter::default();
+            c.set_value(seconds);
+            m.set_counter(c);
+        }
+    }
+}
+
+/// User and system CPU time of this process, in seconds, from `/proc/self/stat`.
+fn cpu_seconds() -> Option<f64> {
+    cpu_seconds_of(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// From a `/proc/PID/stat` line: utime and stime are its 14th and 15th fields, in clock ticks
+/// of 1/100 s (Linux's USER_HZ). The command name (2nd) may hold spaces, so fields are counted
+/// from its closing parenthesis.
+fn cpu_seconds_of(stat: &str) -> Option<f64> {
+    let mut after = stat.rsplit_once(')')?.1.split_whitespace();
+    let utime: u64 = after.nth(11)?.parse().ok()?;
+    let stime: u64 = after.next()?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
 }
 
 /// Status codes as label values, without allocating for the common ones.
@@ -519,4 +553,14 @@ fn status_label(status: u16) -> std::borrow::Cow<'static, str> {
 pub fn get() -> Option<&'static Metrics> {
     static METRICS: OnceLock<Option<Metrics>> = OnceLock::new();
     METRICS.get_or_init(|| Metrics::new().ok()).as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn cpu_seconds_are_read_to_the_tick() {
+        let stat = "4242 (model (gate)) S 1 4242 4242 0 -1 4194560 1234 0 0 0 123 45 0 0 20 0 3 0";
+        assert_eq!(super::cpu_seconds_of(stat), Some(1.68));
+        assert_eq!(super::cpu_seconds_of("4242 (x) S 1"), None);
+    }
 }
