@@ -499,7 +499,7 @@ fn precise_cpu(families: &mut [prometheus::proto::MetricFamily], seconds: Option
     let Some(seconds) = seconds else { return };
     for family in families
         .iter_mut()
-        .filter(|f| f.get_name() == "process_cpu_seconds_total")
+        .filter(|f| f.name() == "process_cpu_seconds_total")
     {
         for m in family.mut_metric() {
             let mut c = prometheus::proto::Counter::default();
