@@ -9,9 +9,10 @@
 //! SIGINT (Ctrl-C) shuts down the same way (`Signals`); a second one ends the grace period at
 //! once, so the requests in flight are cut then, each still with its record.
 //!
-//! From the signal on, the gateway is draining: `/readyz` answers 503 and replies close their
-//! connections. With `[server] shutdown_delay_ms`, it keeps accepting and serving for that
-//! long first, so a load balancer sees it leave rotation before its listeners close.
+//! From SIGTERM or SIGINT on, the gateway is draining: `/readyz` answers 503 and HTTP/1
+//! replies close their connections. With `[server] shutdown_delay_ms`, it keeps accepting and
+//! serving for that long first, so a load balancer sees it leave rotation before its listeners
+//! close; another SIGTERM ends the delay, a Ctrl-C ends it and cuts the requests in flight.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -201,19 +202,24 @@ impl ShutdownSignalWatch for Signals {
             _ = term.recv() => ShutdownSignal::GracefulTerminate,
             _ = int.recv() => ShutdownSignal::GracefulTerminate,
         };
-        self.lifecycle.drain();
         let mut interrupted = false;
-        // An upgrade hands the listeners over at once: the new instance serves meanwhile.
-        if matches!(first, ShutdownSignal::GracefulTerminate) && !self.delay.is_zero() {
-            tracing::info!(
-                delay_ms = self.delay.as_millis() as u64,
-                "draining: /readyz says 503 and replies close their connections; the listeners \
-                 close after the delay"
-            );
-            // A Ctrl-C ends the delay (and then the grace period) at once.
-            tokio::select! {
-                () = tokio::time::sleep(self.delay) => {}
-                _ = int.recv() => interrupted = true,
+        // An upgrade hands the listeners over: the new instance serves on them meanwhile, and
+        // the old one is not leaving rotation (its /readyz stays as it is).
+        if matches!(first, ShutdownSignal::GracefulTerminate) {
+            self.lifecycle.drain();
+            if !self.delay.is_zero() {
+                tracing::info!(
+                    delay_ms = self.delay.as_millis() as u64,
+                    "draining: /readyz says 503 and replies close their connections; the \
+                     listeners close after the delay"
+                );
+                // Another SIGTERM ends the delay (the grace period follows); a Ctrl-C ends it
+                // and cuts the requests in flight at once.
+                tokio::select! {
+                    () = tokio::time::sleep(self.delay) => {}
+                    _ = term.recv() => tracing::info!("SIGTERM again: the delay is over"),
+                    _ = int.recv() => interrupted = true,
+                }
             }
         }
         // Whichever began the shutdown, a Ctrl-C now ends its wait.

@@ -222,13 +222,37 @@ struct Watched<E> {
     failing: Mutex<Failing>,
 }
 
+/// What the log has said about the collector's failures: at most one warning a minute (with
+/// the count of failed batches since the last one) and one line when it answers again after a
+/// warning, however the collector flaps.
 #[derive(Debug, Default)]
 struct Failing {
-    /// Batches failed since the last line said so.
+    /// Batches failed since the last warning.
     unsaid: u64,
-    /// Batches failed since the last success.
-    since_success: u64,
     said_at: Option<Instant>,
+    /// A warning was said since the last "works again".
+    warned: bool,
+}
+
+impl Failing {
+    /// A batch failed at `now`: the count of failed batches to warn of, if a warning is due.
+    fn failed(&mut self, now: Instant) -> Option<u64> {
+        self.unsaid += 1;
+        if self
+            .said_at
+            .is_some_and(|t| now.saturating_duration_since(t) < FAILURE_LOG_EVERY)
+        {
+            return None;
+        }
+        self.said_at = Some(now);
+        self.warned = true;
+        Some(std::mem::take(&mut self.unsaid))
+    }
+
+    /// A batch went: whether to say the collector works again.
+    fn succeeded(&mut self) -> bool {
+        std::mem::take(&mut self.warned)
+    }
 }
 
 impl<E> Watched<E> {
@@ -244,22 +268,17 @@ impl<E> Watched<E> {
         match result {
             Ok(()) => {
                 EXPORTED.fetch_add(spans, Ordering::Relaxed);
-                if f.since_success > 0 {
-                    tracing::info!(failed_batches = f.since_success, "OTLP export works again");
+                if f.succeeded() {
+                    tracing::info!("OTLP export works again");
                 }
-                *f = Failing::default();
             }
             Err(e) => {
                 FAILED.fetch_add(spans, Ordering::Relaxed);
-                f.unsaid += 1;
-                f.since_success += 1;
-                if f.said_at.is_none_or(|t| t.elapsed() >= FAILURE_LOG_EVERY) {
+                if let Some(failed_batches) = f.failed(Instant::now()) {
                     tracing::warn!(
-                        failed_batches = f.unsaid,
+                        failed_batches,
                         "OTLP export failed ({e}); the spans of failed batches are dropped"
                     );
-                    f.unsaid = 0;
-                    f.said_at = Some(Instant::now());
                 }
             }
         }
@@ -276,6 +295,10 @@ impl<E: SpanExporter> SpanExporter for Watched<E> {
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
         self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn shutdown(&self) -> OTelSdkResult {
+        self.inner.shutdown()
     }
 
     fn force_flush(&self) -> OTelSdkResult {
@@ -418,6 +441,23 @@ pub fn export(f: Finished) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A collector that flaps is said at most once a minute, with the count of batches failed
+    /// since, and "works again" only after a warning.
+    #[test]
+    fn failures_are_said_at_most_once_a_minute_however_the_collector_flaps() {
+        let t0 = Instant::now();
+        let mut f = super::Failing::default();
+        assert_eq!(f.failed(t0), Some(1));
+        assert!(f.succeeded());
+        assert!(!f.succeeded());
+        for s in 1..=5 {
+            assert_eq!(f.failed(t0 + Duration::from_secs(s)), None);
+            assert!(!f.succeeded());
+        }
+        assert_eq!(f.failed(t0 + Duration::from_secs(61)), Some(6));
+        assert!(f.succeeded());
+    }
 
     #[test]
     fn traceparent_is_parsed_strictly_and_written_back() {

@@ -37,7 +37,7 @@ async fn an_idle_gateway_exits_at_once_on_sigterm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_delay_drains_before_the_listeners_close() {
     let mut g = start_with(Setup {
-        server_extra: "shutdown_delay_ms = 2000".into(),
+        server_extra: "shutdown_delay_ms = 4000".into(),
         ..Setup::default()
     });
     assert_eq!(get(&g.admin, "/readyz", None).await.status(), 200);
@@ -69,16 +69,44 @@ async fn a_shutdown_delay_drains_before_the_listeners_close() {
         again.to_ascii_lowercase().contains("connection: close"),
         "{again}"
     );
+    let mut rest = [0u8; 64];
+    let n = std::io::Read::read(&mut kept, &mut rest).expect("read");
+    assert_eq!(n, 0, "still open: {}", String::from_utf8_lossy(&rest[..n]));
     let resp = get(&g.main, "/v1/models", Some(KEY)).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers()["connection"], "close");
     let status = tokio::task::block_in_place(|| g.wait());
     assert!(status.success(), "{status}");
     assert!(
-        started.elapsed() >= Duration::from_secs(2),
+        started.elapsed() >= Duration::from_secs(4),
         "the listeners closed before the delay: {:?}",
         started.elapsed()
     );
+}
+
+/// A long shutdown delay is no trap: another SIGTERM ends it, as does a Ctrl-C.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_or_a_ctrl_c_ends_the_shutdown_delay() {
+    for second in ["-TERM", "-INT"] {
+        let mut g = start_with(Setup {
+            server_extra: "shutdown_delay_ms = 600000".into(),
+            ..Setup::default()
+        });
+        g.send_signal("-TERM");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while get(&g.admin, "/readyz", None).await.status() != 503 {
+            assert!(Instant::now() < deadline, "never draining");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let started = Instant::now();
+        let status = tokio::task::block_in_place(|| g.signal(second));
+        assert!(status.success(), "{second}: {status}");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{second}: {:?}",
+            started.elapsed()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
