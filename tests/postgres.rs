@@ -205,6 +205,50 @@ fn postgres_answers_every_read_exactly_as_sqlite_does() {
     lite.close();
 }
 
+/// A crash between a spooled batch's commit and the spool's note of it: at the next start its
+/// records are both in Postgres and still in the spool, and the spend counted at start has
+/// them once (it had them twice until the next start); the replay adds no row.
+#[test]
+fn spooled_records_already_in_postgres_count_once_at_start() {
+    let pg = Postgres::start();
+    let dir = tempfile::tempdir().expect("tmp");
+    let spool = dir.path().join("usage-spool.jsonl");
+    let base = 1_791_000_000_000i64;
+    let recs: Vec<UsageRecord> = (0..10).map(|i| record(i, "k", base + i as i64)).collect();
+    {
+        let store = Store::open_postgres(&pg.url(), StoreOptions::default()).expect("postgres");
+        for r in &recs[..6] {
+            store.record(r.clone());
+        }
+        assert!(store.flush(Duration::from_secs(30)));
+        store.close();
+    }
+    // The spool as the crash left it: all ten, the first six already committed.
+    let lines: String = recs
+        .iter()
+        .map(|r| serde_json::to_string(r).expect("json") + "\n")
+        .collect();
+    std::fs::write(&spool, lines).expect("spool");
+    let opts = StoreOptions {
+        spool: Some(spool.clone()),
+        ..StoreOptions::default()
+    };
+    let store = Store::open_postgres(&pg.url(), opts).expect("postgres");
+    let spent = store.spend_at_open()["k"];
+    let all: f64 = recs.iter().map(|r| r.cost).sum();
+    assert!(
+        (spent - all).abs() < 1e-9,
+        "spend at start {spent}, spent {all}"
+    );
+    assert!(store.flush(Duration::from_secs(30)));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while spool.exists() {
+        assert!(Instant::now() < deadline, "the spool was not replayed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store.close();
+}
+
 /// A batch written again (a retry after a lost acknowledgement, a spool replayed) adds no row,
 /// no spend and no rollup count; two stores (two gateways) writing at once to the same keys
 /// and buckets add up exactly.

@@ -101,6 +101,13 @@ impl<W: BatchWriter + 'static> BatchWriter for Bounded<W> {
         self.call(move |w| w.delete_expired(cutoff_ms))
     }
 
+    /// The inner writer's answer, within the limit; all of `batch` without one.
+    fn not_stored(&mut self, batch: &[UsageRecord]) -> Vec<UsageRecord> {
+        let all = batch.to_vec();
+        self.call(move |w| Ok(w.not_stored(&all)))
+            .unwrap_or_else(|_| batch.to_vec())
+    }
+
     fn release_memory(&mut self) {
         let _ = self.call(|w| {
             w.release_memory();

@@ -138,6 +138,35 @@ impl BatchWriter for PgWriter {
         }
     }
 
+    /// A spooled batch committed just before a crash is still in the spool at the next start:
+    /// its records are looked up by their (unique) request ids, so the spend counted at start
+    /// has them once. A lookup that fails counts them all (never less than was spent).
+    fn not_stored(&mut self, batch: &[UsageRecord]) -> Vec<UsageRecord> {
+        let Ok(client) = self.client() else {
+            return batch.to_vec();
+        };
+        let ids: Vec<&str> = batch.iter().map(|r| r.request_id.as_str()).collect();
+        match client.query(
+            "SELECT request_id FROM usage WHERE request_id = ANY($1)",
+            &[&ids],
+        ) {
+            Ok(rows) => {
+                let stored: HashSet<String> =
+                    rows.iter().filter_map(|row| row.try_get(0).ok()).collect();
+                batch
+                    .iter()
+                    .filter(|r| !stored.contains(&r.request_id))
+                    .cloned()
+                    .collect()
+            }
+            Err(e) => {
+                let e = self.fail("looking up spooled records", e);
+                tracing::warn!("{}: their spend is counted in full", e.msg);
+                batch.to_vec()
+            }
+        }
+    }
+
     fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError> {
         let client = self.client()?;
         let result = client
