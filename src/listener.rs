@@ -42,6 +42,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub struct HeaderDeadline<A> {
     pub inner: Arc<A>,
     pub limit: Duration,
+    /// The listener's name, for the metrics of requests answered here (unparseable ones).
+    pub listener: &'static str,
 }
 
 #[async_trait]
@@ -66,7 +68,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
                 Ok(Ok(_)) => {}
                 _ => return None,
             }
-            let mut deadlined = Deadlined::new(stream, self.limit);
+            let mut deadlined = Deadlined::new(stream, self.limit, self.listener);
             deadlined.preface_left = H2_PREFACE_LEN;
             return ServerApp::process_new(&self.inner, Box::new(deadlined), shutdown).await;
         }
@@ -84,7 +86,8 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
         // them (`impl ServerApp for HttpServerApp`), with the deadline restarted for each:
         // it starts at the next request's first byte. Run here rather than in that loop, the
         // connection's future also holds no HTTP/2 handshake state (3.8 KB a connection).
-        let mut session = ServerSession::new_http1(Box::new(Deadlined::new(stream, self.limit)));
+        let mut session =
+            ServerSession::new_http1(Box::new(Deadlined::new(stream, self.limit, self.listener)));
         session.set_pipelining_enabled(true);
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
         session.set_keepalive_reuses_remaining(options.and_then(|o| o.keepalive_request_limit));
@@ -125,6 +128,8 @@ pub struct Deadlined {
     replacing: Option<(Vec<u8>, usize)>,
     /// HTTP/2: bytes of the connection preface still to come before the deadline is spent.
     preface_left: usize,
+    /// The listener's name (see `HeaderDeadline`).
+    listener: &'static str,
 }
 
 /// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`, the start of every HTTP/2 connection.
@@ -148,8 +153,8 @@ fn pingoras_bare_error(bytes: &[u8]) -> bool {
         && !head.contains("x-request-id")
 }
 
-/// The contract's 400 for a request that is not HTTP/1.1 as Pingora can read it.
-fn unparseable_reply() -> Vec<u8> {
+/// The contract's 400 for a request that is not HTTP/1.1 as Pingora can read it, on `listener`.
+fn unparseable_reply(listener: &str) -> Vec<u8> {
     let e = crate::error::GatewayError::InvalidParameter {
         param: "request",
         message: "The request is not valid HTTP/1.1: its request line or a header could not be \
@@ -158,7 +163,7 @@ fn unparseable_reply() -> Vec<u8> {
     };
     let body = e.body();
     if let Some(m) = crate::metrics::get() {
-        m.unparseable();
+        m.unparseable(listener);
     }
     let mut out = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
@@ -192,10 +197,11 @@ impl Deadlined {
 }
 
 impl Deadlined {
-    fn new(inner: Stream, limit: Duration) -> Deadlined {
+    fn new(inner: Stream, limit: Duration, listener: &'static str) -> Deadlined {
         Deadlined {
             inner,
             limit,
+            listener,
             timer: Box::pin(tokio::time::sleep(limit)),
             armed: true,
             awaiting_first_byte: false,
@@ -292,7 +298,7 @@ impl AsyncWrite for Deadlined {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         if self.replacing.is_none() && self.bare_error_possible() && pingoras_bare_error(buf) {
-            self.replacing = Some((unparseable_reply(), 0));
+            self.replacing = Some((unparseable_reply(self.listener), 0));
         }
         if self.replacing.is_some() {
             return self.poll_replacement(cx, buf.len());
@@ -318,7 +324,7 @@ impl AsyncWrite for Deadlined {
             && self.bare_error_possible()
             && first.is_some_and(|b| pingoras_bare_error(b))
         {
-            self.replacing = Some((unparseable_reply(), 0));
+            self.replacing = Some((unparseable_reply(self.listener), 0));
         }
         if self.replacing.is_some() {
             // Only the header is replaced: its slice counts as written.

@@ -398,8 +398,12 @@ impl Metrics {
         }
     }
 
-    /// A request Pingora could not parse, answered with the contract's 400.
-    pub fn unparseable(&self) {
+    /// A request Pingora could not parse, answered on `listener` with the contract's 400: a
+    /// request like any other (endpoint `none`, no model) and a refusal.
+    pub fn unparseable(&self, listener: &str) {
+        self.requests
+            .with_label_values(&[listener, "none", "", "400"])
+            .inc();
         self.refusals
             .with_label_values(&["400", "unparseable"])
             .inc();

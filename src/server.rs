@@ -78,6 +78,7 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
             let app = HeaderDeadline {
                 inner: Arc::new(proxy),
                 limit: config.client_header_timeout,
+                listener: listener.name(),
             };
             let mut svc = Service::new(name, app);
             match tls {

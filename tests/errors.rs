@@ -591,6 +591,34 @@ async fn an_unparseable_request_gets_the_contracts_400() {
         let resp = get(&base, "/v1/models", Some(KEY)).await;
         assert_eq!(resp.status(), 200);
     }
+    // Counted as requests of each listener (no endpoint, no model): the five Pingora cannot
+    // read, as refusals `unparseable` too, and the three with a space too many, which the
+    // gateway refuses itself.
+    let text = reqwest::get(format!("{}/metrics", g.admin))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    for listener in ["main", "direct"] {
+        let line = text
+            .lines()
+            .find(|l| {
+                l.starts_with("modelgate_requests_total{")
+                    && l.contains(&format!("listener=\"{listener}\""))
+                    && l.contains("endpoint=\"none\"")
+                    && l.contains("status=\"400\"")
+            })
+            .unwrap_or_else(|| panic!("no unparseable requests on {listener}:\n{text}"));
+        assert!(line.ends_with(" 8"), "{line}");
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("modelgate_refusals_total{")
+                && l.contains("unparseable")
+                && l.ends_with(" 10")),
+        "{text}"
+    );
 }
 
 /// Two `Authorization` (or `x-api-key`) headers: which one counts would be a guess, so 400,
