@@ -594,12 +594,7 @@ async fn an_unparseable_request_gets_the_contracts_400() {
     // Counted as requests of each listener (no endpoint, no model): the five Pingora cannot
     // read, as refusals `unparseable` too, and the three with a space too many, which the
     // gateway refuses itself.
-    let text = reqwest::get(format!("{}/metrics", g.admin))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = metrics_text(&g).await;
     for listener in ["main", "direct"] {
         let line = text
             .lines()

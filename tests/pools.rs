@@ -309,12 +309,7 @@ fallbacks = ["echo-1"]
     // The metrics count them under the model asked for, as the records do.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
-        let m = reqwest::get(format!("{}/metrics", g.admin))
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
+        let m = metrics_text(&g).await;
         let requests: Vec<&str> = m
             .lines()
             .filter(|l| l.starts_with("modelgate_requests_total{"))

@@ -911,12 +911,7 @@ async fn no_key_or_credential_in_logs_metrics_records_error_bodies_or_the_upstre
         .text()
         .await
         .expect("csv");
-    emitted += &reqwest::get(format!("{}/metrics", g.admin))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    emitted += &metrics_text(&g).await;
     assert!(emitted.contains("recorded"), "the run was recorded");
     let wire = String::from_utf8_lossy(&rec.wire()).into_owned();
     assert!(

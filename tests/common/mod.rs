@@ -633,16 +633,22 @@ pub async fn await_key_record(
     }
 }
 
-/// The value of the first series on the admin listener's `/metrics` whose line starts with
-/// `prefix` (name and labels), or 0.
-pub async fn metric_value(g: &Gateway, prefix: &str) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", g.admin))
+/// The admin listener's `/metrics` text.
+pub async fn metrics_text(g: &Gateway) -> String {
+    reqwest::get(format!("{}/metrics", g.admin))
         .await
         .expect("metrics")
         .text()
         .await
-        .expect("text");
-    text.lines()
+        .expect("text")
+}
+
+/// The value of the first series on the admin listener's `/metrics` whose line starts with
+/// `prefix` (name and labels), or 0.
+pub async fn metric_value(g: &Gateway, prefix: &str) -> f64 {
+    metrics_text(g)
+        .await
+        .lines()
         .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
         .unwrap_or(0.0)
 }
