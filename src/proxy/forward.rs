@@ -391,13 +391,7 @@ async fn try_once(
             Some(resp) if resp.status == 101 => Try::Failed(GatewayError::UpstreamError(
                 "the upstream answered 101 Switching Protocols".into(),
             )),
-            Some(resp) => Try::Reply(
-                Upstreamed {
-                    client: Box::new(client),
-                    peer,
-                },
-                Box::new(resp),
-            ),
+            Some(resp) => Try::Reply(Upstreamed { client, peer }, Box::new(resp)),
             None => Try::Failed(GatewayError::UpstreamError(
                 "the upstream sent no reply header".into(),
             )),
@@ -411,11 +405,11 @@ const MAX_INFORMATIONAL: usize = 16;
 /// Sends the request on `client` and reads the reply's header, past any informational ones
 /// (`100`, `102`, `103`…: they say nothing a client of the API needs, and it gets one reply).
 async fn ask(
-    mut client: HttpSession,
+    mut client: Box<HttpSession>,
     req: &pingora_http::RequestHeader,
     body: &Bytes,
     peer: &HttpPeer,
-) -> pingora_error::Result<HttpSession> {
+) -> pingora_error::Result<Box<HttpSession>> {
     client.set_read_timeout(peer.options.read_timeout);
     client.set_write_timeout(peer.options.write_timeout);
     let mut client = upstream::send(client, req, body.clone(), peer).await?;

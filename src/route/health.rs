@@ -149,17 +149,17 @@ async fn models(
         .exchange(&peer, |client| ask(client, &req, &peer))
         .await?;
     let status = client.response_header().map_or(0, |r| r.status.as_u16());
-    connections.release(client, &peer).await;
+    connections.release(*client, &peer).await;
     Ok(status)
 }
 
 /// Sends the check on `client` and reads its reply whole (a small list), so that the
 /// connection can be reused for the next check.
 async fn ask(
-    mut client: pingora_core::protocols::http::client::HttpSession,
+    mut client: Box<pingora_core::protocols::http::client::HttpSession>,
     req: &RequestHeader,
     peer: &pingora_core::upstreams::peer::HttpPeer,
-) -> pingora_error::Result<pingora_core::protocols::http::client::HttpSession> {
+) -> pingora_error::Result<Box<pingora_core::protocols::http::client::HttpSession>> {
     client.set_read_timeout(peer.options.read_timeout);
     client.write_request_header(Box::new(req.clone())).await?;
     client.finish_request_body().await?;

@@ -73,12 +73,12 @@ const ONE_WRITE_MAX: usize = 64 * 1024;
 /// the written header, which it looks at only for HEAD, upgrades and `Connection: close`, and
 /// such requests take Pingora's path.
 pub async fn send(
-    client: HttpSession,
+    client: Box<HttpSession>,
     req: &RequestHeader,
     body: Bytes,
     peer: &HttpPeer,
-) -> pingora_error::Result<HttpSession> {
-    match client {
+) -> pingora_error::Result<Box<HttpSession>> {
+    match *client {
         HttpSession::H1(h1) if one_write(req, body.len()) => {
             let (read_timeout, write_timeout) = (h1.read_timeout, h1.write_timeout);
             let mut wire = http_req_header_to_wire(req).ok_or_else(|| {
@@ -107,9 +107,10 @@ pub async fn send(
             let mut h1 = Http1::new_with_options(stream, peer);
             h1.read_timeout = read_timeout;
             h1.write_timeout = write_timeout;
-            Ok(HttpSession::H1(h1))
+            Ok(Box::new(HttpSession::H1(h1)))
         }
-        mut client => {
+        client => {
+            let mut client = Box::new(client);
             client.write_request_header(Box::new(req.clone())).await?;
             client.write_request_body(body, true).await?;
             client.finish_request_body().await?;

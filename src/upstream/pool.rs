@@ -85,15 +85,15 @@ impl Connections {
         &self,
         peer: &HttpPeer,
         exchange: F,
-    ) -> pingora_error::Result<HttpSession>
+    ) -> pingora_error::Result<Box<HttpSession>>
     where
-        F: Fn(HttpSession) -> Fut,
-        Fut: Future<Output = pingora_error::Result<HttpSession>>,
+        F: Fn(Box<HttpSession>) -> Fut,
+        Fut: Future<Output = pingora_error::Result<Box<HttpSession>>>,
     {
         let Some((stream, taken)) = self.take(&key(peer)) else {
             return exchange(self.fresh(peer).await?).await;
         };
-        match exchange(session(stream, peer)).await {
+        match exchange(Box::new(session(stream, peer))).await {
             Err(e) if stale(&e, taken) => {
                 tracing::debug!("a reused upstream connection was closed: {e}; on a new one");
                 if let Some(m) = crate::metrics::get() {
@@ -106,7 +106,7 @@ impl Connections {
     }
 
     /// A session on a new connection: plain TCP here, TLS through Pingora's connector.
-    async fn fresh(&self, peer: &HttpPeer) -> pingora_error::Result<HttpSession> {
+    async fn fresh(&self, peer: &HttpPeer) -> pingora_error::Result<Box<HttpSession>> {
         let stream = if peer.tls() {
             // Boxed: the connector's future is 8.8 KB (a TLS handshake's state); inline it
             // would size the request's future, held for the whole of a stream.
@@ -117,7 +117,7 @@ impl Connections {
         if let Some(m) = crate::metrics::get() {
             m.upstream_connects.inc();
         }
-        Ok(session(stream, peer))
+        Ok(Box::new(session(stream, peer)))
     }
 
     /// Keeps a connection whose reply was read whole for the peer's `idle_timeout` (the pool's
