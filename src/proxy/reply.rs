@@ -27,34 +27,12 @@ fn hop_by_hop(name: &str) -> Option<&'static str> {
 /// The upstream's reply as the gateway's own to its client (RFC 9110 §7.6.1): its framing
 /// (the gateway frames the body for this client: chunks for HTTP/1.1, the close for HTTP/1.0,
 /// which knows no chunks), its connection's options and every header its `Connection` names
-/// stay on the upstream's hop; and it is an HTTP/1.1 reply whatever the upstream spoke. One
-/// pass over the header and no allocation in the usual case (a `Connection` that says only
-/// keep-alive or close).
+/// stay on the upstream's hop; and it is an HTTP/1.1 reply whatever the upstream spoke.
 fn drop_hop_by_hop(resp: &mut ResponseHeader) {
     resp.set_version(http::Version::HTTP_11);
-    let mut found = [""; 8];
-    let mut n = 0;
-    for name in resp.headers.keys().filter_map(|k| hop_by_hop(k.as_str())) {
-        if n < found.len() && !found[..n].contains(&name) {
-            found[n] = name;
-            n += 1;
-        }
-    }
-    let options_only = resp
-        .headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .all(|v| {
-            let v = v.as_bytes().trim_ascii();
-            v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
-        });
-    if !options_only {
-        for name in crate::upstream::connection_named(&resp.headers) {
-            resp.remove_header(&name);
-        }
-    }
-    for name in &found[..n] {
-        resp.remove_header(*name);
+    let hop = crate::upstream::HopHeaders::of(&resp.headers, hop_by_hop);
+    for name in hop.names() {
+        resp.remove_header(name);
     }
 }
 

@@ -136,8 +136,48 @@ fn one_write(req: &RequestHeader, body_len: usize) -> bool {
         && !req.headers.contains_key(http::header::TRANSFER_ENCODING)
 }
 
-/// The headers a message's `Connection` names (hop-by-hop, RFC 9110 §7.6.1), lower case.
-pub fn connection_named(headers: &http::HeaderMap) -> Vec<String> {
+/// A message's hop-by-hop headers (RFC 9110 §7.6.1), for the request and the reply alike: those
+/// `pick` gives a static name for, found in one pass over the header (`keys()` gives each name
+/// once), and those its `Connection` names. Nothing is allocated unless `Connection` names more
+/// than keep-alive or close.
+pub struct HopHeaders {
+    fixed: [&'static str; 24],
+    n: usize,
+    named: Vec<String>,
+}
+
+impl HopHeaders {
+    pub fn of(headers: &http::HeaderMap, pick: fn(&str) -> Option<&'static str>) -> HopHeaders {
+        let mut fixed = [""; 24];
+        let mut n = 0;
+        for name in headers.keys().filter_map(|k| pick(k.as_str())) {
+            if n < fixed.len() {
+                fixed[n] = name;
+                n += 1;
+            }
+        }
+        let options_only = headers.get_all(http::header::CONNECTION).iter().all(|v| {
+            let v = v.as_bytes().trim_ascii();
+            v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
+        });
+        let named = if options_only {
+            Vec::new()
+        } else {
+            connection_named(headers)
+        };
+        HopHeaders { fixed, n, named }
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.fixed[..self.n]
+            .iter()
+            .copied()
+            .chain(self.named.iter().map(String::as_str))
+    }
+}
+
+/// The headers a message's `Connection` names, lower case.
+fn connection_named(headers: &http::HeaderMap) -> Vec<String> {
     headers
         .get_all(http::header::CONNECTION)
         .iter()
@@ -158,28 +198,11 @@ pub fn rewrite_request(
     body_len: usize,
     request_id: &str,
 ) -> pingora_error::Result<()> {
-    // The headers `Connection` names are hop-by-hop too (removed before the gateway's own
-    // go in, so none of those can be named away).
-    if req.headers.contains_key(http::header::CONNECTION) {
-        for name in connection_named(&req.headers) {
-            req.remove_header(&name);
-        }
-    }
-    // One pass over the header for what stays with the client (no allocation).
-    let mut stays = [""; 19];
-    let mut n = 0;
-    for name in req
-        .headers
-        .keys()
-        .filter_map(|k| stays_with_client(k.as_str()))
-    {
-        if n < stays.len() {
-            stays[n] = name;
-            n += 1;
-        }
-    }
-    for name in &stays[..n] {
-        req.remove_header(*name);
+    // What stays with the client, and the headers its `Connection` names (removed before the
+    // gateway's own go in, so none of those can be named away).
+    let hop = HopHeaders::of(&req.headers, stays_with_client);
+    for name in hop.names() {
+        req.remove_header(name);
     }
     // Upstreams are spoken to in HTTP/1.1, whatever the client spoke (HTTP/2 on a TLS
     // listener): the request line must say so.
