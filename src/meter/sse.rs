@@ -36,30 +36,29 @@ pub enum Dialect {
 /// on each call, which cost more than the search itself in an event of a hundred bytes (about
 /// 3 µs of a 20-event stream's CPU).
 macro_rules! needles {
-    ($($name:ident = $bytes:literal;)*) => {
-        $(static $name: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new($bytes));)*
+    ($($name:ident: $kind:ident = $bytes:literal;)*) => {
+        $(static $name: LazyLock<$kind<'static>> = LazyLock::new(|| $kind::new($bytes));)*
     };
 }
 
 needles! {
-    USAGE = b"\"usage\"";
-    CONTENT = b"\"content\"";
-    TEXT = b"\"text\"";
-    DELTA = b"\"delta\"";
-    PARTIAL_JSON = b"\"partial_json\"";
-    TOOL_CALLS = b"\"tool_calls\"";
-    ARGUMENTS = b"\"arguments\"";
-    NAME = b"\"name\"";
+    USAGE: Finder = b"\"usage\"";
+    CONTENT: Finder = b"\"content\"";
+    TEXT: Finder = b"\"text\"";
+    DELTA: Finder = b"\"delta\"";
+    PARTIAL_JSON: Finder = b"\"partial_json\"";
+    TOOL_CALLS: Finder = b"\"tool_calls\"";
+    ARGUMENTS: Finder = b"\"arguments\"";
+    NAME: Finder = b"\"name\"";
     // Either of the two below.
-    REASONING_ANY = b"\"reasoning";
-    REASONING_CONTENT = b"\"reasoning_content\"";
-    REASONING = b"\"reasoning\"";
-    RESPONSE_CREATED = b"\"response.created\"";
+    REASONING_ANY: Finder = b"\"reasoning";
+    REASONING_CONTENT: Finder = b"\"reasoning_content\"";
+    REASONING: Finder = b"\"reasoning\"";
+    RESPONSE_CREATED: Finder = b"\"response.created\"";
+    // An event's end (its blank line), searched from the back.
+    BLANK_LF: FinderRev = b"\n\n";
+    BLANK_CRLF: FinderRev = b"\r\n\r\n";
 }
-
-/// An event's end (its blank line), searched from the back.
-static BLANK_LF: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(b"\n\n"));
-static BLANK_CRLF: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(b"\r\n\r\n"));
 
 /// A member's value: the bytes after its key (`rest`), past the colon and white space.
 fn value_of(rest: &[u8]) -> Option<&[u8]> {
@@ -442,8 +441,18 @@ impl SseMeter {
             self.done = true;
             return Kind::Done;
         }
-        let mut kind = Kind::Data;
-        if has_value(data, &USAGE, |v| !v.starts_with(b"null")) {
+        // One scan for `"usage"`: whether the event names it at all, and whether one holds counts.
+        let mut names_usage = false;
+        let reported = USAGE.find_iter(data).any(|at| {
+            names_usage = true;
+            value_of(&data[at + USAGE.needle().len()..]).is_some_and(|v| !v.starts_with(b"null"))
+        });
+        let mut kind = if names_usage {
+            Kind::NamesUsage
+        } else {
+            Kind::Data
+        };
+        if reported {
             kind = self.usage_event(data);
         } else if self.dialect == Dialect::Responses
             && self.response_id.is_none()
@@ -485,10 +494,10 @@ impl SseMeter {
         match self.dialect {
             Dialect::Chat => {
                 let Ok(ev) = serde_json::from_slice::<UsageEvent>(data) else {
-                    return Kind::Data;
+                    return Kind::NamesUsage;
                 };
                 let Some(u) = ev.usage else {
-                    return Kind::Data;
+                    return Kind::NamesUsage;
                 };
                 // An event the gateway's `include_usage` added is still taken out when its
                 // counts are not believed; the stream is then estimated.
@@ -511,7 +520,7 @@ impl SseMeter {
                         self.response_id = r.id;
                     }
                 }
-                Kind::Data
+                Kind::NamesUsage
             }
             Dialect::Messages => {
                 if let Ok(ev) = serde_json::from_slice::<MessagesEvent>(data) {
@@ -527,7 +536,7 @@ impl SseMeter {
                         self.usage = parts.counts();
                     }
                 }
-                Kind::Data
+                Kind::NamesUsage
             }
         }
     }
@@ -607,9 +616,9 @@ impl SseMeter {
                     drop_event = true;
                     None
                 }
-                Kind::Data => strip_usage_member(body, true),
+                Kind::NamesUsage => strip_usage_member(body, true),
                 Kind::UsageWith => strip_usage_member(body, false),
-                Kind::Done | Kind::Other => None,
+                Kind::Data | Kind::Done | Kind::Other => None,
             };
             match edited {
                 Some(edited) => {
@@ -637,7 +646,10 @@ impl SseMeter {
 }
 
 enum Kind {
+    /// An event that does not name `usage`: nothing to take out.
     Data,
+    /// An event that names `usage` without counts in it (`"usage":null` is taken out).
+    NamesUsage,
     /// Usage and nothing else (the event the request for usage added).
     UsageOnly,
     /// Usage on an event that also carries content or a finish reason.
