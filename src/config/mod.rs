@@ -1216,8 +1216,8 @@ fn one_port(a: &std::net::SocketAddr, b: &std::net::SocketAddr) -> bool {
     a.port() == b.port() && (x == y || covers(x, y) || covers(y, x))
 }
 
-/// An upstream URL as messages show it: whatever precedes its last `@` after the scheme (a
-/// user and password, which may hold `/` or `?`) left out.
+/// An upstream URL with a `@` as its message shows it: whatever precedes its last `@` after
+/// the scheme (a user and password, which may hold `/` or `?`) left out.
 fn shown_url(url: &str) -> String {
     let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
     match rest.rfind('@') {
@@ -1228,13 +1228,12 @@ fn shown_url(url: &str) -> String {
 }
 
 fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
-    // Every message shows the URL without what precedes an `@` in its authority (a user and
-    // password, never repeated).
-    let shown = shown_url(url);
+    // Said first, whatever else is wrong, so no message repeats a user and password.
     if url.contains('@') {
         return Err(format!(
-            "'{shown}': an upstream URL carries no user or password: give the credential as \
-             `api_key`"
+            "'{}': an upstream URL carries no user or password: give the credential as \
+             `api_key`",
+            shown_url(url)
         ));
     }
     let (tls, rest) = if let Some(r) = url.strip_prefix("https://") {
@@ -1242,11 +1241,11 @@ fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
     } else if let Some(r) = url.strip_prefix("http://") {
         (false, r)
     } else {
-        return Err(format!("'{shown}' must start with http:// or https://"));
+        return Err(format!("'{url}' must start with http:// or https://"));
     };
     if rest.contains(['?', '#']) {
         return Err(format!(
-            "'{shown}': a base URL has no query or fragment (request paths are added to it)"
+            "'{url}': a base URL has no query or fragment (request paths are added to it)"
         ));
     }
     let (authority, path) = match rest.find('/') {
@@ -1256,24 +1255,24 @@ fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
     if url.parse::<http::Uri>().is_err() || url.chars().any(|c| c.is_whitespace()) {
         return Err(format!(
             "'{}' is not a valid URL (a space or another character a URL cannot hold)",
-            shown.escape_debug()
+            url.escape_debug()
         ));
     }
     let (host, port) = match authority.rsplit_once(':') {
         Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
             let port = p
                 .parse::<u16>()
-                .map_err(|_| format!("'{shown}' has a bad port"))?;
+                .map_err(|_| format!("'{url}' has a bad port"))?;
             (h, port)
         }
         _ => (authority, if tls { 443 } else { 80 }),
     };
     if host.is_empty() {
-        return Err(format!("'{shown}' has no host"));
+        return Err(format!("'{url}' has no host"));
     }
     let base_path = path.trim_end_matches('/');
     if base_path.ends_with("/v1") {
-        return Err(format!("'{shown}': give the base URL without /v1"));
+        return Err(format!("'{url}': give the base URL without /v1"));
     }
     Ok(UpstreamConfig {
         url: url.to_string(),
