@@ -32,6 +32,11 @@ fn run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
     )
 }
 
+/// `modelgate check --config path`: (exit code, stdout, stderr).
+fn check(path: &std::path::Path) -> (i32, String, String) {
+    run(&["check", "--config", path.to_str().expect("utf-8")], None)
+}
+
 #[test]
 fn check_accepts_the_shipped_demo_config() {
     let conf = concat!(env!("CARGO_MANIFEST_DIR"), "/conf/modelgate.toml");
@@ -61,7 +66,7 @@ pool = "missing"
     let keys = "[[keys]]\nid = \"a\"\nsecret = \"sk-aaaaaaaaaaa\"\nendpoints = [\"chat\", \"files\"]\nmodels = [\"[oops\"]\n\n[[keys]]\nid = \"a\"\nsecret = \"sk-bbbbbbbbbbb\"\n";
     std::fs::write(dir.path().join("keys.toml"), keys).expect("write");
     let path = dir.path().join("modelgate.toml");
-    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    let (code, _, err) = check(&path);
     assert_ne!(code, 0);
     for needle in [
         "modelgate.toml:9: pools[0].upstreams",
@@ -79,7 +84,7 @@ pool = "missing"
         "[listeners]\nmain = \"127.0.0.1:1\n\n[keys]\nfile = \"keys.toml\"\n",
     )
     .expect("write");
-    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    let (code, _, err) = check(&path);
     assert_ne!(code, 0);
     assert!(err.contains("modelgate.toml:2"), "{err}");
     assert!(err.contains("keys.toml:8: keys[1].id"), "{err}");
@@ -108,7 +113,7 @@ fn check_names_a_usage_store_that_cannot_be_opened() {
             "[listeners]\nmain = \"127.0.0.1:1\"\n[keys]\nfile = \"k.toml\"\n[storage]\nsqlite = \"{store}\"\n"
         );
         std::fs::write(&path, config).expect("write");
-        let (code, out, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+        let (code, out, err) = check(&path);
         assert_eq!(code == 0, ok, "{store}: {out}{err}");
         if !ok {
             assert!(err.contains("c.toml: storage.sqlite"), "{store}: {err}");
@@ -121,7 +126,7 @@ fn check_names_a_usage_store_that_cannot_be_opened() {
         "[listeners]\nmain = \"127.0.0.1:1\"\n[keys]\nfile = \"k.toml\"\n[storage]\nsqlite = \"folder\"\n[server]\ngrace_period_seconds = 9223372036854775807\n",
     )
     .expect("write");
-    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    let (code, _, err) = check(&path);
     assert_ne!(code, 0);
     assert!(
         err.contains("storage.sqlite") && err.contains("grace_period_seconds"),
@@ -147,7 +152,7 @@ fn check_refuses_durations_prices_and_names_out_of_range() {
     std::fs::write(dir.path().join("c.toml"), config).expect("write");
     std::fs::write(dir.path().join("k.toml"), "").expect("write");
     let path = dir.path().join("c.toml");
-    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    let (code, _, err) = check(&path);
     assert_ne!(code, 0);
     for needle in [
         "c.toml:6: grace_period_seconds",
@@ -172,7 +177,7 @@ fn check_reports_an_unknown_field_with_its_line() {
     )
     .expect("write");
     let path = dir.path().join("c.toml");
-    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    let (code, _, err) = check(&path);
     assert_ne!(code, 0);
     assert!(err.contains("c.toml:3") && err.contains("mian"), "{err}");
 }
@@ -190,7 +195,7 @@ fn check_names_every_unknown_field_and_wrong_type_in_both_files() {
         "[[keys]]\nid = \"a\"\nsecret = \"sk-aaaaaaaaaaa\"\nrpm = \"many\"\nmodles = [\"m\"]\n";
     std::fs::write(dir.path().join("k.toml"), keys).expect("write");
     let path = dir.path().join("c.toml");
-    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    let (code, _, err) = check(&path);
     assert_ne!(code, 0);
     assert!(!err.contains("missing field"), "{err}");
     for needle in [
@@ -226,7 +231,7 @@ fn check_goes_on_past_a_required_field_of_the_wrong_type_and_names_what_serve_wo
     )
     .expect("write");
     let path = dir.path().join("c.toml");
-    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    let (code, _, err) = check(&path);
     assert_ne!(code, 0);
     assert!(!err.contains("missing field"), "{err}");
     for needle in [
@@ -249,7 +254,7 @@ fn check_goes_on_past_a_required_field_of_the_wrong_type_and_names_what_serve_wo
     // A config that does not deserialize at all (no `[listeners]`): the keys file it names is
     // still checked.
     std::fs::write(&path, "[keys]\nfile = \"k.toml\"\n").expect("write");
-    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    let (code, _, err) = check(&path);
     assert_ne!(code, 0);
     assert!(err.contains("listeners"), "{err}");
     assert!(err.contains("k.toml:6: keys[1].secret"), "{err}");
@@ -286,7 +291,7 @@ fn check_refuses_a_console_password_hash_that_is_not_argon2id() {
         )
         .expect("write");
         let path = dir.path().join("c.toml");
-        let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+        let (code, _, err) = check(&path);
         assert_eq!(code == 0, ok, "{hash}: {err}");
         if !ok {
             assert!(
@@ -311,7 +316,7 @@ fn check_names_the_field_of_a_type_error() {
     )
     .expect("write");
     let path = dir.path().join("c.toml");
-    let (code, _, err) = run(&["check", "--config", path.to_str().expect("utf-8")], None);
+    let (code, _, err) = check(&path);
     assert_ne!(code, 0);
     assert!(err.contains("k.toml:4: rpm: invalid type"), "{err}");
 }

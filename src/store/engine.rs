@@ -44,8 +44,8 @@ pub(crate) trait BatchWriter: Send {
         self.insert_batch(batch)
     }
 
-    /// The records of `batch` not stored yet, where the store can tell at no great cost
-    /// (SQLite); else all of them.
+    /// The records of `batch` not stored yet, where the store can tell (SQLite, Postgres: by
+    /// request id); else all of them.
     fn not_stored(&mut self, batch: &[UsageRecord]) -> Vec<UsageRecord> {
         batch.to_vec()
     }
