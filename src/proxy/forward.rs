@@ -52,7 +52,7 @@ struct Upstreamed {
 impl Upstreamed {
     /// Returns the connection for reuse once its reply was read whole.
     async fn release(self, connections: &upstream::Connections) {
-        connections.release(*self.client, &self.peer).await;
+        connections.release(self.client, &self.peer).await;
     }
 }
 
@@ -447,7 +447,8 @@ async fn stream_reply(
         return Ok(());
     }
     if !ctx.outcome.succeeded() {
-        return pass_error(connections, session, ctx, pool, upstream, resp).await;
+        // Boxed: the error path's future is no part of a reply that succeeds.
+        return Box::pin(pass_error(connections, session, ctx, pool, upstream, resp)).await;
     }
     ctx.accepted = true;
     if let crate::meter::Meter::Sse(m) = &mut ctx.meter {
@@ -538,18 +539,19 @@ async fn stream_reply(
 /// Writes to the client (the reply's header or a piece of its body). A client that does not
 /// read holds the write for at most `client_send_timeout_ms` (then the reply ends as the
 /// client's: 499); the shutdown ends it all the same. Either failure names the outcome.
-async fn write<T>(
-    ctx: &mut Ctx,
-    life: Option<&Lifecycle>,
-    write: impl std::future::Future<Output = pingora_error::Result<T>>,
-) -> pingora_error::Result<T> {
+/// (Not an `async fn`: that would hold `write` twice.)
+fn write<'a, T>(
+    ctx: &'a mut Ctx,
+    life: Option<&'a Lifecycle>,
+    write: impl std::future::Future<Output = pingora_error::Result<T>> + 'a,
+) -> impl std::future::Future<Output = pingora_error::Result<T>> + 'a {
+    use futures_util::TryFutureExt;
     let bound = crate::respond::Bound {
         limit: ctx.send_timeout,
         life,
     };
     crate::respond::bounded(bound, write)
-        .await
-        .inspect_err(|e| ctx.outcome = Outcome::of_failed_write(e))
+        .inspect_err(move |e| ctx.outcome = Outcome::of_failed_write(e))
 }
 
 /// A reply the shutdown ended: its record says 503, and the client's connection is cut.

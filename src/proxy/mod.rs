@@ -89,7 +89,8 @@ impl Gateway {
             }
         }
         if web {
-            return self.web(session, ctx).await;
+            // Boxed: the pages' futures are large and no part of a `/v1` request's.
+            return Box::pin(self.web(session, ctx)).await;
         }
         match self.decide(session, ctx).await {
             Ok(()) => {
