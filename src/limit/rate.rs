@@ -267,20 +267,29 @@ pub fn retry_after_secs(d: Duration) -> u64 {
 
 /// OpenAI's reset format: `20ms`, `1.5s`, `6m0s`.
 pub fn reset_text(d: Duration) -> String {
+    use std::fmt::Write;
+    // One string of its final size (it goes on every reply of a key with limits).
+    let mut out = String::with_capacity(16);
     let ms = d.as_millis() as u64;
-    if ms < 1000 {
-        format!("{ms}ms")
+    let _ = if ms < 1000 {
+        write!(out, "{ms}ms")
     } else if ms < 60_000 {
         let (secs, frac) = (ms / 1000, ms % 1000);
         if frac == 0 {
-            format!("{secs}s")
+            write!(out, "{secs}s")
         } else {
-            let digits = format!("{frac:03}");
-            format!("{secs}.{}s", digits.trim_end_matches('0'))
+            // Milliseconds without their trailing zeros: 500 -> "5", 50 -> "05".
+            let (mut digits, mut width) = (frac, 3);
+            while digits % 10 == 0 {
+                digits /= 10;
+                width -= 1;
+            }
+            write!(out, "{secs}.{digits:0width$}s")
         }
     } else {
-        format!("{}m{}s", ms / 60_000, (ms % 60_000) / 1000)
-    }
+        write!(out, "{}m{}s", ms / 60_000, (ms % 60_000) / 1000)
+    };
+    out
 }
 
 #[cfg(test)]
@@ -355,6 +364,8 @@ mod tests {
         assert_eq!(reset_text(Duration::from_millis(1500)), "1.5s");
         assert_eq!(reset_text(Duration::from_millis(1000)), "1s");
         assert_eq!(reset_text(Duration::from_millis(1050)), "1.05s");
+        assert_eq!(reset_text(Duration::from_millis(1005)), "1.005s");
+        assert_eq!(reset_text(Duration::from_millis(2250)), "2.25s");
         assert_eq!(reset_text(Duration::from_millis(59_999)), "59.999s");
         assert_eq!(reset_text(Duration::from_secs(360)), "6m0s");
         assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
