@@ -50,10 +50,9 @@ pub struct Bound<'a> {
 }
 
 /// Runs one write to the client within `bound`. A write that completes at once, the usual
-/// case, arms no timer (`fast_timeout` makes its timer only when the write waits) and never
-/// looks at the cut (the write is polled first; the cut's wait is made only once the write
-/// waits). One that waits ends in the client's error (a 499 in the record) after `limit`, or
-/// in `shutdown_cut` when the shutdown cuts.
+/// case, arms no timer and never looks at the cut: the write is polled first, and the wait for
+/// its deadline and the cut is made only once it waits. One that waits ends in the client's
+/// error (a 499 in the record) after `limit`, or in `shutdown_cut` when the shutdown cuts.
 ///
 /// A future written out rather than an `async fn` with `select!`: that one held the write
 /// three times over (as its argument, in the select's pair, and in its caller's argument),
@@ -64,23 +63,38 @@ where
     F: std::future::Future<Output = pingora_error::Result<T>>,
 {
     Bounded {
-        write: pingora_timeout::fast_timeout::fast_timeout(bound.limit, write),
-        life: bound.life,
-        cut: None,
+        write,
+        bound,
+        wait: None,
     }
 }
-
-type Timed<F> = pingora_timeout::Timeout<F, pingora_timeout::fast_timeout::FastOrTokioTimeout>;
 
 pin_project_lite::pin_project! {
     /// The future of [`bounded`].
     #[must_use = "a write does nothing unless awaited"]
     pub struct Bounded<'a, F> {
         #[pin]
-        write: Timed<F>,
-        life: Option<&'a Lifecycle>,
-        // The wait for the shutdown's cut, made once the write waits.
-        cut: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>>,
+        write: F,
+        bound: Bound<'a>,
+        wait: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + Send + 'a>>>,
+    }
+}
+
+/// How the wait of a write that waits ended.
+enum Ended {
+    TimedOut,
+    Cut,
+}
+
+/// A waiting write's deadline (`fast_timeout`'s timer, made once the write waits, as it would
+/// be around the write itself), then the shutdown's cut.
+async fn wait(bound: Bound<'_>) -> Ended {
+    let deadline =
+        pingora_timeout::fast_timeout::fast_timeout(bound.limit, std::future::pending::<()>());
+    tokio::select! {
+        biased;
+        _ = deadline => Ended::TimedOut,
+        () = crate::lifecycle::cut(bound.life) => Ended::Cut,
     }
 }
 
@@ -96,24 +110,19 @@ where
     ) -> std::task::Poll<Self::Output> {
         use std::task::Poll;
         let me = self.project();
-        match me.write.poll(cx) {
-            Poll::Ready(Ok(r)) => return Poll::Ready(r),
-            Poll::Ready(Err(_)) => {
-                return Poll::Ready(Err(pingora_error::Error::explain(
-                    pingora_error::ErrorType::WriteTimedout,
-                    "the client took nothing of the reply within client_send_timeout_ms",
-                )
-                .into_down()));
-            }
-            Poll::Pending => {}
+        if let Poll::Ready(r) = me.write.poll(cx) {
+            return Poll::Ready(r);
         }
-        let Some(life) = *me.life else {
-            return Poll::Pending;
-        };
-        let cut = me.cut.get_or_insert_with(|| Box::pin(life.cut_requested()));
-        match cut.as_mut().poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(shutdown_cut())),
+        let bound = *me.bound;
+        let wait = me.wait.get_or_insert_with(|| Box::pin(wait(bound)));
+        match wait.as_mut().poll(cx) {
             Poll::Pending => Poll::Pending,
+            Poll::Ready(Ended::TimedOut) => Poll::Ready(Err(pingora_error::Error::explain(
+                pingora_error::ErrorType::WriteTimedout,
+                "the client took nothing of the reply within client_send_timeout_ms",
+            )
+            .into_down())),
+            Poll::Ready(Ended::Cut) => Poll::Ready(Err(shutdown_cut())),
         }
     }
 }
