@@ -14,8 +14,8 @@ use std::time::Duration;
 /// How long a proxy thread goes without a new request before its cache is trimmed.
 const IDLE: Duration = Duration::from_secs(2);
 /// Bytes per block: above the largest size jemalloc caches per thread (64 KiB, `tcache_max` in
-/// `.cargo/config.toml`), so the blocks themselves never enter the cache, and one trimming
-/// step each at least.
+/// `.cargo/config.toml`), so the blocks themselves never enter the cache, and exactly one
+/// trimming step each.
 const BLOCK: usize = 128 * 1024;
 /// Blocks per trim: four passes over jemalloc's 45 cached size classes, each taking three
 /// quarters of what a class held unused.

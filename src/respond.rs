@@ -69,32 +69,20 @@ where
     }
 }
 
+/// A waiting write's deadline (`fast_timeout`'s, made once the write waits, as it would be
+/// around the write itself) around the wait for the shutdown's cut: `Err` when the deadline
+/// passed, `Ok` when the shutdown cut.
+type Wait<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(), pingora_timeout::Elapsed>> + Send + 'a>,
+>;
+
 pin_project_lite::pin_project! {
     /// The future of [`bounded`].
-    #[must_use = "a write does nothing unless awaited"]
     pub struct Bounded<'a, F> {
         #[pin]
         write: F,
         bound: Bound<'a>,
-        wait: Option<std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + Send + 'a>>>,
-    }
-}
-
-/// How the wait of a write that waits ended.
-enum Ended {
-    TimedOut,
-    Cut,
-}
-
-/// A waiting write's deadline (`fast_timeout`'s timer, made once the write waits, as it would
-/// be around the write itself), then the shutdown's cut.
-async fn wait(bound: Bound<'_>) -> Ended {
-    let deadline =
-        pingora_timeout::fast_timeout::fast_timeout(bound.limit, std::future::pending::<()>());
-    tokio::select! {
-        biased;
-        _ = deadline => Ended::TimedOut,
-        () = crate::lifecycle::cut(bound.life) => Ended::Cut,
+        wait: Option<Wait<'a>>,
     }
 }
 
@@ -114,15 +102,21 @@ where
             return Poll::Ready(r);
         }
         let bound = *me.bound;
-        let wait = me.wait.get_or_insert_with(|| Box::pin(wait(bound)));
+        let wait = me.wait.get_or_insert_with(|| {
+            let cut = crate::lifecycle::cut(bound.life);
+            Box::pin(pingora_timeout::fast_timeout::fast_timeout(
+                bound.limit,
+                cut,
+            ))
+        });
         match wait.as_mut().poll(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Ended::TimedOut) => Poll::Ready(Err(pingora_error::Error::explain(
+            Poll::Ready(Err(_)) => Poll::Ready(Err(pingora_error::Error::explain(
                 pingora_error::ErrorType::WriteTimedout,
                 "the client took nothing of the reply within client_send_timeout_ms",
             )
             .into_down())),
-            Poll::Ready(Ended::Cut) => Poll::Ready(Err(shutdown_cut())),
+            Poll::Ready(Ok(())) => Poll::Ready(Err(shutdown_cut())),
         }
     }
 }

@@ -118,6 +118,7 @@ impl Trace {
             // Each range holds exactly twice its bytes.
             let _ = hex::encode_to_slice(bytes, &mut out[at]);
         }
+        // (Dashes and hex digits only: never an empty header.)
         std::str::from_utf8(&out).map_or_else(|_| String::new(), str::to_owned)
     }
 

@@ -268,7 +268,7 @@ pub fn retry_after_secs(d: Duration) -> u64 {
 /// OpenAI's reset format: `20ms`, `1.5s`, `6m0s`.
 pub fn reset_text(d: Duration) -> String {
     use std::fmt::Write;
-    // One string of its final size (it goes on every reply of a key with limits).
+    // One string large enough at once (it goes on every reply of a key with limits).
     let mut out = String::with_capacity(16);
     let ms = d.as_millis() as u64;
     let _ = if ms < 1000 {
