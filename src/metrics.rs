@@ -100,6 +100,7 @@ pub struct Metrics {
     records_written: IntCounter,
     otlp_spans_exported: IntCounter,
     otlp_spans_failed: IntCounter,
+    otlp_spans_dropped: IntCounter,
     records_overflowed: IntCounter,
     records_dropped: IntCounter,
     record_write_errors: IntCounter,
@@ -294,6 +295,10 @@ impl Metrics {
                 "otlp_spans_failed_total",
                 "Spans dropped because their batch's export to the OTLP collector failed",
             )?,
+            otlp_spans_dropped: counter(
+                "otlp_spans_dropped_total",
+                "Spans dropped because the export queue was full (OTEL_BSP_MAX_QUEUE_SIZE)",
+            )?,
             records_overflowed: counter(
                 "usage_records_overflowed_total",
                 "Usage records that found the writer's channel full and waited in the overflow queue",
@@ -460,9 +465,10 @@ impl Metrics {
     pub fn render(&self, store: StoreStats, router: &Router) -> String {
         let bump = |c: &IntCounter, now: u64| c.inc_by(now.saturating_sub(c.get()));
         bump(&self.records_written, store.written);
-        let (exported, failed) = crate::telemetry::export_counts();
-        bump(&self.otlp_spans_exported, exported);
-        bump(&self.otlp_spans_failed, failed);
+        let spans = crate::telemetry::export_counts();
+        bump(&self.otlp_spans_exported, spans.exported);
+        bump(&self.otlp_spans_failed, spans.failed);
+        bump(&self.otlp_spans_dropped, spans.dropped);
         bump(&self.records_overflowed, store.overflowed);
         bump(&self.records_dropped, store.dropped);
         bump(&self.record_write_errors, store.write_errors);

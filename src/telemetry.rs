@@ -161,7 +161,27 @@ pub struct Exporter {
     processor: BatchSpanProcessor,
     sample_rate: f64,
     scope: InstrumentationScope,
+    /// The processor's queue: spans past it are dropped (and counted) here.
+    max_queue: u64,
 }
+
+impl Exporter {
+    /// Hands one span to the batch processor, or drops it, counted, when its queue is full.
+    /// `QUEUED` counts the spans handed over and not yet taken by the exporter, never fewer
+    /// than the processor's queue holds, so a span let through always finds room there (the
+    /// SDK would drop it unseen).
+    fn submit(&self, span: SpanData) {
+        if QUEUED.fetch_add(1, Ordering::Relaxed) >= self.max_queue {
+            QUEUED.fetch_sub(1, Ordering::Relaxed);
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.processor.on_end(span);
+    }
+}
+
+/// The SDK's default queue (`OTEL_BSP_MAX_QUEUE_SIZE`).
+const DEFAULT_MAX_QUEUE: usize = 2_048;
 
 static EXPORTER: OnceLock<Exporter> = OnceLock::new();
 
@@ -189,7 +209,19 @@ pub fn start(cfg: &TelemetryConfig) -> Result<(), String> {
         .with_timeout(Duration::from_secs(10))
         .build()
         .map_err(|e| format!("OTLP exporter: {e}"))?;
-    let mut processor = BatchSpanProcessor::builder(Watched::new(exporter)).build();
+    // The queue's size is read here and given to the processor, so the two agree (the other
+    // `OTEL_BSP_*` variables are read by the SDK).
+    let max_queue = std::env::var("OTEL_BSP_MAX_QUEUE_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(DEFAULT_MAX_QUEUE);
+    let config = opentelemetry_sdk::trace::BatchConfigBuilder::default()
+        .with_max_queue_size(max_queue)
+        .build();
+    let mut processor = BatchSpanProcessor::builder(Watched::new(exporter))
+        .with_batch_config(config)
+        .build();
     processor.set_resource(
         &Resource::builder_empty()
             .with_service_name(cfg.service_name.clone())
@@ -203,20 +235,33 @@ pub fn start(cfg: &TelemetryConfig) -> Result<(), String> {
             processor,
             sample_rate: cfg.sample_rate,
             scope,
+            max_queue: max_queue as u64,
         })
         .map_err(|_| "telemetry started twice".to_string())
 }
 
-/// Spans the collector took, and spans in batches it did not (for `/metrics`).
+/// Spans the collector took, spans in batches it did not, and spans that found the queue full
+/// (for `/metrics`).
 static EXPORTED: AtomicU64 = AtomicU64::new(0);
 static FAILED: AtomicU64 = AtomicU64::new(0);
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+/// Spans handed to the processor and not yet to the exporter (see `Exporter::submit`).
+static QUEUED: AtomicU64 = AtomicU64::new(0);
 
-/// (spans exported, spans whose batch failed) since the start.
-pub fn export_counts() -> (u64, u64) {
-    (
-        EXPORTED.load(Ordering::Relaxed),
-        FAILED.load(Ordering::Relaxed),
-    )
+/// Spans since the start, for `/metrics`.
+pub struct ExportCounts {
+    pub exported: u64,
+    pub failed: u64,
+    /// Found the export queue full.
+    pub dropped: u64,
+}
+
+pub fn export_counts() -> ExportCounts {
+    ExportCounts {
+        exported: EXPORTED.load(Ordering::Relaxed),
+        failed: FAILED.load(Ordering::Relaxed),
+        dropped: DROPPED.load(Ordering::Relaxed),
+    }
 }
 
 /// How often a collector that keeps failing is said in the log.
@@ -298,6 +343,8 @@ impl<E> Watched<E> {
 impl<E: SpanExporter> SpanExporter for Watched<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let spans = batch.len() as u64;
+        // Out of the processor's queue.
+        QUEUED.fetch_sub(spans, Ordering::Relaxed);
         let result = self.inner.export(batch).await;
         self.note(spans, &result);
         result
@@ -396,7 +443,7 @@ pub fn export(f: Finished) {
             Status::Unset
         }
     };
-    e.processor.on_end(span(
+    e.submit(span(
         f.name.into(),
         t.span_id,
         t.parent.unwrap_or(0),
@@ -407,7 +454,7 @@ pub fn export(f: Finished) {
         error(f.status >= 500, "server error"),
     ));
     if let Some(done) = t.auth_done {
-        e.processor.on_end(span(
+        e.submit(span(
             "auth".into(),
             nonzero_u64(),
             t.span_id,
@@ -420,7 +467,7 @@ pub fn export(f: Finished) {
     }
     for (n, try_) in t.tries.iter().enumerate() {
         let failed = !matches!(try_.outcome, "2xx" | "4xx");
-        e.processor.on_end(span(
+        e.submit(span(
             "upstream".into(),
             try_.span_id,
             t.span_id,
@@ -436,7 +483,7 @@ pub fn export(f: Finished) {
             error(failed, try_.outcome),
         ));
     }
-    e.processor.on_end(span(
+    e.submit(span(
         "metering".into(),
         nonzero_u64(),
         t.span_id,

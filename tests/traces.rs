@@ -332,3 +332,55 @@ otlp_endpoint = "http://127.0.0.1:@DEAD@"
     let log = g.stop_and_stderr();
     assert_eq!(log.matches("OTLP export failed").count(), 1, "{log}");
 }
+
+/// Spans that find the export queue full (a collector that takes a batch and never answers
+/// holds the exporter) are dropped and counted on `/metrics`, not lost unseen; requests are
+/// served as ever.
+#[tokio::test]
+async fn spans_that_find_the_export_queue_full_are_counted() {
+    // A collector that accepts connections and answers nothing: the first batch's export
+    // waits (the exporter's own timeout is 10 s), and the spans after it queue.
+    let hold = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = hold.local_addr().expect("addr").port();
+    let held: Arc<Mutex<Vec<tokio::net::TcpStream>>> = Arc::default();
+    let keep = held.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = hold.accept().await {
+            keep.lock().expect("held").push(s);
+        }
+    });
+    const QUEUE: usize = 8;
+    let g = start_with(Setup {
+        extra_config: format!("[telemetry]\notlp_endpoint = \"http://127.0.0.1:{port}\"\n"),
+        env: vec![
+            ("OTEL_BSP_SCHEDULE_DELAY".into(), "20".into()),
+            ("OTEL_BSP_MAX_QUEUE_SIZE".into(), QUEUE.to_string()),
+        ],
+        ..Setup::default()
+    });
+    // Four spans a request (the request, auth, the upstream try, metering).
+    const REQUESTS: usize = 10;
+    for _ in 0..REQUESTS {
+        let body = chat_body("echo-1", false);
+        let resp = send(&g.main, "/v1/chat/completions", Some(KEY), &body, &[]).await;
+        assert_eq!(resp.status(), 200);
+    }
+    // At most one batch (no more than the queue) is with the exporter and a queue's worth
+    // waits behind it: every other span was dropped, and counted.
+    let spans = 4 * REQUESTS;
+    let dropped = metric_value(&g, "modelgate_otlp_spans_dropped_total").await as usize;
+    assert!(
+        dropped >= spans - 2 * QUEUE && dropped < spans,
+        "{dropped} of {spans} spans counted as dropped"
+    );
+    assert_eq!(
+        metric_value(&g, "modelgate_otlp_spans_exported_total").await,
+        0.0
+    );
+    assert!(
+        !held.lock().expect("held").is_empty(),
+        "no export was tried"
+    );
+}
