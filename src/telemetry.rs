@@ -171,7 +171,8 @@ impl Exporter {
     /// than the processor's queue holds, so a span let through always finds room there (the
     /// SDK would drop it unseen).
     fn submit(&self, span: SpanData) {
-        if QUEUED.fetch_add(1, Ordering::Relaxed) >= self.max_queue {
+        // Acquire: a slot the exporter's taking freed (below, Release) is seen freed here.
+        if QUEUED.fetch_add(1, Ordering::AcqRel) >= self.max_queue {
             QUEUED.fetch_sub(1, Ordering::Relaxed);
             DROPPED.fetch_add(1, Ordering::Relaxed);
             return;
@@ -343,8 +344,8 @@ impl<E> Watched<E> {
 impl<E: SpanExporter> SpanExporter for Watched<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let spans = batch.len() as u64;
-        // Out of the processor's queue.
-        QUEUED.fetch_sub(spans, Ordering::Relaxed);
+        // Out of the processor's queue (taken from it before this call).
+        QUEUED.fetch_sub(spans, Ordering::Release);
         let result = self.inner.export(batch).await;
         self.note(spans, &result);
         result
