@@ -255,12 +255,15 @@ streams_rss "$IDLE_STREAMS" 1000 6
 # alone (benches/store.rs).
 writer_tid=$(grep -l usage-writer /proc/"$MG_PID"/task/*/comm | head -1 | xargs dirname)
 wakes() { awk '/voluntary_ctxt_switches/ && !/non/ {print $2}' "$writer_tid/status"; }
-w0=$(wakes)
+writer_ticks() { awk '{print $14 + $15}' "$writer_tid/stat"; }
+w0=$(wakes); t0=$(writer_ticks); c0=$(cpu_ticks "$MG_PID")
 out=$($LOAD wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" -s "$(script plain)" "http://127.0.0.1:$MG/v1/chat/completions")
-w1=$(wakes)
+w1=$(wakes); t1=$(writer_ticks); c1=$(cpu_ticks "$MG_PID")
 reqs=$(echo "$out" | awk '/requests in/ {print $1}')
 echo
 echo "usage writer under plain-chat load: $((w1 - w0)) wakes for $reqs records ($(python3 -c "print(f'{$reqs/max($w1-$w0,1):.0f}')") records per wake)"
+# Its CPU beside the proxy's on the shared core (clock ticks of 10 ms: about ±2%).
+python3 -c "print(f'usage writer CPU under that load: {($t1-$t0)*10_000/max($reqs,1):.1f} µs a record, {100*($t1-$t0)/max($c1-$c0,1):.1f}% of the gateway process')"
 if [ "${WRITER:-1}" = 1 ]; then
   "$(ls -t target/release/deps/store-* | grep -v '\.d$' | head -1)" --bench writer | tail -1
 fi
