@@ -16,6 +16,7 @@
 # (WRITER=0 skips the writer-alone figure and the build of its bench.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/common.sh
 
 DURATION=${DURATION:-5}
 ROUNDS=${ROUNDS:-3}
@@ -41,36 +42,13 @@ ulimit -n 65536 2>/dev/null || true
 
 if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ]; then SRV="taskset -c 0"; LOAD="taskset -c 1"; else SRV=""; LOAD=""; fi
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 MOCK=$(port); NG=$(port); BP=$(port); MG=$(port); MGD=$(port)
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.2; rm -rf "$TMP"; }
 trap cleanup EXIT
 
-KEY=sk-bench-key-000000000000
-cat > "$TMP/modelgate.toml" <<TOML
-[listeners]
-main = "127.0.0.1:$MG"
-direct = "127.0.0.1:$MGD"
-[keys]
-file = "keys.toml"
-[server]
-threads = 1
-grace_period_seconds = 0
-[log]
-access = "off"
-[[pools]]
-name = "mock"
-upstreams = ["http://127.0.0.1:$MOCK"]
-health_interval_ms = 0
-keepalive_timeout_ms = 2000
-[[models]]
-name = "echo-1"
-pool = "mock"
-price = { prompt = 0.15, completion = 0.6 }
-TOML
-printf '[[keys]]\nid = "bench"\nsecret = "%s"\nrpm = 100000000\nmodels = ["echo-*"]\n' "$KEY" > "$TMP/keys.toml"
+gateway_config "$TMP" "$MG" "$MGD" "$MOCK"
 
 mkdir -p "$TMP/nginx"
 cat > "$TMP/nginx/nginx.conf" <<NGINX
@@ -101,9 +79,7 @@ RUST_LOG=error $SRV "$BIN" mock-upstream --listen "127.0.0.1:$MOCK" --chunks "$C
 $SRV "$NGINX" -c "$TMP/nginx/nginx.conf" -p "$TMP/nginx" & PIDS+=($!); NGINX_MASTER=$!
 RUST_LOG=error $SRV "$BARE" "127.0.0.1:$BP" "127.0.0.1:$MOCK" & PIDS+=($!); BARE_PID=$!
 (cd "$TMP" && RUST_LOG=error exec $SRV "$OLDPWD/$BIN" serve --config modelgate.toml) & PIDS+=($!); MG_PID=$!
-for p in $MOCK $NG $BP $MG; do
-  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.1; done
-done
+for p in $MOCK $NG $BP $MG; do wait_port "$p"; done
 NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
 declare -A PID_OF=([nginx]=$NGINX_WORKER [bare]=$BARE_PID [modelgate]=$MG_PID)
 declare -A PORT_OF=([nginx]=$NG [bare]=$BP [modelgate]=$MG)
@@ -111,12 +87,11 @@ TARGETS=(nginx bare modelgate)
 # ALT_BIN=path adds a second modelgate build as target `alt` (same config, own ports and
 # store): an A/B of two builds in the same run, e.g. another allocator.
 if [ -n "${ALT_BIN:-}" ]; then
-  ALT=$(port); ALTD=$(port); mkdir -p "$TMP/alt"; cp "$TMP/keys.toml" "$TMP/alt/"
-  sed -e "s/127.0.0.1:$MG\"/127.0.0.1:$ALT\"/" -e "s/127.0.0.1:$MGD\"/127.0.0.1:$ALTD\"/" \
-    "$TMP/modelgate.toml" > "$TMP/alt/modelgate.toml"
+  ALT=$(port); ALTD=$(port); mkdir -p "$TMP/alt"
+  gateway_config "$TMP/alt" "$ALT" "$ALTD" "$MOCK"
   (cd "$TMP/alt" && RUST_LOG=error exec $SRV "$ALT_BIN" serve --config modelgate.toml) & PIDS+=($!)
   PID_OF[alt]=$!; PORT_OF[alt]=$ALT; TARGETS+=(alt)
-  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$ALT) 2>/dev/null && break; sleep 0.1; done
+  wait_port "$ALT"
 fi
 declare -A IDLE=()
 for t in "${TARGETS[@]}"; do IDLE[$t]=$(awk '/VmRSS/ {print $2}' "/proc/${PID_OF[$t]}/status"); done
@@ -125,15 +100,8 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
 script() { # $1 = plain | stream | models
   case $1 in
-    plain|stream)
-      local stream=false; [ "$1" = stream ] && stream=true
-      cat > "$TMP/$1.lua" <<LUA
-wrk.method = "POST"
-wrk.body = '{"model":"echo-1","stream":$stream,"messages":[{"role":"user","content":"hello there, how are you"}]}'
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer $KEY"
-LUA
-      ;;
+    plain) chat_script "$TMP/$1.lua" false ;;
+    stream) chat_script "$TMP/$1.lua" true ;;
     models)
       printf 'wrk.headers["Authorization"] = "Bearer %s"\n' "$KEY" > "$TMP/$1.lua" ;;
   esac

@@ -13,6 +13,7 @@
 # Needs perf (Debian `linux-perf`) and wrk. Nothing here runs in CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benches/common.sh
 A=${1:?usage: profile.sh BIN_A BIN_B [plain|stream] [seconds] [rounds]}
 B=${2:?usage: profile.sh BIN_A BIN_B [plain|stream] [seconds] [rounds]}
 CASE=${3:-plain}
@@ -25,12 +26,10 @@ if [ "$B" = bare ]; then
   BARE=target/release/examples/bare_pingora
 fi
 
-port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$TMP"; }
 trap cleanup EXIT
-KEY=sk-bench-key-000000000000
 MOCK=$(port)
 taskset -c 0 "$A" mock-upstream --listen 127.0.0.1:"$MOCK" --chunks 20 >/dev/null 2>&1 &
 PIDS+=($!)
@@ -41,28 +40,7 @@ for t in a b; do
   if [ "$t" = b ] && [ -n "${BARE:-}" ]; then
     RUST_LOG=error taskset -c 0 "$BARE" 127.0.0.1:"$MG" 127.0.0.1:"$MOCK" &
   else
-    cat > "$TMP/$t/modelgate.toml" <<TOML
-[listeners]
-main = "127.0.0.1:$MG"
-direct = "127.0.0.1:$(port)"
-[keys]
-file = "keys.toml"
-[server]
-threads = 1
-grace_period_seconds = 0
-[log]
-access = "off"
-[[pools]]
-name = "mock"
-upstreams = ["http://127.0.0.1:$MOCK"]
-health_interval_ms = 0
-keepalive_timeout_ms = 2000
-[[models]]
-name = "echo-1"
-pool = "mock"
-price = { prompt = 0.15, completion = 0.6 }
-TOML
-    printf '[[keys]]\nid = "bench"\nsecret = "%s"\nrpm = 100000000\nmodels = ["echo-*"]\n' "$KEY" > "$TMP/$t/keys.toml"
+    gateway_config "$TMP/$t" "$MG" "$(port)" "$MOCK"
     bin=$A
     [ "$t" = b ] && bin=$B
     bin=$(readlink -f "$bin")
@@ -71,16 +49,11 @@ TOML
   PIDS+=($!)
   PID_OF[$t]=$!
   PORT_OF[$t]=$MG
-  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$MG") 2>/dev/null && break; sleep 0.1; done
+  wait_port "$MG"
 done
 stream=false
 [ "$CASE" = stream ] && stream=true
-cat > "$TMP/load.lua" <<LUA
-wrk.method = "POST"
-wrk.body = '{"model":"echo-1","stream":$stream,"messages":[{"role":"user","content":"hello there, how are you"}]}'
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Authorization"] = "Bearer $KEY"
-LUA
+chat_script "$TMP/load.lua" "$stream"
 url() { echo "http://127.0.0.1:${PORT_OF[$1]}/v1/chat/completions"; }
 for t in a b; do taskset -c 1 wrk -t1 -c50 -d1s -s "$TMP/load.lua" "$(url $t)" >/dev/null; done
 for r in $(seq "$ROUNDS"); do

@@ -1,0 +1,49 @@
+# Shared by benches/load.sh and benches/profile.sh (sourced): free ports, the gateway's
+# benchmark config (auth, an rpm limit and an allow-list on the key, a priced model, the usage
+# record written, the access log off) and the wrk script of a chat request.
+
+KEY=sk-bench-key-000000000000
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# Waits up to 10 s for something to listen on 127.0.0.1:$1.
+wait_port() {
+  for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return; sleep 0.1; done
+}
+
+# Writes modelgate.toml and keys.toml into $1: listeners on ports $2 (main) and $3 (direct),
+# one pool of the mock upstream on port $4.
+gateway_config() {
+  cat > "$1/modelgate.toml" <<TOML
+[listeners]
+main = "127.0.0.1:$2"
+direct = "127.0.0.1:$3"
+[keys]
+file = "keys.toml"
+[server]
+threads = 1
+grace_period_seconds = 0
+[log]
+access = "off"
+[[pools]]
+name = "mock"
+upstreams = ["http://127.0.0.1:$4"]
+health_interval_ms = 0
+keepalive_timeout_ms = 2000
+[[models]]
+name = "echo-1"
+pool = "mock"
+price = { prompt = 0.15, completion = 0.6 }
+TOML
+  printf '[[keys]]\nid = "bench"\nsecret = "%s"\nrpm = 100000000\nmodels = ["echo-*"]\n' "$KEY" > "$1/keys.toml"
+}
+
+# Writes to $1 the wrk script of a chat request, streamed if $2 is true.
+chat_script() {
+  cat > "$1" <<LUA
+wrk.method = "POST"
+wrk.body = '{"model":"echo-1","stream":$2,"messages":[{"role":"user","content":"hello there, how are you"}]}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer $KEY"
+LUA
+}
