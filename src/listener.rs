@@ -86,23 +86,17 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
         // them (`impl ServerApp for HttpServerApp`), with the deadline restarted for each:
         // it starts at the next request's first byte. Run here rather than in that loop, the
         // connection's future also holds no HTTP/2 handshake state (3.8 KB a connection).
-        let mut session =
-            ServerSession::new_http1(Box::new(Deadlined::new(stream, self.limit, self.listener)));
+        let mut deadlined = Deadlined::new(stream, self.limit, self.listener);
+        // A reply that goes on in a task of its own (`proxy::detach`) takes the connection
+        // with it, and serves its next requests from there (`resume`).
+        deadlined.resume = Some((self.clone(), shutdown.clone()));
+        let mut session = ServerSession::new_http1(Box::new(deadlined));
         session.set_pipelining_enabled(true);
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
         session.set_keepalive_reuses_remaining(options.and_then(|o| o.keepalive_request_limit));
         crate::alloc::request_started();
-        let mut reused = self.inner.process_new_http(session, shutdown).await;
-        while let Some((stream, settings)) = reused.map(ReusedHttpStream::consume) {
-            let mut deadlined = stream.into_any().downcast::<Deadlined>().ok()?;
-            deadlined.next_request();
-            let mut session = ServerSession::new_http1(deadlined);
-            if let Some(settings) = settings {
-                settings.apply_to_session(&mut session);
-            }
-            crate::alloc::request_started();
-            reused = self.inner.process_new_http(session, shutdown).await;
-        }
+        let reused = self.inner.process_new_http(session, shutdown).await;
+        self.requests(reused, shutdown).await;
         None
     }
 
@@ -111,8 +105,59 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
     }
 }
 
+impl<A: HttpServerApp + Send + Sync + 'static> HeaderDeadline<A> {
+    /// The connection's next requests, one after the other, for as long as it is kept alive.
+    async fn requests(&self, mut reused: Option<ReusedHttpStream>, shutdown: &ShutdownWatch) {
+        while let Some((stream, settings)) = reused.map(ReusedHttpStream::consume) {
+            let Ok(mut deadlined) = stream.into_any().downcast::<Deadlined>() else {
+                return;
+            };
+            deadlined.next_request();
+            let mut session = ServerSession::new_http1(deadlined);
+            if let Some(settings) = settings {
+                settings.apply_to_session(&mut session);
+            }
+            crate::alloc::request_started();
+            reused = self.inner.process_new_http(session, shutdown).await;
+        }
+    }
+}
+
+/// A listener's loop over a connection's requests, as a reply's own task calls it.
+trait Requests: Send + Sync {
+    fn serve(
+        self: Arc<Self>,
+        reused: ReusedHttpStream,
+        shutdown: ShutdownWatch,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+impl<A: HttpServerApp + Send + Sync + 'static> Requests for HeaderDeadline<A> {
+    fn serve(
+        self: Arc<Self>,
+        reused: ReusedHttpStream,
+        shutdown: ShutdownWatch,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(async move { self.requests(Some(reused), &shutdown).await })
+    }
+}
+
+/// Serves a connection's next requests after a reply that went on in its own task
+/// (`proxy::detach`), which ended with the connection fit for another request: the loop of
+/// `HeaderDeadline` goes on from there, in that task.
+pub async fn resume(reused: ReusedHttpStream) {
+    let (stream, settings) = reused.consume();
+    let resume = stream
+        .as_any()
+        .downcast_ref::<Deadlined>()
+        .and_then(|d| d.resume.clone());
+    if let Some((app, shutdown)) = resume {
+        app.serve(ReusedHttpStream::new(stream, settings), shutdown)
+            .await;
+    }
+}
+
 /// A connection's stream with a deadline on the current request's header.
-#[derive(Debug)]
 pub struct Deadlined {
     inner: Stream,
     limit: Duration,
@@ -130,6 +175,18 @@ pub struct Deadlined {
     preface_left: usize,
     /// The listener's name (see `HeaderDeadline`).
     listener: &'static str,
+    /// The loop over the connection's requests, for `resume`.
+    resume: Option<(Arc<dyn Requests>, ShutdownWatch)>,
+}
+
+impl std::fmt::Debug for Deadlined {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deadlined")
+            .field("inner", &self.inner)
+            .field("limit", &self.limit)
+            .field("listener", &self.listener)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`, the start of every HTTP/2 connection.
@@ -208,6 +265,7 @@ impl Deadlined {
             header_in: AtomicBool::new(false),
             replacing: None,
             preface_left: 0,
+            resume: None,
         }
     }
 

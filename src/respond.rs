@@ -16,10 +16,9 @@ use crate::lifecycle::Lifecycle;
 /// the connection, which a client takes for a whole reply (and the header said keep-alive).
 /// HTTP/2 frames its own bodies (Pingora drops the header there); HTTP/1.0 knows no chunks.
 pub fn frame_unknown_length(
-    session: &Session,
+    req: &pingora_http::RequestHeader,
     h: &mut ResponseHeader,
 ) -> pingora_error::Result<()> {
-    let req = session.req_header();
     let bodiless = matches!(h.status.as_u16(), 204 | 304) || req.method == http::Method::HEAD;
     if !framed(&h.headers) && !bodiless && req.version == http::Version::HTTP_11 {
         h.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;

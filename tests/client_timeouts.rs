@@ -250,6 +250,62 @@ async fn pipelined_requests_are_answered_in_order_each_with_its_record() {
     assert_eq!(await_record(&g, &ids[2]).await["stream"], true);
 }
 
+/// A stream's reply goes on in a task of its own, which takes its connection along
+/// (`proxy::detach`): the requests after it on that connection, sent after its reply or
+/// pipelined behind it, are answered from there, in order, each with its record, and a
+/// request's header after them is still held to its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_after_a_stream_on_its_connection_are_answered_each_with_its_record() {
+    let g = start_with(Setup {
+        server_extra: "client_header_timeout_ms = 500".into(),
+        ..Setup::default()
+    });
+    let (raw, cut_after) = tokio::task::block_in_place(|| {
+        let mut s = blocking_connect(&g.main, Duration::from_secs(10));
+        let (plain, streamed) = (chat_json(false), chat_json(true));
+        // A stream, its reply read whole (it ends with the last chunk); then a plain request
+        // with a stream pipelined behind it; then a header trickled in and never finished.
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        let mut until_last_chunk = |s: &mut TcpStream, raw: &mut Vec<u8>| {
+            let mut part = Vec::new();
+            while !part.ends_with(b"\r\n0\r\n\r\n") {
+                let n = s.read(&mut buf).expect("reply");
+                assert!(n > 0, "closed: {}", String::from_utf8_lossy(&part));
+                part.extend_from_slice(&buf[..n]);
+            }
+            raw.extend_from_slice(&part);
+        };
+        s.write_all((chat_head(KEY, streamed.len(), "") + &streamed).as_bytes())
+            .expect("write");
+        until_last_chunk(&mut s, &mut raw);
+        let both = chat_head(KEY, plain.len(), "")
+            + &plain
+            + &chat_head(KEY, streamed.len(), "x-mock-delay-ms: 20\r\n")
+            + &streamed;
+        s.write_all(both.as_bytes()).expect("write");
+        until_last_chunk(&mut s, &mut raw);
+        let cut_after = trickle_until_cut(&mut s, b"GET /v1/models HTTP/1.1\r\nX-Slow: ");
+        (String::from_utf8_lossy(&raw).into_owned(), cut_after)
+    });
+    let got = replies(&raw);
+    assert_eq!(got.len(), 3, "{raw}");
+    for r in &got {
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    }
+    assert!(got[0].contains("data: [DONE]"), "{}", got[0]);
+    assert!(got[1].contains("\"chat.completion\""), "{}", got[1]);
+    assert!(got[2].contains("data: [DONE]"), "{}", got[2]);
+    assert!(cut_after >= Duration::from_millis(450), "{cut_after:?}");
+    assert!(cut_after < Duration::from_secs(3), "{cut_after:?}");
+    let ids: Vec<String> = got.iter().map(|r| request_id_in(r)).collect();
+    for (id, stream) in [(&ids[0], true), (&ids[1], false), (&ids[2], true)] {
+        let record = await_record(&g, id).await;
+        assert_eq!(record["status"], 200, "{record}");
+        assert_eq!(record["stream"], stream, "{record}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelined_request_split_at_its_header_end_outlasts_the_header_deadline() {
     let g = start_with(Setup {

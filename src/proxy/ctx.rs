@@ -79,16 +79,32 @@ pub struct Ctx {
     pub send_timeout: std::time::Duration,
     /// When a refusal was sent, if the connection then lingers to drain the upload.
     pub answered: Option<Instant>,
+    /// The request went on in a task of its own (`detach`), with its state: this one is what
+    /// was left in Pingora's request, whose end writes no record.
+    pub detached: bool,
 }
 
 impl Ctx {
     pub fn new(listener: Listener) -> Ctx {
+        let time_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        Ctx::blank(listener, next_request_id(), Instant::now(), time_ms)
+    }
+
+    /// Moves the request's state out, to the task its reply goes on in (`detach`); what is
+    /// left says so, and nothing else.
+    pub fn hand_off(&mut self) -> Box<Ctx> {
+        let mut left = Ctx::blank(self.listener, String::new(), self.started, self.time_ms);
+        left.detached = true;
+        Box::new(std::mem::replace(self, left))
+    }
+
+    fn blank(listener: Listener, request_id: String, started: Instant, time_ms: i64) -> Ctx {
         Ctx {
-            request_id: next_request_id(),
-            started: Instant::now(),
-            time_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as i64),
+            request_id,
+            started,
+            time_ms,
             listener,
             key: None,
             group: "",
@@ -120,6 +136,7 @@ impl Ctx {
             send_timeout: std::time::Duration::from_secs(60),
             answered: None,
             trace: None,
+            detached: false,
         }
     }
 

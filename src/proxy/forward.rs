@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
+use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
@@ -20,10 +21,10 @@ use pingora_proxy::Session;
 use pingora_timeout::fast_timeout::fast_timeout;
 
 use super::ctx::{Ctx, Outcome};
-use super::{reply, respond};
+use super::{Gateway, detach, reply, respond};
 use crate::error::GatewayError;
 use crate::lifecycle::{Lifecycle, cut};
-use crate::route::balance::backoff;
+use crate::route::balance::{InFlight, backoff};
 use crate::route::body as route_body;
 use crate::route::{Pool, Upstream};
 use crate::upstream;
@@ -44,7 +45,7 @@ enum Try {
 }
 
 /// The upstream connection a reply is read from, and the peer it goes back to the pool for.
-struct Upstreamed {
+pub(super) struct Upstreamed {
     client: Box<HttpSession>,
     peer: Box<HttpPeer>,
 }
@@ -75,11 +76,7 @@ enum PoolEnd {
 /// cannot answer, to each fallback model's pool in turn (with that model's upstream name and
 /// price). `Err` means the reply was cut after it began: Pingora then drops the client
 /// connection instead of ending the body cleanly.
-pub async fn run(
-    connections: &upstream::Connections,
-    session: &mut Session,
-    ctx: &mut Ctx,
-) -> pingora_error::Result<()> {
+pub async fn run(gw: &Gateway, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<()> {
     let Some(route) = ctx.route.clone() else {
         return Ok(());
     };
@@ -105,7 +102,7 @@ pub async fn run(
         }
         ctx.route = Some(next.clone());
         let more = n < routes.len();
-        match try_pool(connections, session, ctx, &next.pool, more).await {
+        match try_pool(gw, session, ctx, &next.pool, more).await {
             PoolEnd::Done(result) => return result,
             PoolEnd::CannotAnswer(e) => error = Some(e),
         }
@@ -119,7 +116,7 @@ pub async fn run(
 /// Tries the pool's upstreams. Unless `more` (a fallback follows), the last try's reply is
 /// passed on even when it is a 429 or 5xx.
 async fn try_pool(
-    connections: &upstream::Connections,
+    gw: &Gateway,
     session: &mut Session,
     ctx: &mut Ctx,
     pool: &Pool,
@@ -145,11 +142,11 @@ async fn try_pool(
         };
         ctx.upstream = i;
         ctx.attempts += 1;
-        let _inflight = up.health.enter();
+        let inflight = up.health.enter();
         let last = attempt == pool.cfg.max_attempts;
         let started = Instant::now();
         let span = ctx.trace.as_ref().map(|t| t.next_try());
-        let tried_once = try_once(connections, session, ctx, pool, up, life, span).await;
+        let tried_once = try_once(&gw.connections, session, ctx, pool, up, life, span).await;
         let try_ended = Instant::now();
         // A plain request past its whole deadline gets no further try: this one was its last
         // (a retryable reply passes on as the last try's does).
@@ -220,10 +217,16 @@ async fn try_pool(
                         }
                     }
                 }
-                let sent = stream_reply(connections, session, ctx, pool, up, upstream, *resp).await;
-                ctx.upstream_time += try_ended.elapsed();
-                note_try(ctx, span, started, pool, up, outcome);
-                return PoolEnd::Done(sent);
+                let end = TryEnd {
+                    span,
+                    started,
+                    replied: try_ended,
+                    outcome,
+                };
+                let to = (pool, up, inflight);
+                return PoolEnd::Done(
+                    stream_reply(gw, session, ctx, to, upstream, *resp, end).await,
+                );
             }
         }
     }
@@ -264,7 +267,7 @@ async fn wait(
     }
     let waited = tokio::select! {
         () = tokio::time::sleep(delay) => Waited::Done,
-        () = client_gone(session) => Waited::ClientGone,
+        () = client_gone(session.as_downstream_mut()) => Waited::ClientGone,
         () = cut(life) => Waited::ShuttingDown,
     };
     ctx.waited += started.elapsed();
@@ -275,6 +278,22 @@ async fn wait(
 /// start); None for a stream, which has no whole deadline.
 fn time_left(ctx: &Ctx, pool: &Pool, now: Instant) -> Option<Duration> {
     (!ctx.stream).then(|| (ctx.started + pool.cfg.request_timeout).saturating_duration_since(now))
+}
+
+/// What is left to note of the try that answered once its reply is over: the reply's time,
+/// and the try's span.
+pub(super) struct TryEnd {
+    span: Option<u64>,
+    started: Instant,
+    replied: Instant,
+    outcome: &'static str,
+}
+
+impl TryEnd {
+    pub(super) fn note(self, ctx: &mut Ctx, pool: &Pool, up: &Upstream) {
+        ctx.upstream_time += self.replied.elapsed();
+        note_try(ctx, self.span, self.started, pool, up, self.outcome);
+    }
 }
 
 /// A try's span, when the request's trace is exported.
@@ -319,13 +338,8 @@ fn outcome(tried: &Try) -> &'static str {
 
 /// Resolves when the client closes its connection (its request body was read whole, so the
 /// only thing left to read is the close). Never resolves otherwise.
-async fn client_gone(session: &mut Session) {
-    if session
-        .as_downstream_mut()
-        .read_body_or_idle(true)
-        .await
-        .is_err()
-    {
+async fn client_gone(session: &mut ServerSession) {
+    if session.read_body_or_idle(true).await.is_err() {
         return;
     }
     // Bytes of a next request (pipelining) are not a close: keep waiting on the rest.
@@ -369,7 +383,7 @@ async fn try_once(
     let result = tokio::select! {
         biased;
         r = timed => r,
-        () = client_gone(session) => return Try::ClientGone,
+        () = client_gone(session.as_downstream_mut()) => return Try::ClientGone,
         () = cut(life) => return Try::ShuttingDown,
     };
     match result {
@@ -427,16 +441,43 @@ async fn ask(
 }
 
 /// Passes the reply on, metered. Errors before the header reached the client are answered in
-/// the contract's shape; after it, the reply is cut (`Err`).
+/// the contract's shape; after it, the reply is cut (`Err`). A stream to an HTTP/1 client goes
+/// on in a task of its own (`detach`), which notes the try's end and writes the record.
 async fn stream_reply(
-    connections: &upstream::Connections,
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut Ctx,
+    (pool, up, inflight): (&Pool, &Upstream, InFlight<'_>),
+    upstream: Upstreamed,
+    resp: ResponseHeader,
+    end: TryEnd,
+) -> pingora_error::Result<()> {
+    let sent = match pass_on(gw, session, ctx, pool, upstream, resp).await {
+        Err(sent) => sent,
+        Ok((upstream, resp)) if ctx.stream && detach::possible(session) => {
+            inflight.keep();
+            detach::spawn(gw, session, ctx, upstream, resp, end);
+            return Ok(());
+        }
+        Ok((upstream, resp)) => {
+            let downstream = session.as_downstream_mut();
+            relay(&gw.connections, downstream, ctx, pool, up, upstream, resp).await
+        }
+    };
+    end.note(ctx, pool, up);
+    sent
+}
+
+/// The reply's header checked: `Ok` with a success to relay, or `Err` with how the request
+/// ended (an error reply, answered or passed on).
+async fn pass_on(
+    gw: &Gateway,
     session: &mut Session,
     ctx: &mut Ctx,
     pool: &Pool,
-    up: &Upstream,
-    mut upstream: Upstreamed,
+    upstream: Upstreamed,
     mut resp: ResponseHeader,
-) -> pingora_error::Result<()> {
+) -> Result<(Upstreamed, ResponseHeader), pingora_error::Result<()>> {
     // Whether the upstream's body has a known end (before the header is edited).
     let framed = crate::respond::framed(&resp.headers);
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
@@ -444,11 +485,12 @@ async fn stream_reply(
             let _ = respond::error(session, ctx, &g).await;
             ctx.outcome = Outcome::UpstreamFailed(g.status());
         }
-        return Ok(());
+        return Err(Ok(()));
     }
     if !ctx.outcome.succeeded() {
         // Boxed: the error path's future is no part of a reply that succeeds.
-        return Box::pin(pass_error(connections, session, ctx, pool, upstream, resp)).await;
+        let passed = pass_error(&gw.connections, session, ctx, pool, upstream, resp);
+        return Err(Box::pin(passed).await);
     }
     ctx.accepted = true;
     if let crate::meter::Meter::Sse(m) = &mut ctx.meter {
@@ -456,9 +498,23 @@ async fn stream_reply(
             m.keep_unterminated();
         }
     }
-    crate::respond::frame_unknown_length(session, &mut resp)?;
+    crate::respond::frame_unknown_length(session.req_header(), &mut resp).map_err(Err)?;
+    Ok((upstream, resp))
+}
+
+/// Relays a success: its header, then its body as it comes, metered, under the idle and
+/// whole-request deadlines. After the header, a failure cuts the reply (`Err`).
+pub(super) async fn relay(
+    connections: &upstream::Connections,
+    session: &mut ServerSession,
+    ctx: &mut Ctx,
+    pool: &Pool,
+    up: &Upstream,
+    mut upstream: Upstreamed,
+    resp: ResponseHeader,
+) -> pingora_error::Result<()> {
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let header = session.write_response_header(Box::new(resp), false);
+    let header = session.write_response_header(Box::new(resp));
     write(ctx, life.as_deref(), header).await?;
     // A stream may go quiet for `idle_timeout` between events; a plain reply must be whole
     // within `request_timeout` of the start.
@@ -521,8 +577,11 @@ async fn stream_reply(
                 }
             }
         }
-        let piece = session.write_response_body(out.take(), done);
-        write(ctx, life.as_deref(), piece).await?;
+        let piece = out.take();
+        if piece.is_some() || done {
+            let piece = session.write_response_body(piece.unwrap_or_default(), done);
+            write(ctx, life.as_deref(), piece).await?;
+        }
         if let Some(e) = failed {
             pool.transport_failed(up);
             ctx.outcome = Outcome::UpstreamFailed(502);

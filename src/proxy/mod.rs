@@ -6,6 +6,7 @@
 mod admit;
 pub mod body;
 pub mod ctx;
+mod detach;
 mod forward;
 mod models;
 pub mod record;
@@ -29,8 +30,9 @@ use ctx::{Ctx, Listener, Outcome};
 pub struct Gateway {
     shared: Arc<Shared>,
     listener: Listener,
-    /// The upstream connections (new, and idle ones kept for reuse) of `forward`.
-    connections: crate::upstream::Connections,
+    /// The upstream connections (new, and idle ones kept for reuse) of `forward` (shared with
+    /// the streams it hands to their own tasks, `detach`).
+    connections: Arc<crate::upstream::Connections>,
 }
 
 impl Gateway {
@@ -94,7 +96,7 @@ impl Gateway {
         }
         match self.decide(session, ctx).await {
             Ok(()) => {
-                forward::run(&self.connections, session, ctx).await?;
+                forward::run(self, session, ctx).await?;
                 Ok(true)
             }
             Err(Stop::Answered) => Ok(true),
@@ -191,7 +193,7 @@ impl Gateway {
 
 /// Exports the request's spans (see `telemetry`).
 fn trace(
-    session: &Session,
+    req: &pingora_http::RequestHeader,
     ctx: &Ctx,
     r: &crate::store::UsageRecord,
     metering_started: std::time::Instant,
@@ -200,7 +202,6 @@ fn trace(
     let Some(trace) = ctx.trace.as_ref() else {
         return;
     };
-    let req = session.req_header();
     let path = req.uri.path();
     // Span names stay few: a stored response's id is not part of its name.
     let route = if path.starts_with("/v1/responses/") {
@@ -270,33 +271,35 @@ fn observe(
     });
 }
 
-impl Gateway {
-    /// Remembers which upstream made a new stored response; forgets a deleted one.
-    fn note_stored_response(&self, session: &Session, ctx: &Ctx, key_id: &str) {
-        let req = session.req_header();
-        if req.method == http::Method::DELETE {
-            if let Some(id) = req.uri.path().strip_prefix("/v1/responses/") {
-                self.shared.stored.forget(id.trim_end_matches('/'));
-            }
-            return;
+/// Remembers which upstream made a new stored response; forgets a deleted one.
+fn note_stored_response(
+    shared: &Shared,
+    req: &pingora_http::RequestHeader,
+    ctx: &Ctx,
+    key_id: &str,
+) {
+    if req.method == http::Method::DELETE {
+        if let Some(id) = req.uri.path().strip_prefix("/v1/responses/") {
+            shared.stored.forget(id.trim_end_matches('/'));
         }
-        if req.method != http::Method::POST || ctx.pinned.is_some() {
-            return;
-        }
-        let (Some(route), Some(id)) = (ctx.route.as_ref(), ctx.meter.response_id()) else {
-            return;
-        };
-        let Some(up) = route.pool.upstreams.get(ctx.upstream) else {
-            return;
-        };
-        let origin = crate::route::stored::Origin {
-            key_id: key_id.to_string(),
-            model: route.model.name.clone(),
-            pool: route.pool.name.clone(),
-            upstream: up.cfg.url.clone(),
-        };
-        self.shared.stored.remember(id, origin);
+        return;
     }
+    if req.method != http::Method::POST || ctx.pinned.is_some() {
+        return;
+    }
+    let (Some(route), Some(id)) = (ctx.route.as_ref(), ctx.meter.response_id()) else {
+        return;
+    };
+    let Some(up) = route.pool.upstreams.get(ctx.upstream) else {
+        return;
+    };
+    let origin = crate::route::stored::Origin {
+        key_id: key_id.to_string(),
+        model: route.model.name.clone(),
+        pool: route.pool.name.clone(),
+        upstream: up.cfg.url.clone(),
+    };
+    shared.stored.remember(id, origin);
 }
 
 #[async_trait]
@@ -343,31 +346,19 @@ impl ProxyHttp for Gateway {
     /// Not an error of the gateway's: a client that left, or the shutdown's cut (the drain
     /// logs it once for all).
     fn suppress_error_log(&self, _session: &Session, ctx: &Ctx, error: &Error) -> bool {
-        error.esource() == &ErrorSource::Downstream
-            || matches!(ctx.outcome, Outcome::ClientGone)
-            || crate::respond::is_shutdown_cut(error)
+        quiet_failure(ctx, error)
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        let failure = reply::classify_failure(e);
-        ctx.outcome = match (&failure, session.response_written()) {
-            // `forward` already named how the reply was cut.
-            (_, Some(_))
-                if matches!(
-                    ctx.outcome,
-                    Outcome::UpstreamFailed(_) | Outcome::ClientGone
-                ) =>
-            {
-                ctx.outcome
-            }
-            (Some(g), None) => {
-                if let Err(we) = respond::error(session, ctx, g).await {
+        ctx.outcome = match reply::classify_failure(e) {
+            _ if session.response_written().is_some() => outcome_after_reply(ctx, e),
+            Some(g) => {
+                if let Err(we) = respond::error(session, ctx, &g).await {
                     tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");
                 }
                 Outcome::UpstreamFailed(g.status())
             }
-            (Some(g), Some(_)) => Outcome::UpstreamFailed(g.status()),
-            (None, _) => Outcome::ClientGone,
+            None => Outcome::ClientGone,
         };
         let code = ctx.outcome.status();
         FailToProxy {
@@ -376,60 +367,87 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    /// Every request that passed auth leaves exactly one usage record, whatever its outcome.
+    /// Every request that passed auth leaves exactly one usage record, whatever its outcome
+    /// (a stream handed to its own task leaves it there, `detach`).
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut Ctx) {
-        // The request is in flight until its record is queued (the end of this hook), not
-        // while Pingora then drains a body left unread: the shutdown waits for records only.
-        let in_flight = ctx.life.take();
-        if let Some(e) = e {
-            // A failure after the reply began (fail_to_proxy may not have run).
-            ctx.outcome = ctx.outcome.cut(e);
+        if ctx.detached {
+            return;
         }
-        let key = ctx.key.clone();
-        // One clock read for the request's end: its latency, its metrics, its tpm tokens. A
-        // refusal ended when it was sent (the upload drained after it is not its latency).
-        let ended = ctx.answered.unwrap_or_else(std::time::Instant::now);
-        // The request is over: its concurrency slot is free before any estimate is counted.
-        ctx.slot = None;
-        ctx.lease = None;
-        let life = in_flight.as_ref().map(crate::lifecycle::InFlight::get);
-        let tokens = record::Tokens::of(ctx).resolve(life).await;
-        let r = record::build(
-            ctx,
-            key.as_ref().map_or("", |k| k.id.as_str()),
-            ended,
-            tokens,
-        );
-        // Every request gets its access-log line, refused ones (no key) included.
-        if let Some(log) = &self.shared.access_log {
-            let req = session.req_header();
-            let mut path = req.uri.path();
-            // A key pasted into a path (a model id, say) stays out of the log: such a request
-            // was refused, so only refusals are looked into.
-            if r.status >= 400 && r.status < 500 {
-                let keys = &self.shared.live.snapshot().keys;
-                if crate::auth::mentions_secret(keys, path) {
-                    path = "[redacted]";
-                }
-            }
-            log.log(&r, req.method.as_str(), path);
-        }
-        if let Some(m) = crate::metrics::get() {
-            observe(m, ctx, &r, ended);
-        }
-        if ctx.trace.as_ref().is_some_and(|t| t.recording()) {
-            trace(session, ctx, &r, ended);
-        }
-        let Some(key) = key else { return };
-        if ctx.group == Group::Responses.name() && ctx.outcome.succeeded() {
-            self.note_stored_response(session, ctx, &key.id);
-        }
-        self.shared.limiter.add_tokens(&key, r.total_tokens, ended);
-        self.shared.spend.add(&key.id, r.cost);
-        if let Some(shared) = &self.shared.shared_limits {
-            let tokens = if key.tpm.is_some() { r.total_tokens } else { 0 };
-            shared.ended(&key.id, &r.request_id, tokens, r.cost);
-        }
-        self.shared.store.record(r);
+        end(&self.shared, session.req_header(), e, ctx).await;
     }
+}
+
+/// How a request whose reply had begun ended when it failed: as `forward` named the cut, else
+/// as the error says.
+fn outcome_after_reply(ctx: &Ctx, e: &Error) -> Outcome {
+    match (ctx.outcome, reply::classify_failure(e)) {
+        (o @ (Outcome::UpstreamFailed(_) | Outcome::ClientGone), _) => o,
+        (_, Some(g)) => Outcome::UpstreamFailed(g.status()),
+        (_, None) => Outcome::ClientGone,
+    }
+}
+
+/// Not an error of the gateway's, worth no log line: a client that left, or the shutdown's
+/// cut (the drain logs it once for all).
+fn quiet_failure(ctx: &Ctx, e: &Error) -> bool {
+    e.esource() == &ErrorSource::Downstream
+        || matches!(ctx.outcome, Outcome::ClientGone)
+        || crate::respond::is_shutdown_cut(e)
+}
+
+/// The end of a request that passed auth: its usage record, access-log line, metrics and
+/// spans, its tokens and spend counted against its key.
+async fn end(shared: &Shared, req: &pingora_http::RequestHeader, e: Option<&Error>, ctx: &mut Ctx) {
+    // The request is in flight until its record is queued (the end of this hook), not
+    // while Pingora then drains a body left unread: the shutdown waits for records only.
+    let in_flight = ctx.life.take();
+    if let Some(e) = e {
+        // A failure after the reply began (fail_to_proxy may not have run).
+        ctx.outcome = ctx.outcome.cut(e);
+    }
+    let key = ctx.key.clone();
+    // One clock read for the request's end: its latency, its metrics, its tpm tokens. A
+    // refusal ended when it was sent (the upload drained after it is not its latency).
+    let ended = ctx.answered.unwrap_or_else(std::time::Instant::now);
+    // The request is over: its concurrency slot is free before any estimate is counted.
+    ctx.slot = None;
+    ctx.lease = None;
+    let life = in_flight.as_ref().map(crate::lifecycle::InFlight::get);
+    let tokens = record::Tokens::of(ctx).resolve(life).await;
+    let r = record::build(
+        ctx,
+        key.as_ref().map_or("", |k| k.id.as_str()),
+        ended,
+        tokens,
+    );
+    // Every request gets its access-log line, refused ones (no key) included.
+    if let Some(log) = &shared.access_log {
+        let mut path = req.uri.path();
+        // A key pasted into a path (a model id, say) stays out of the log: such a request
+        // was refused, so only refusals are looked into.
+        if r.status >= 400 && r.status < 500 {
+            let keys = &shared.live.snapshot().keys;
+            if crate::auth::mentions_secret(keys, path) {
+                path = "[redacted]";
+            }
+        }
+        log.log(&r, req.method.as_str(), path);
+    }
+    if let Some(m) = crate::metrics::get() {
+        observe(m, ctx, &r, ended);
+    }
+    if ctx.trace.as_ref().is_some_and(|t| t.recording()) {
+        trace(req, ctx, &r, ended);
+    }
+    let Some(key) = key else { return };
+    if ctx.group == Group::Responses.name() && ctx.outcome.succeeded() {
+        note_stored_response(shared, req, ctx, &key.id);
+    }
+    shared.limiter.add_tokens(&key, r.total_tokens, ended);
+    shared.spend.add(&key.id, r.cost);
+    if let Some(limits) = &shared.shared_limits {
+        let tokens = if key.tpm.is_some() { r.total_tokens } else { 0 };
+        limits.ended(&key.id, &r.request_id, tokens, r.cost);
+    }
+    shared.store.record(r);
 }

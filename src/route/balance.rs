@@ -48,6 +48,16 @@ impl Health {
         InFlight(self)
     }
 
+    /// The guard of a count `InFlight::keep` kept past its first guard.
+    pub fn take_over(&self) -> InFlight<'_> {
+        InFlight(self)
+    }
+
+    /// A request counted by `enter` is over.
+    fn leave(&self) {
+        self.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// The upstream answered with a reply that says nothing against it.
     pub fn answered(&self) {
         self.consecutive_5xx.store(0, Ordering::Relaxed);
@@ -107,9 +117,17 @@ impl Health {
 
 pub struct InFlight<'a>(&'a Health);
 
+impl InFlight<'_> {
+    /// The request goes on in a task of its own (`proxy::detach`): it counts until that
+    /// task's guard (`Health::take_over`) drops.
+    pub fn keep(self) {
+        std::mem::forget(self);
+    }
+}
+
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.0.leave();
     }
 }
 

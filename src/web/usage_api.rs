@@ -203,7 +203,7 @@ pub async fn send_csv(
     h.insert_header("x-request-id", ex.request_id.as_str())?;
     h.insert_header("cache-control", "no-store")?;
     crate::cors::decorate(&mut h, ex.cors.as_ref())?;
-    crate::respond::frame_unknown_length(session, &mut h)?;
+    crate::respond::frame_unknown_length(session.req_header(), &mut h)?;
     // A client that reads slowly holds a write, a long query the next chunk: the client's
     // send timeout ends the one, the shutdown's cut either (and the export) all the same, so
     // its record is written before the exit.
