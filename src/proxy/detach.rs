@@ -60,7 +60,9 @@ pub(super) fn spawn(
         resp,
         end,
     };
-    tokio::spawn(relay.run());
+    // Boxed: the task then holds a pointer, and tokio's moves of a task's future (through its
+    // spawn, and its stage written whole as it ends) copy 8 bytes, not the relay's state.
+    tokio::spawn(Box::pin(relay.run()));
 }
 
 /// What a stream's own task owns.
