@@ -336,3 +336,35 @@ async fn pages_the_console_and_unknown_paths_have_their_own_endpoint_label() {
         }
     }
 }
+
+/// A stream counts as in flight on its upstream while it runs, and no longer once it has
+/// ended, though its client's connection stays open for more requests (the stream went on in a
+/// task of its own, which then serves that connection: `proxy::detach`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_counts_in_flight_on_its_upstream_until_it_ends() {
+    use std::io::Read;
+    let g = start();
+    let in_flight = |samples: &[Sample]| sum(samples, "modelgate_upstream_in_flight", &[]);
+    let body = r#"{"model":"echo-1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let head = chat_head(KEY, body.len(), "x-mock-delay-ms: 100\r\n") + body;
+    let (mut s, _id) =
+        tokio::task::block_in_place(|| stop_reading_after_the_header(&g.main, &head));
+    assert_eq!(in_flight(&scrape(&g).await), 1.0);
+    let mut rest = Vec::new();
+    tokio::task::block_in_place(|| {
+        let mut buf = [0u8; 4096];
+        while !rest.ends_with(b"\r\n0\r\n\r\n") {
+            let n = s.read(&mut buf).expect("reply");
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&rest));
+            rest.extend_from_slice(&buf[..n]);
+        }
+    });
+    // The count ends as the reply's last piece goes out; the connection is still open.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while in_flight(&scrape(&g).await) != 0.0 {
+        assert!(Instant::now() < deadline, "still counted in flight");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let models = tokio::task::block_in_place(|| models_over(&mut s));
+    assert!(models.starts_with("HTTP/1.1 200"), "{models}");
+}

@@ -32,37 +32,68 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::Gateway;
 use super::ctx::Ctx;
 use super::forward::{self, TryEnd, Upstreamed};
+use crate::route::Route;
+use crate::route::balance::InFlight;
 use crate::state::Shared;
 use crate::upstream::Connections;
 
-/// Whether the request's reply can go on in its own task: an HTTP/1 client's.
-pub fn possible(session: &Session) -> bool {
-    matches!(session.as_downstream(), ServerSession::H1(_))
+/// The route of a reply that can go on in its own task: a stream's, to an HTTP/1 client.
+pub fn route(session: &Session, ctx: &Ctx) -> Option<Arc<Route>> {
+    let h1 = matches!(session.as_downstream(), ServerSession::H1(_));
+    ctx.route.clone().filter(|_| ctx.stream && h1)
 }
 
-/// Moves the request's reply, its client's session and its state to a task of their own.
-/// The upstream's count of requests in flight (kept by the caller) ends with that task.
+/// Moves the request's reply, its client's session and its state to a task of their own,
+/// with the upstream's count of requests in flight (`inflight`, the try's), which ends with
+/// the reply.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn spawn(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut Ctx,
+    (route, inflight): (Arc<Route>, InFlight<'_>),
     upstream: Upstreamed,
     resp: ResponseHeader,
     end: TryEnd,
 ) {
+    inflight.keep();
     let gone = Box::new(ServerSession::new_http1(Box::new(Gone)));
     let relay = Relay {
         shared: gw.shared.clone(),
         connections: gw.connections.clone(),
         downstream: std::mem::replace(&mut session.downstream_session, gone),
+        counted: Counted {
+            route,
+            upstream: ctx.upstream,
+        },
         ctx: ctx.hand_off(),
         upstream,
         resp,
         end,
     };
-    // Boxed: the task then holds a pointer, and tokio's moves of a task's future (through its
-    // spawn, and its stage written whole as it ends) copy 8 bytes, not the relay's state.
-    tokio::spawn(Box::pin(relay.run()));
+    // The relay's state is boxed, and freed before the connection's next requests are served
+    // from this task: tokio moves a task's future whole as it spawns it (and writes its stage
+    // whole as it ends), so the task's own future stays small.
+    tokio::spawn(async move {
+        let reused = Box::pin(relay.run()).await;
+        if let Some(reused) = reused {
+            crate::listener::resume(reused).await;
+        }
+    });
+}
+
+/// A request counted in flight on an upstream of a route, until this drops.
+struct Counted {
+    route: Arc<Route>,
+    upstream: usize,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if let Some(up) = self.route.pool.upstreams.get(self.upstream) {
+            up.health.end_kept();
+        }
+    }
 }
 
 /// What a stream's own task owns.
@@ -70,6 +101,7 @@ struct Relay {
     shared: Arc<Shared>,
     connections: Arc<Connections>,
     downstream: Box<ServerSession>,
+    counted: Counted,
     ctx: Box<Ctx>,
     upstream: Upstreamed,
     resp: ResponseHeader,
@@ -77,36 +109,41 @@ struct Relay {
 }
 
 impl Relay {
-    async fn run(self) {
+    /// Relays the reply, notes the try, writes the record; the connection, when it can carry
+    /// another request.
+    async fn run(self) -> Option<ReusedHttpStream> {
         let Relay {
             shared,
             connections,
             mut downstream,
+            counted,
             mut ctx,
             upstream,
             resp,
             end,
         } = self;
-        let Some(route) = ctx.route.clone() else {
-            return;
+        let pool = &counted.route.pool;
+        let sent = match pool.upstreams.get(counted.upstream) {
+            Some(up) => {
+                let sent = forward::relay(
+                    &connections,
+                    &mut downstream,
+                    &mut ctx,
+                    pool,
+                    up,
+                    upstream,
+                    resp,
+                );
+                let sent = sent.await;
+                end.note(&mut ctx, pool, up);
+                sent
+            }
+            None => Err(pingora_error::Error::explain(
+                pingora_error::ErrorType::InternalError,
+                "the reply's upstream is not in its pool",
+            )),
         };
-        let pool = &route.pool;
-        let Some(up) = pool.upstreams.get(ctx.upstream) else {
-            return;
-        };
-        // The count `try_pool` kept for this upstream ends with this task, however it ends.
-        let _inflight = up.health.take_over();
-        let sent = forward::relay(
-            &connections,
-            &mut downstream,
-            &mut ctx,
-            pool,
-            up,
-            upstream,
-            resp,
-        );
-        let sent = sent.await;
-        end.note(&mut ctx, pool, up);
+        drop(counted);
         // As Pingora ends a request whose filter failed (`fail_to_proxy`, its error line,
         // `logging`), or one that was answered (`logging`, then the connection kept alive).
         let failed = sent.err();
@@ -129,13 +166,11 @@ impl Relay {
         .await;
         drop(ctx);
         if failed.is_some() {
-            return;
+            return None;
         }
         let settings = HttpPersistentSettings::for_session(&downstream);
-        if let Ok(Some(reusable)) = downstream.finish().await {
-            let reused = ReusedHttpStream::from_reusable_stream(reusable, settings);
-            crate::listener::resume(reused).await;
-        }
+        let reusable = downstream.finish().await.ok().flatten()?;
+        Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
     }
 }
 

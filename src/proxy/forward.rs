@@ -454,15 +454,16 @@ async fn stream_reply(
 ) -> pingora_error::Result<()> {
     let sent = match pass_on(gw, session, ctx, pool, upstream, resp).await {
         Err(sent) => sent,
-        Ok((upstream, resp)) if ctx.stream && detach::possible(session) => {
-            inflight.keep();
-            detach::spawn(gw, session, ctx, upstream, resp, end);
-            return Ok(());
-        }
-        Ok((upstream, resp)) => {
-            let downstream = session.as_downstream_mut();
-            relay(&gw.connections, downstream, ctx, pool, up, upstream, resp).await
-        }
+        Ok((upstream, resp)) => match detach::route(session, ctx) {
+            Some(route) => {
+                detach::spawn(gw, session, ctx, (route, inflight), upstream, resp, end);
+                return Ok(());
+            }
+            None => {
+                let downstream = session.as_downstream_mut();
+                relay(&gw.connections, downstream, ctx, pool, up, upstream, resp).await
+            }
+        },
     };
     end.note(ctx, pool, up);
     sent

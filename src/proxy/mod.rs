@@ -350,8 +350,15 @@ impl ProxyHttp for Gateway {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+        // A reply that began, or a write that failed (the client's, or the shutdown's cut,
+        // named by `forward`): nothing more is sent.
+        let written = session.response_written().is_some();
+        let named = matches!(
+            ctx.outcome,
+            Outcome::UpstreamFailed(_) | Outcome::ClientGone
+        );
         ctx.outcome = match reply::classify_failure(e) {
-            _ if session.response_written().is_some() => outcome_after_reply(ctx, e),
+            _ if written || named => outcome_after_reply(ctx, e),
             Some(g) => {
                 if let Err(we) = respond::error(session, ctx, &g).await {
                     tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");

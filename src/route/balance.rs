@@ -48,9 +48,9 @@ impl Health {
         InFlight(self)
     }
 
-    /// The guard of a count `InFlight::keep` kept past its first guard.
-    pub fn take_over(&self) -> InFlight<'_> {
-        InFlight(self)
+    /// Ends a count `InFlight::keep` kept past its guard.
+    pub fn end_kept(&self) {
+        drop(InFlight(self));
     }
 
     /// A request counted by `enter` is over.
@@ -118,8 +118,8 @@ impl Health {
 pub struct InFlight<'a>(&'a Health);
 
 impl InFlight<'_> {
-    /// The request goes on in a task of its own (`proxy::detach`): it counts until that
-    /// task's guard (`Health::take_over`) drops.
+    /// The request goes on in a task of its own (`proxy::detach`): it counts until that task
+    /// ends it (`Health::end_kept`).
     pub fn keep(self) {
         std::mem::forget(self);
     }
