@@ -313,7 +313,9 @@ impl ProxyHttp for Gateway {
         ctx
     }
 
-    /// No response compression: the reply goes through as the upstream sent it.
+    /// No response compression: the reply goes through as the upstream sent it. (No module
+    /// at all: `forward::relay` writes to the client's session directly, past where Pingora
+    /// would run them.)
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     async fn request_filter(
