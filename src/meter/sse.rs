@@ -43,6 +43,7 @@ macro_rules! needles {
 
 needles! {
     USAGE: Finder = b"\"usage\"";
+    CHOICES: Finder = b"\"choices\"";
     CONTENT: Finder = b"\"content\"";
     TEXT: Finder = b"\"text\"";
     DELTA: Finder = b"\"delta\"";
@@ -80,6 +81,25 @@ fn has_value(data: &[u8], key: &Finder<'_>, test: impl Fn(&[u8]) -> bool) -> boo
     let len = key.needle().len();
     key.find_iter(data)
         .any(|at| value_of(&data[at + len..]).is_some_and(&test))
+}
+
+/// What of a content event is kept for the tokenizer fallback: a chat event from its
+/// top-level `choices` member on (all `text` reads), to be kept after a `{`; an OpenAI chunk's
+/// id, object, time, model and fingerprint before it are most of its bytes (a long stream kept
+/// them for every token). `choices` is top-level when nothing before it opens an object or an
+/// array but the event itself; otherwise, and in the other dialects, the whole event.
+fn kept_for_text(dialect: Dialect, data: &[u8]) -> &[u8] {
+    if dialect != Dialect::Chat {
+        return data;
+    }
+    match CHOICES.find(data) {
+        Some(at)
+            if at > 1 && data[0] == b'{' && memchr::memchr2(b'{', b'[', &data[1..at]).is_none() =>
+        {
+            &data[at..]
+        }
+        _ => data,
+    }
 }
 
 /// Longest line or event held while waiting for its end; past it the bytes are passed on
@@ -480,9 +500,15 @@ impl SseMeter {
             self.saw_content = true;
             // Kept for an estimate, which a stream metered only from its reported usage never
             // makes.
-            if !self.reported_only && self.raw_content.len() + data.len() < MAX_TEXT {
-                self.raw_content.extend_from_slice(data);
-                self.raw_content.push(b'\n');
+            if !self.reported_only {
+                let kept = kept_for_text(self.dialect, data);
+                if self.raw_content.len() + kept.len() + 2 < MAX_TEXT {
+                    if kept.len() < data.len() {
+                        self.raw_content.push(b'{');
+                    }
+                    self.raw_content.extend_from_slice(kept);
+                    self.raw_content.push(b'\n');
+                }
             }
         }
         kind
@@ -884,6 +910,32 @@ mod tests {
         let mut m = SseMeter::of(Dialect::Responses);
         let out = m.feed(Bytes::from(format!("{event}\n\n")), true);
         assert!(!String::from_utf8_lossy(&out).contains("[DONE]"));
+    }
+
+    #[test]
+    fn a_chat_event_is_kept_for_the_estimate_from_its_choices_on() {
+        let chunk = concat!(
+            "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,",
+            "\"model\":\"gpt-4o-mini\",\"system_fingerprint\":\"fp_1\",",
+            "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi \\\"there\\\"\"}}],",
+            "\"obfuscation\":\"x\"}\n\n",
+            // `choices` under another member first: kept whole.
+            "data: {\"meta\":{\"choices\":1},\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"}}]}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let (m, out) = run(chunk.as_bytes(), false, chunk.len());
+        assert_eq!(out, chunk.as_bytes());
+        assert_eq!(m.text(), "Hi \"there\"!");
+        let kept = String::from_utf8_lossy(&m.raw_content).into_owned();
+        assert!(kept.starts_with("{\"choices\":[{"), "{kept}");
+        assert!(
+            !kept.contains("chatcmpl-1") && !kept.contains("fp_1"),
+            "{kept}"
+        );
+        assert!(kept.contains("{\"meta\":{\"choices\":1}"), "{kept}");
+        // Other dialects keep their events whole.
+        let data = b"{\"type\":\"x\",\"choices\":[]}";
+        assert_eq!(kept_for_text(Dialect::Messages, data), data);
     }
 
     #[test]
