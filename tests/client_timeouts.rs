@@ -266,25 +266,15 @@ async fn requests_after_a_stream_on_its_connection_are_answered_each_with_its_re
         // A stream, its reply read whole (it ends with the last chunk); then a plain request
         // with a stream pipelined behind it; then a header trickled in and never finished.
         let mut raw = Vec::new();
-        let mut buf = [0u8; 4096];
-        let mut until_last_chunk = |s: &mut TcpStream, raw: &mut Vec<u8>| {
-            let mut part = Vec::new();
-            while !part.ends_with(b"\r\n0\r\n\r\n") {
-                let n = s.read(&mut buf).expect("reply");
-                assert!(n > 0, "closed: {}", String::from_utf8_lossy(&part));
-                part.extend_from_slice(&buf[..n]);
-            }
-            raw.extend_from_slice(&part);
-        };
         s.write_all((chat_head(KEY, streamed.len(), "") + &streamed).as_bytes())
             .expect("write");
-        until_last_chunk(&mut s, &mut raw);
+        raw.extend(read_until_last_chunk(&mut s));
         let both = chat_head(KEY, plain.len(), "")
             + &plain
             + &chat_head(KEY, streamed.len(), "x-mock-delay-ms: 20\r\n")
             + &streamed;
         s.write_all(both.as_bytes()).expect("write");
-        until_last_chunk(&mut s, &mut raw);
+        raw.extend(read_until_last_chunk(&mut s));
         let cut_after = trickle_until_cut(&mut s, b"GET /v1/models HTTP/1.1\r\nX-Slow: ");
         (String::from_utf8_lossy(&raw).into_owned(), cut_after)
     });

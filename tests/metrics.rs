@@ -342,7 +342,6 @@ async fn pages_the_console_and_unknown_paths_have_their_own_endpoint_label() {
 /// task of its own, which then serves that connection: `proxy::detach`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_counts_in_flight_on_its_upstream_until_it_ends() {
-    use std::io::Read;
     let g = start();
     let in_flight = |samples: &[Sample]| sum(samples, "modelgate_upstream_in_flight", &[]);
     let body = r#"{"model":"echo-1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
@@ -350,15 +349,7 @@ async fn a_stream_counts_in_flight_on_its_upstream_until_it_ends() {
     let (mut s, _id) =
         tokio::task::block_in_place(|| stop_reading_after_the_header(&g.main, &head));
     assert_eq!(in_flight(&scrape(&g).await), 1.0);
-    let mut rest = Vec::new();
-    tokio::task::block_in_place(|| {
-        let mut buf = [0u8; 4096];
-        while !rest.ends_with(b"\r\n0\r\n\r\n") {
-            let n = s.read(&mut buf).expect("reply");
-            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&rest));
-            rest.extend_from_slice(&buf[..n]);
-        }
-    });
+    tokio::task::block_in_place(|| read_until_last_chunk(&mut s));
     // The count ends as the reply's last piece goes out; the connection is still open.
     let deadline = Instant::now() + Duration::from_secs(5);
     while in_flight(&scrape(&g).await) != 0.0 {

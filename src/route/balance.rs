@@ -48,13 +48,9 @@ impl Health {
         InFlight(self)
     }
 
-    /// Ends a count `InFlight::keep` kept past its guard.
+    /// A request counted by `enter` is over: its guard dropped, or the task a kept count went
+    /// with (`InFlight::keep`) ended it.
     pub fn end_kept(&self) {
-        drop(InFlight(self));
-    }
-
-    /// A request counted by `enter` is over.
-    fn leave(&self) {
         self.inflight.fetch_sub(1, Ordering::Relaxed);
     }
 
@@ -127,7 +123,7 @@ impl InFlight<'_> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.leave();
+        self.0.end_kept();
     }
 }
 

@@ -679,6 +679,18 @@ pub fn stop_reading_after_the_header(base: &str, request: &str) -> (std::net::Tc
     (s, id)
 }
 
+/// Reads a chunked reply off `s` up to its last chunk (nothing after it): its bytes.
+pub fn read_until_last_chunk(s: &mut std::net::TcpStream) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(b"\r\n0\r\n\r\n") {
+        let n = s.read(&mut buf).expect("reply");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
 /// Writes `n` records of the test key (`full`) straight into the gateway's store, ending
 /// `before_ms` before now: a CSV export of about 140 bytes a record.
 pub fn seed_records(g: &Gateway, n: i64, before_ms: i64) {
