@@ -501,16 +501,19 @@ fn plain_modelgate_serves_the_default_config_of_its_working_directory() {
         s.read_to_string(&mut out).ok()?;
         Some(out)
     };
-    // The gateway is up once its admin listener answers.
+    // Each listener is bound by its own service's thread as the gateway starts, so each is
+    // awaited on its own: admin answering says nothing of main yet. (A connect to a port
+    // nothing listens on may connect to itself and read its own request back: not an answer.)
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let health = loop {
-        match get(admin, "/healthz") {
-            Some(h) => break Some(h),
+    let answer = |port: u16, path: &str| loop {
+        match get(port, path).filter(|r| r.starts_with("HTTP/")) {
+            Some(r) => break Some(r),
             None if std::time::Instant::now() > deadline => break None,
             None => std::thread::sleep(std::time::Duration::from_millis(50)),
         }
     };
-    let models = get(main, "/v1/models");
+    let health = answer(admin, "/healthz");
+    let models = answer(main, "/v1/models");
     let _ = child.kill();
     let _ = child.wait();
     assert!(
