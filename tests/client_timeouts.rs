@@ -296,6 +296,59 @@ async fn requests_after_a_stream_on_its_connection_are_answered_each_with_its_re
     }
 }
 
+/// A request sent on a connection while a stream's reply is still going out on it (read by the
+/// stream's watch for the client's close, which then stops) is answered after the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_while_a_stream_goes_out_is_answered_after_it() {
+    let g = start();
+    let raw = tokio::task::block_in_place(|| {
+        let mut s = blocking_connect(&g.main, Duration::from_secs(10));
+        let streamed = chat_json(true);
+        // Events 100 ms apart.
+        let head = chat_head(KEY, streamed.len(), "x-mock-delay-ms: 100\r\n");
+        s.write_all((head + &streamed).as_bytes()).expect("write");
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&raw).contains("data: ") {
+            let n = s.read(&mut buf).expect("read");
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&raw));
+            raw.extend_from_slice(&buf[..n]);
+        }
+        assert!(
+            !String::from_utf8_lossy(&raw).contains("[DONE]"),
+            "the stream is not still going: {}",
+            String::from_utf8_lossy(&raw)
+        );
+        s.write_all(
+            format!(
+                "GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
+                 Connection: close\r\n\r\n"
+            )
+            .as_bytes(),
+        )
+        .expect("write");
+        let _ = s.read_to_end(&mut raw);
+        String::from_utf8_lossy(&raw).into_owned()
+    });
+    let got = replies(&raw);
+    assert_eq!(got.len(), 2, "{raw}");
+    assert!(got[0].starts_with("HTTP/1.1 200"), "{}", got[0]);
+    assert!(
+        got[0].ends_with("data: [DONE]\n\n\r\n0\r\n\r\n"),
+        "{}",
+        got[0]
+    );
+    assert!(got[0].contains("\"finish_reason\":\"stop\""), "{}", got[0]);
+    assert!(got[1].starts_with("HTTP/1.1 200"), "{}", got[1]);
+    assert!(got[1].contains("\"list\""), "{}", got[1]);
+    let ids: Vec<String> = got.iter().map(|r| request_id_in(r)).collect();
+    for (id, stream) in [(&ids[0], true), (&ids[1], false)] {
+        let record = await_record(&g, id).await;
+        assert_eq!(record["status"], 200, "{record}");
+        assert_eq!(record["stream"], stream, "{record}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pipelined_request_split_at_its_header_end_outlasts_the_header_deadline() {
     let g = start_with(Setup {

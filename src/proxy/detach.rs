@@ -8,32 +8,42 @@
 //! Pingora's `logging` does for every other request) and, when the connection can carry
 //! another request, serves the connection's next requests from there (`listener::resume`).
 //!
+//! Once the task has written the reply's header, a body that goes chunked (a stream to an
+//! HTTP/1.1 client) is written on the connection itself ([`Wire`]): the client's session, with
+//! the request's header and buffers and the reply's header maps, is given up for the rest of
+//! the stream, and the connection is handed on as the session would hand it on (kept alive or
+//! closed, with the bytes of the client's next requests).
+//!
 //! What is left in Pingora's request is a session on `Gone` (no socket: it reads nothing,
 //! writes nowhere, and is never kept alive) and a `Ctx` marked `detached`, whose end writes no
 //! record. HTTP/2 streams stay inline: Pingora's HTTP/2 connection owns their sessions.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
 
 use async_trait::async_trait;
 use pingora_core::apps::{HttpPersistentSettings, ReusedHttpStream};
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::raw_connect::ProxyDigest;
 use pingora_core::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
     TimingDigest, UniqueID, UniqueIDType,
 };
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use pingora_timeout::fast_timeout::fast_timeout;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use super::Gateway;
 use super::ctx::Ctx;
-use super::forward::{self, TryEnd, Upstreamed};
-use crate::route::Route;
+use super::forward::{self, Downstream, TryEnd, Upstreamed};
 use crate::route::balance::InFlight;
+use crate::route::{Pool, Route, Upstream};
 use crate::state::Shared;
 use crate::upstream::Connections;
 
@@ -115,19 +125,25 @@ impl Relay {
         let Relay {
             shared,
             connections,
-            mut downstream,
+            downstream,
             counted,
             mut ctx,
             upstream,
             resp,
             end,
         } = self;
+        // What the record needs of the request's header, kept apart: the header itself goes
+        // with the client's session once the reply's header is out.
+        let (mut asked, ()) = http::Request::new(()).into_parts();
+        asked.method = downstream.req_header().method.clone();
+        asked.uri = downstream.req_header().uri.clone();
+        let mut client = Client::Session(downstream);
         let pool = &counted.route.pool;
         let sent = match pool.upstreams.get(counted.upstream) {
             Some(up) => {
-                let sent = forward::relay(
+                let sent = relay(
                     &connections,
-                    &mut downstream,
+                    &mut client,
                     &mut ctx,
                     pool,
                     up,
@@ -157,21 +173,232 @@ impl Relay {
                 );
             }
         }
-        super::end(
-            &shared,
-            downstream.req_header(),
-            failed.as_deref(),
-            &mut ctx,
-        )
-        .await;
+        super::end(&shared, &asked, failed.as_deref(), &mut ctx).await;
         drop(ctx);
         if failed.is_some() {
             return None;
         }
-        let settings = HttpPersistentSettings::for_session(&downstream);
-        let reusable = downstream.finish().await.ok().flatten()?;
-        Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
+        client.finish().await
     }
+}
+
+/// Writes the reply's header through the client's session, then relays the body: on the
+/// connection itself ([`Wire`]) when the body goes chunked, else through the session.
+async fn relay(
+    connections: &Connections,
+    client: &mut Client,
+    ctx: &mut Ctx,
+    pool: &Pool,
+    up: &Upstream,
+    upstream: Upstreamed,
+    resp: ResponseHeader,
+) -> pingora_error::Result<()> {
+    if let Client::Session(session) = client {
+        let wire = Wire::fits(session, &resp);
+        forward::write_header(ctx, session, resp).await?;
+        if wire {
+            client.wire().await?;
+        }
+    }
+    forward::relay_body(connections, client, ctx, pool, up, upstream).await
+}
+
+/// A detached stream's client: its HTTP/1 session, or, once the header is out, the connection
+/// itself.
+enum Client {
+    Session(Box<ServerSession>),
+    Wire(Wire),
+    /// Lost as the session was given up (its connection had failed).
+    Lost,
+}
+
+impl Client {
+    /// Gives the session up for the connection under it, the reply's header written.
+    async fn wire(&mut self) -> pingora_error::Result<()> {
+        let Client::Session(session) = std::mem::replace(self, Client::Lost) else {
+            return Ok(());
+        };
+        *self = Client::Wire(Wire::of(session).await?);
+        Ok(())
+    }
+
+    /// The reply is over: the connection, when it can carry another request.
+    async fn finish(self) -> Option<ReusedHttpStream> {
+        match self {
+            Client::Session(session) => {
+                let settings = HttpPersistentSettings::for_session(&session);
+                let reusable = session.finish().await.ok().flatten()?;
+                Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
+            }
+            Client::Wire(wire) => wire.finish().await,
+            Client::Lost => None,
+        }
+    }
+}
+
+impl Downstream for Client {
+    async fn body(&mut self, piece: Option<Bytes>, done: bool) -> pingora_error::Result<()> {
+        match self {
+            Client::Session(s) => s.body(piece, done).await,
+            Client::Wire(w) => w.body(piece, done).await,
+            Client::Lost => Err(lost()),
+        }
+    }
+
+    async fn gone(&mut self) {
+        match self {
+            Client::Session(s) => s.gone().await,
+            Client::Wire(w) => w.gone().await,
+            Client::Lost => {}
+        }
+    }
+}
+
+fn lost() -> Box<pingora_error::Error> {
+    pingora_error::Error::explain(
+        pingora_error::ErrorType::ConnectionClosed,
+        "the client's connection was lost",
+    )
+    .into_down()
+}
+
+/// The most bytes of the client's next requests read while a reply goes out on [`Wire`]
+/// (read in one go, as they come: the watch for the client's close then stops, as Pingora's
+/// session stops once a next request's bytes came).
+const NEXT_READ: usize = 1024;
+
+/// A stream's client connection once the reply's header is out, its body going chunked: the
+/// connection itself, written as Pingora's session writes a chunked body. What the session
+/// held for the request (its header and its buffer, the reply's header maps) is freed for the
+/// rest of the stream.
+struct Wire {
+    stream: Stream,
+    /// Bytes of the client's next requests: read with this request, or while its reply went.
+    next: BytesMut,
+    /// How the connection goes on after the reply; `None`: it closes.
+    keep: Option<HttpPersistentSettings>,
+}
+
+impl Wire {
+    /// Whether the reply, written to this session, goes chunked on a connection that the
+    /// session can give up: what [`Wire`] writes. (Else it stays with the session.)
+    fn fits(session: &ServerSession, resp: &ResponseHeader) -> bool {
+        let ServerSession::H1(h1) = session else {
+            return false;
+        };
+        let req = session.req_header();
+        let bodiless = matches!(resp.status.as_u16(), 100..=199 | 204 | 304)
+            || req.method == http::Method::HEAD;
+        // Pipelining on: the session gives up a connection kept alive whatever came after the
+        // request (else it would close it when bytes of a next request came with this one).
+        !bodiless
+            && h1.pipelining_enabled()
+            && !resp.headers.contains_key(http::header::UPGRADE)
+            && chunked(&resp.headers)
+    }
+
+    /// The connection of a session whose reply's header was written.
+    async fn of(session: Box<ServerSession>) -> pingora_error::Result<Wire> {
+        let settings = HttpPersistentSettings::for_session(&session);
+        let ServerSession::H1(h1) = *session else {
+            return Err(lost());
+        };
+        if !h1.will_keepalive() {
+            return Ok(Wire {
+                stream: h1.into_inner(),
+                next: BytesMut::new(),
+                keep: None,
+            });
+        }
+        let reusable = h1.reuse().await.map_err(|e| e.into_down())?;
+        let (stream, next) = reusable.ok_or_else(lost)?.into_parts();
+        Ok(Wire {
+            stream,
+            next: next.unwrap_or_default(),
+            keep: Some(settings),
+        })
+    }
+
+    /// Writes a piece of the body as a chunk, and the last chunk when `done`: one write.
+    async fn body(&mut self, piece: Option<Bytes>, done: bool) -> pingora_error::Result<()> {
+        use std::fmt::Write as _;
+        let piece = piece.filter(|p| !p.is_empty());
+        if piece.is_none() && !done {
+            return Ok(());
+        }
+        let mut out = BytesMut::with_capacity(piece.as_ref().map_or(0, Bytes::len) + 24);
+        if let Some(p) = &piece {
+            let _ = write!(out, "{:X}\r\n", p.len());
+            out.extend_from_slice(p);
+            out.extend_from_slice(b"\r\n");
+        }
+        if done {
+            out.extend_from_slice(b"0\r\n\r\n");
+        }
+        let written = async {
+            self.stream.write_all(&out).await?;
+            self.stream.flush().await
+        };
+        written.await.map_err(|e| {
+            pingora_error::Error::because(
+                pingora_error::ErrorType::WriteError,
+                "writing the reply's body",
+                e,
+            )
+            .into_down()
+        })
+    }
+
+    /// Resolves when the client closes the connection (or it fails). Bytes of a next request
+    /// are kept for it, and the watch then stops.
+    fn gone(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::poll_fn(move |cx| {
+            if !self.next.is_empty() {
+                return Poll::Pending;
+            }
+            // The buffer lives for this poll only: a stream waiting holds none.
+            let mut buf = [0u8; NEXT_READ];
+            let mut read = ReadBuf::new(&mut buf);
+            match Pin::new(&mut self.stream).poll_read(cx, &mut read) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(())) if !read.filled().is_empty() => {
+                    self.next.extend_from_slice(read.filled());
+                    Poll::Pending
+                }
+                Poll::Ready(_) => Poll::Ready(()),
+            }
+        })
+    }
+
+    /// The reply is over (its last chunk written): the connection, when it is kept alive,
+    /// with the bytes of its next requests; else it is shut down.
+    async fn finish(mut self) -> Option<ReusedHttpStream> {
+        let Some(mut settings) = self.keep else {
+            fast_timeout(SHUTDOWN_LIMIT, Shutdown::shutdown(&mut *self.stream))
+                .await
+                .ok();
+            return None;
+        };
+        if !self.next.is_empty() {
+            settings.set_pipelined_prefix(self.next);
+        }
+        Some(ReusedHttpStream::new(self.stream, Some(settings)))
+    }
+}
+
+/// The longest a closing connection's shutdown may take (a TLS close_notify to a client that
+/// reads nothing).
+const SHUTDOWN_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether a reply's body goes chunked: its last transfer coding is `chunked` (what Pingora's
+/// session checks to frame the body it writes).
+fn chunked(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+        .and_then(|v| v.as_bytes().rsplit(|b| *b == b',').next())
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// The client session left in Pingora's request once its stream went on elsewhere: no socket.

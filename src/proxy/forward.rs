@@ -505,18 +505,71 @@ async fn pass_on(
 
 /// Relays a success: its header, then its body as it comes, metered, under the idle and
 /// whole-request deadlines. After the header, a failure cuts the reply (`Err`).
-pub(super) async fn relay(
+async fn relay(
     connections: &upstream::Connections,
     session: &mut ServerSession,
     ctx: &mut Ctx,
     pool: &Pool,
     up: &Upstream,
-    mut upstream: Upstreamed,
+    upstream: Upstreamed,
+    resp: ResponseHeader,
+) -> pingora_error::Result<()> {
+    write_header(ctx, session, resp).await?;
+    relay_body(connections, session, ctx, pool, up, upstream).await
+}
+
+/// Writes a success's header to the client (within the client's send timeout and the
+/// shutdown's cut, as every write).
+pub(super) async fn write_header(
+    ctx: &mut Ctx,
+    session: &mut ServerSession,
     resp: ResponseHeader,
 ) -> pingora_error::Result<()> {
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
     let header = session.write_response_header(Box::new(resp));
-    write(ctx, life.as_deref(), header).await?;
+    write(ctx, life.as_deref(), header).await
+}
+
+/// Where a relayed reply's body goes: the client's session, which frames it, or a detached
+/// stream's own writer (`detach::Wire`).
+pub(super) trait Downstream: Send {
+    /// Writes a piece of the body (`None`: nothing new); `done` ends the body.
+    fn body(
+        &mut self,
+        piece: Option<Bytes>,
+        done: bool,
+    ) -> impl std::future::Future<Output = pingora_error::Result<()>> + Send + '_;
+
+    /// Resolves when the client closes its connection (its request was read whole, so the
+    /// only thing left to read is the close). Never resolves otherwise.
+    fn gone(&mut self) -> impl std::future::Future<Output = ()> + Send + '_;
+}
+
+impl Downstream for ServerSession {
+    fn body(
+        &mut self,
+        piece: Option<Bytes>,
+        done: bool,
+    ) -> impl std::future::Future<Output = pingora_error::Result<()>> + Send + '_ {
+        self.write_response_body(piece.unwrap_or_default(), done)
+    }
+
+    fn gone(&mut self) -> impl std::future::Future<Output = ()> + Send + '_ {
+        client_gone(self)
+    }
+}
+
+/// Relays a success's body, its header written: as it comes, metered, under the idle and
+/// whole-request deadlines. A failure cuts the reply (`Err`).
+pub(super) async fn relay_body<D: Downstream>(
+    connections: &upstream::Connections,
+    session: &mut D,
+    ctx: &mut Ctx,
+    pool: &Pool,
+    up: &Upstream,
+    mut upstream: Upstreamed,
+) -> pingora_error::Result<()> {
+    let life = ctx.life.as_ref().map(|l| l.lifecycle());
     // A stream may go quiet for `idle_timeout` between events; a plain reply must be whole
     // within `request_timeout` of the start.
     let deadline = (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout);
@@ -533,7 +586,7 @@ pub(super) async fn relay(
         let chunk = tokio::select! {
             biased;
             r = read => r,
-            () = client_gone(session) => {
+            () = session.gone() => {
                 ctx.outcome = Outcome::ClientGone;
                 return Err(Error::explain(ErrorType::ConnectionClosed, "client went away").into_down());
             }
@@ -580,7 +633,7 @@ pub(super) async fn relay(
         }
         let piece = out.take();
         if piece.is_some() || done {
-            let piece = session.write_response_body(piece.unwrap_or_default(), done);
+            let piece = session.body(piece, done);
             write(ctx, life.as_deref(), piece).await?;
         }
         if let Some(e) = failed {

@@ -193,7 +193,7 @@ impl Gateway {
 
 /// Exports the request's spans (see `telemetry`).
 fn trace(
-    req: &pingora_http::RequestHeader,
+    req: &http::request::Parts,
     ctx: &Ctx,
     r: &crate::store::UsageRecord,
     metering_started: std::time::Instant,
@@ -272,12 +272,7 @@ fn observe(
 }
 
 /// Remembers which upstream made a new stored response; forgets a deleted one.
-fn note_stored_response(
-    shared: &Shared,
-    req: &pingora_http::RequestHeader,
-    ctx: &Ctx,
-    key_id: &str,
-) {
+fn note_stored_response(shared: &Shared, req: &http::request::Parts, ctx: &Ctx, key_id: &str) {
     if req.method == http::Method::DELETE {
         if let Some(id) = req.uri.path().strip_prefix("/v1/responses/") {
             shared.stored.forget(id.trim_end_matches('/'));
@@ -406,7 +401,8 @@ fn quiet_failure(ctx: &Ctx, e: &Error) -> bool {
 
 /// The end of a request that passed auth: its usage record, access-log line, metrics and
 /// spans, its tokens and spend counted against its key.
-async fn end(shared: &Shared, req: &pingora_http::RequestHeader, e: Option<&Error>, ctx: &mut Ctx) {
+/// (Of the request's header only its method and target are read.)
+async fn end(shared: &Shared, req: &http::request::Parts, e: Option<&Error>, ctx: &mut Ctx) {
     // The request is in flight until its record is queued (the end of this hook), not
     // while Pingora then drains a body left unread: the shutdown waits for records only.
     let in_flight = ctx.life.take();
