@@ -39,6 +39,17 @@ pub fn framed(headers: &http::HeaderMap) -> bool {
             })
 }
 
+/// Whether a message's body goes chunked: its last transfer coding is `chunked` (RFC 9112
+/// §6.3; what Pingora checks too). A transfer coding that ends otherwise ends with the close.
+pub fn chunked(headers: &http::HeaderMap) -> bool {
+    headers
+        .get_all(http::header::TRANSFER_ENCODING)
+        .iter()
+        .next_back()
+        .and_then(|v| v.as_bytes().rsplit(|b| *b == b',').next())
+        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+}
+
 /// What bounds every write of a reply to one client: a client that takes nothing for `limit`
 /// (`client_send_timeout_ms`) is cut, and so is every reply once the shutdown's grace period is
 /// over, so no write holds a request (and its record) past the exit.

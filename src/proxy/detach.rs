@@ -294,7 +294,7 @@ impl Wire {
         !bodiless
             && h1.pipelining_enabled()
             && !resp.headers.contains_key(http::header::UPGRADE)
-            && chunked(&resp.headers)
+            && crate::respond::chunked(&resp.headers)
     }
 
     /// The connection of a session whose reply's header was written.
@@ -389,17 +389,6 @@ impl Wire {
 /// The longest a closing connection's shutdown may take (a TLS close_notify to a client that
 /// reads nothing).
 const SHUTDOWN_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Whether a reply's body goes chunked: its last transfer coding is `chunked` (what Pingora's
-/// session checks to frame the body it writes).
-fn chunked(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(http::header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-        .and_then(|v| v.as_bytes().rsplit(|b| *b == b',').next())
-        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
-}
 
 /// The client session left in Pingora's request once its stream went on elsewhere: no socket.
 #[derive(Debug)]

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use pingora_core::protocols::http::ServerSession;
-use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::ResponseHeader;
@@ -46,7 +45,7 @@ enum Try {
 
 /// The upstream connection a reply is read from, and the peer it goes back to the pool for.
 pub(super) struct Upstreamed {
-    client: Box<HttpSession>,
+    client: Box<upstream::Conn>,
     peer: Box<HttpPeer>,
 }
 
@@ -375,7 +374,7 @@ async fn try_once(
         }
     }
     let body = &ctx.body;
-    let exchange = connections.exchange(&peer, |client| ask(client, &req, body, &peer));
+    let exchange = connections.exchange(&peer, |client| ask(client, &req, body));
     // A plain reply's whole deadline (`request_timeout`) caps the wait for its header too.
     let left =
         time_left(ctx, pool, Instant::now()).filter(|left| *left < pool.cfg.first_byte_timeout);
@@ -400,12 +399,12 @@ async fn try_once(
             Some(g) => Try::Failed(g),
             None => Try::ClientGone,
         },
-        Ok(Ok(client)) => match client.response_header().cloned() {
+        Ok(Ok(mut client)) => match client.take_response_header() {
             // The request asked for no upgrade: a model API switching protocols is broken.
             Some(resp) if resp.status == 101 => Try::Failed(GatewayError::UpstreamError(
                 "the upstream answered 101 Switching Protocols".into(),
             )),
-            Some(resp) => Try::Reply(Upstreamed { client, peer }, Box::new(resp)),
+            Some(resp) => Try::Reply(Upstreamed { client, peer }, resp),
             None => Try::Failed(GatewayError::UpstreamError(
                 "the upstream sent no reply header".into(),
             )),
@@ -419,14 +418,11 @@ const MAX_INFORMATIONAL: usize = 16;
 /// Sends the request on `client` and reads the reply's header, past any informational ones
 /// (`100`, `102`, `103`…: they say nothing a client of the API needs, and it gets one reply).
 async fn ask(
-    mut client: Box<HttpSession>,
+    mut client: Box<upstream::Conn>,
     req: &pingora_http::RequestHeader,
     body: &Bytes,
-    peer: &HttpPeer,
-) -> pingora_error::Result<Box<HttpSession>> {
-    client.set_read_timeout(peer.options.read_timeout);
-    client.set_write_timeout(peer.options.write_timeout);
-    let mut client = upstream::send(client, req, body.clone(), peer).await?;
+) -> pingora_error::Result<Box<upstream::Conn>> {
+    client.send(req, body).await?;
     for _ in 0..MAX_INFORMATIONAL {
         client.read_response_header().await?;
         let status = client.response_header().map(|r| r.status.as_u16());

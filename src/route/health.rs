@@ -146,7 +146,7 @@ async fn models(
     // A kept connection the upstream closed as the check went out says nothing of its health:
     // the check goes again on a new one.
     let client = connections
-        .exchange(&peer, |client| ask(client, &req, &peer))
+        .exchange(&peer, |client| ask(client, &req))
         .await?;
     let status = client.response_header().map_or(0, |r| r.status.as_u16());
     connections.release(client, &peer).await;
@@ -156,13 +156,10 @@ async fn models(
 /// Sends the check on `client` and reads its reply whole (a small list), so that the
 /// connection can be reused for the next check.
 async fn ask(
-    mut client: Box<pingora_core::protocols::http::client::HttpSession>,
+    mut client: Box<crate::upstream::Conn>,
     req: &RequestHeader,
-    peer: &pingora_core::upstreams::peer::HttpPeer,
-) -> pingora_error::Result<Box<pingora_core::protocols::http::client::HttpSession>> {
-    client.set_read_timeout(peer.options.read_timeout);
-    client.write_request_header(Box::new(req.clone())).await?;
-    client.finish_request_body().await?;
+) -> pingora_error::Result<Box<crate::upstream::Conn>> {
+    client.send(req, &[]).await?;
     client.read_response_header().await?;
     while client.read_response_body().await?.is_some() {}
     Ok(client)

@@ -2,17 +2,14 @@
 //! request as the upstream sees it: its Host and path prefix, the pool's credential in place
 //! of the client's, and exact framing for the (possibly rewritten) body.
 
-use bytes::Bytes;
-use pingora_core::protocols::http::client::HttpSession;
-use pingora_core::protocols::http::v1::client::{HttpSession as Http1, http_req_header_to_wire};
 use pingora_core::upstreams::peer::HttpPeer;
-use pingora_error::{Error, ErrorType};
 use pingora_http::RequestHeader;
-use tokio::io::AsyncWriteExt;
 
 use crate::route::{Pool, Upstream};
 
+mod h1;
 mod pool;
+pub use h1::Conn;
 pub use pool::Connections;
 
 /// Whether a request header stays with the client: what may carry its gateway credential or
@@ -61,79 +58,6 @@ pub fn peer(pool: &Pool, up: &Upstream) -> Box<HttpPeer> {
     // How long the connection may wait in the pool for the next request.
     o.idle_timeout = Some(pool.cfg.keepalive_timeout);
     Box::new(peer)
-}
-
-/// Bodies up to this size go up in the same write as the header (one copy, one send).
-const ONE_WRITE_MAX: usize = 64 * 1024;
-
-/// Sends the request, header and body. On an HTTP/1 connection a body up to [`ONE_WRITE_MAX`]
-/// goes in the same write as the header: one send (one packet to the upstream) where Pingora's
-/// session writes and flushes the header before the body. The session is rebuilt on the same
-/// connection to read the reply; it is the state Pingora keeps after a written request, except
-/// the written header, which it looks at only for HEAD, upgrades and `Connection: close`, and
-/// such requests take Pingora's path.
-pub async fn send(
-    client: Box<HttpSession>,
-    req: &RequestHeader,
-    body: Bytes,
-    peer: &HttpPeer,
-) -> pingora_error::Result<Box<HttpSession>> {
-    match *client {
-        HttpSession::H1(h1) if one_write(req, body.len()) => {
-            let (read_timeout, write_timeout) = (h1.read_timeout, h1.write_timeout);
-            let mut wire = http_req_header_to_wire(req).ok_or_else(|| {
-                Error::explain(ErrorType::InvalidHTTPHeader, "request line not writable")
-            })?;
-            wire.extend_from_slice(&body);
-            let mut stream = h1.into_inner();
-            let write = async {
-                stream.write_all(&wire).await?;
-                stream.flush().await
-            };
-            let written = match write_timeout {
-                Some(t) => pingora_timeout::timeout(t, write)
-                    .await
-                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
-                None => write.await,
-            };
-            if let Err(e) = written {
-                let kind = if e.kind() == std::io::ErrorKind::TimedOut {
-                    ErrorType::WriteTimedout
-                } else {
-                    ErrorType::WriteError
-                };
-                return Err(Error::because(kind, "while writing the request", e));
-            }
-            let mut h1 = Http1::new_with_options(stream, peer);
-            h1.read_timeout = read_timeout;
-            h1.write_timeout = write_timeout;
-            Ok(Box::new(HttpSession::H1(h1)))
-        }
-        client => {
-            let mut client = Box::new(client);
-            client.write_request_header(Box::new(req.clone())).await?;
-            client.write_request_body(body, true).await?;
-            client.finish_request_body().await?;
-            Ok(client)
-        }
-    }
-}
-
-/// Whether [`send`] may write the request in one go: a body to send, not too large, framed by
-/// its length (`rewrite_request` makes it so: a chunked header would have Pingora chunk the
-/// body, which one write does not), and nothing in the header that Pingora's reply reading
-/// looks back at.
-fn one_write(req: &RequestHeader, body_len: usize) -> bool {
-    let keepalive = req
-        .headers
-        .get(http::header::CONNECTION)
-        .is_none_or(|v| v.as_bytes().eq_ignore_ascii_case(b"keep-alive"));
-    body_len > 0
-        && body_len <= ONE_WRITE_MAX
-        && req.method != http::Method::HEAD
-        && keepalive
-        && !req.headers.contains_key(http::header::UPGRADE)
-        && !req.headers.contains_key(http::header::TRANSFER_ENCODING)
 }
 
 /// A message's hop-by-hop headers (RFC 9110 §7.6.1), for the request and the reply alike: those

@@ -17,15 +17,15 @@ use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
 use pingora_core::connectors::TransportConnector;
-use pingora_core::protocols::Stream;
-use pingora_core::protocols::http::client::HttpSession;
-use pingora_core::protocols::http::v1::client::HttpSession as Http1;
 use pingora_core::protocols::l4::socket::SocketAddr;
 use pingora_core::protocols::l4::stream::Stream as L4Stream;
+use pingora_core::protocols::{Shutdown, Stream};
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_error::{Error, ErrorType, RetryType};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
+
+use super::Conn;
 
 /// The longest a connection's release (keeping it, or shutting it down) may take.
 const RELEASE_LIMIT: Duration = Duration::from_secs(1);
@@ -85,15 +85,15 @@ impl Connections {
         &self,
         peer: &HttpPeer,
         exchange: F,
-    ) -> pingora_error::Result<Box<HttpSession>>
+    ) -> pingora_error::Result<Box<Conn>>
     where
-        F: Fn(Box<HttpSession>) -> Fut,
-        Fut: Future<Output = pingora_error::Result<Box<HttpSession>>>,
+        F: Fn(Box<Conn>) -> Fut,
+        Fut: Future<Output = pingora_error::Result<Box<Conn>>>,
     {
         let Some((stream, taken)) = self.take(&key(peer)) else {
             return exchange(self.fresh(peer).await?).await;
         };
-        match exchange(Box::new(session(stream, peer))).await {
+        match exchange(Box::new(Conn::new(stream, peer))).await {
             Err(e) if stale(&e, taken) => {
                 tracing::debug!("a reused upstream connection was closed: {e}; on a new one");
                 if let Some(m) = crate::metrics::get() {
@@ -105,8 +105,8 @@ impl Connections {
         }
     }
 
-    /// A session on a new connection: plain TCP here, TLS through Pingora's connector.
-    async fn fresh(&self, peer: &HttpPeer) -> pingora_error::Result<Box<HttpSession>> {
+    /// An exchange on a new connection: plain TCP here, TLS through Pingora's connector.
+    async fn fresh(&self, peer: &HttpPeer) -> pingora_error::Result<Box<Conn>> {
         let stream = if peer.tls() {
             // Boxed: the connector's future is 8.8 KB (a TLS handshake's state); inline it
             // would size the request's future, held for the whole of a stream.
@@ -117,27 +117,20 @@ impl Connections {
         if let Some(m) = crate::metrics::get() {
             m.upstream_connects.inc();
         }
-        Ok(Box::new(session(stream, peer)))
+        Ok(Box::new(Conn::new(stream, peer)))
     }
 
     /// Keeps a connection whose reply was read whole for the peer's `idle_timeout` (the pool's
     /// `keepalive_timeout`); one that cannot be reused, or with a zero timeout, is closed.
-    pub async fn release(&self, client: Box<HttpSession>, peer: &HttpPeer) {
-        // Boxed: an `async fn` keeps its arguments whole in its state, and a session by value
-        // made this future (and every one awaiting it) 1 KB larger.
-        let HttpSession::H1(mut h1) = *client else {
-            return;
-        };
-        let idle = match peer.options.idle_timeout {
-            Some(idle) if !idle.is_zero() => idle,
-            _ => return,
-        };
-        h1.respect_keepalive();
-        // One that will not be kept is shut down, which on TLS writes a close_notify: an
-        // upstream that reads nothing must not hold the request's end for it.
-        let reused = fast_timeout(RELEASE_LIMIT, h1.reuse()).await;
-        if let Ok(Some(stream)) = reused {
-            self.put(key(peer), stream, idle);
+    pub async fn release(&self, client: Box<Conn>, peer: &HttpPeer) {
+        let idle = peer.options.idle_timeout.filter(|idle| !idle.is_zero());
+        match (idle, client.reusable()) {
+            (Some(idle), Ok(stream)) => self.put(key(peer), stream, idle),
+            // Shut down, which on TLS writes a close_notify: an upstream that reads nothing
+            // must not hold the request's end for it.
+            (_, Ok(mut stream) | Err(mut stream)) => {
+                let _ = fast_timeout(RELEASE_LIMIT, Shutdown::shutdown(&mut *stream)).await;
+            }
         }
     }
 
@@ -255,10 +248,6 @@ async fn tcp(peer: &HttpPeer) -> pingora_error::Result<Stream> {
         return Error::e_because(ConnectError, "failed to set TCP_NODELAY", e);
     }
     Ok(Box::new(L4Stream::from(tcp)))
-}
-
-fn session(stream: Stream, peer: &HttpPeer) -> HttpSession {
-    HttpSession::H1(Http1::new_with_options(stream, peer))
 }
 
 fn lock(idle: &Mutex<Idle>) -> MutexGuard<'_, Idle> {

@@ -1,0 +1,737 @@
+//! The gateway's side of an HTTP/1.1 exchange with an upstream: the request written in one go,
+//! the reply's header parsed (httparse, Pingora's limits), its body read by its framing
+//! (a length, chunks, or the close; none after HEAD, 1xx, 204 and 304), and the connection
+//! given back for reuse only when the reply was read exactly whole.
+//!
+//! Pingora's client session holds what it read in buffers of its own for the whole exchange
+//! (a 4 KiB header buffer, the reply's header, a 64 KiB body buffer), and a stream keeps its
+//! exchange for minutes. Here nothing is buffered while the upstream is quiet: each read takes
+//! a buffer on the stack for that poll only and keeps exactly what came; the reply's header is
+//! handed to the caller; and bytes of a piece not yet whole are all that stays between reads.
+//! The errors are Pingora's (types, retry marks, the "bytes already read" that tells a stale
+//! kept connection), so the pool and the error replies read them as they read Pingora's.
+
+use std::future::Future;
+use std::mem::MaybeUninit;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use pingora_core::protocols::Stream;
+use pingora_core::protocols::http::v1::client::http_req_header_to_wire;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorType, OrErr, RetryType};
+use pingora_http::{IntoCaseHeaderName, RequestHeader, ResponseHeader};
+use pingora_timeout::fast_timeout::fast_timeout;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+
+/// Pingora's error type for broken chunked framing.
+const INVALID_CHUNK: ErrorType = ErrorType::new("InvalidChunk");
+/// Most headers in a reply (Pingora's limit).
+const MAX_HEADERS: usize = 256;
+/// Largest reply header (Pingora's limit).
+const MAX_HEADER_SIZE: usize = 1_048_575;
+/// Largest chunk-size line (with its extensions) or trailer section.
+const MAX_CHUNK_LINE: usize = 4096;
+const MAX_TRAILERS: usize = 64 * 1024;
+/// The most one read takes (a stack buffer, for that poll only).
+const READ_MAX: usize = 16 * 1024;
+/// Bodies up to this size go up in the same write as the header (one copy, one send).
+const ONE_WRITE_MAX: usize = 64 * 1024;
+
+/// An exchange on one upstream connection.
+pub struct Conn {
+    stream: Stream,
+    pub read_timeout: Option<Duration>,
+    pub write_timeout: Option<Duration>,
+    /// Bytes read and not yet used: the rest of a header, or of a body's piece.
+    left: BytesMut,
+    /// The request asked for no body (HEAD).
+    head: bool,
+    header: Option<Box<ResponseHeader>>,
+    /// The reply's status, once its (final) header is read.
+    status: u16,
+    body: Body,
+    keepalive: bool,
+    /// Body bytes read so far (for error messages).
+    received: usize,
+}
+
+/// How far the reply's body is read, by its framing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Body {
+    /// The (final) header is not read yet.
+    Unread,
+    /// Ends after this many more bytes.
+    Length(u64),
+    /// Chunked: where in the framing.
+    Chunked(Chunk),
+    /// Ends with the connection's close.
+    Close,
+    /// Read whole.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Before a chunk-size line.
+    Size,
+    /// Inside a chunk's data: this many bytes to go.
+    Data(u64),
+    /// After a chunk's data: its CRLF.
+    DataEnd,
+    /// After the last chunk: trailer lines to the empty one.
+    Trailers,
+}
+
+impl Conn {
+    pub fn new(stream: Stream, peer: &HttpPeer) -> Conn {
+        Conn {
+            stream,
+            read_timeout: peer.options.read_timeout,
+            write_timeout: peer.options.write_timeout,
+            left: BytesMut::new(),
+            head: false,
+            header: None,
+            status: 0,
+            body: Body::Unread,
+            keepalive: false,
+            received: 0,
+        }
+    }
+
+    /// Writes the request: header and body in one write up to [`ONE_WRITE_MAX`] (one send,
+    /// one packet to the upstream), else the header then the body. A request with a body says
+    /// its length (`rewrite_request`): the body goes as it is.
+    pub async fn send(&mut self, req: &RequestHeader, body: &[u8]) -> pingora_error::Result<()> {
+        self.head = req.method == http::Method::HEAD;
+        let mut wire = http_req_header_to_wire(req).ok_or_else(|| {
+            Error::explain(ErrorType::InvalidHTTPHeader, "request line not writable")
+        })?;
+        let one = body.len() <= ONE_WRITE_MAX;
+        if one {
+            wire.extend_from_slice(body);
+        }
+        let stream = &mut self.stream;
+        let write = async {
+            stream.write_all(&wire).await?;
+            if !one {
+                stream.write_all(body).await?;
+            }
+            stream.flush().await
+        };
+        let written = match self.write_timeout {
+            Some(t) => fast_timeout(t, write)
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+            None => write.await,
+        };
+        written.map_err(|e| {
+            let kind = if e.kind() == std::io::ErrorKind::TimedOut {
+                ErrorType::WriteTimedout
+            } else {
+                ErrorType::WriteError
+            };
+            Error::because(kind, "while writing the request", e)
+        })
+    }
+
+    /// Reads one reply header: an informational one (1xx; the caller reads on) or the final
+    /// one, which says how the body is framed.
+    pub async fn read_response_header(&mut self) -> pingora_error::Result<()> {
+        self.header = None;
+        loop {
+            if !self.left.is_empty() {
+                if let Some(header) = self.parse_header()? {
+                    self.header = Some(header);
+                    return Ok(());
+                }
+            }
+            let already = self.left.len();
+            if already > MAX_HEADER_SIZE {
+                return Error::e_explain(
+                    ErrorType::InvalidHTTPHeader,
+                    format!("Response header larger than {MAX_HEADER_SIZE}"),
+                );
+            }
+            let read = match self.read().await {
+                Ok(Some(n)) => n,
+                Ok(None) => {
+                    let mut e = Error::explain(
+                        ErrorType::ConnectionClosed,
+                        format!("while reading response headers, bytes already read: {already}"),
+                    );
+                    e.retry = RetryType::ReusedOnly;
+                    return Err(e);
+                }
+                Err(ReadFailed::Timeout) => {
+                    return Error::e_explain(
+                        ErrorType::ReadTimedout,
+                        "while reading response headers",
+                    );
+                }
+                Err(ReadFailed::Io(io)) => {
+                    let os = io.raw_os_error().is_some();
+                    let mut e = Error::because(
+                        ErrorType::ReadError,
+                        format!("while reading response headers, bytes already read: {already}"),
+                        io,
+                    );
+                    // A reset of a kept connection; not a TLS error.
+                    if os {
+                        e.retry = RetryType::ReusedOnly;
+                    }
+                    return Err(e);
+                }
+            };
+            self.append(read);
+        }
+    }
+
+    /// Parses a header from what was read: `None` while it is not whole.
+    fn parse_header(&mut self) -> pingora_error::Result<Option<Box<ResponseHeader>>> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut headers);
+        let end = match resp.parse(&self.left) {
+            Ok(httparse::Status::Complete(end)) => end,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(e) => {
+                return Err(Error::because(
+                    ErrorType::InvalidHTTPHeader,
+                    format!("buf: {}", self.left.escape_ascii()),
+                    e,
+                ));
+            }
+        };
+        let status = resp.code.unwrap_or(0);
+        let mut header = Box::new(ResponseHeader::build(status, Some(resp.headers.len()))?);
+        header.set_version(match resp.version {
+            Some(1) => http::Version::HTTP_11,
+            Some(0) => http::Version::HTTP_10,
+            _ => http::Version::HTTP_09,
+        });
+        header.set_reason_phrase(resp.reason)?;
+        // Names and values stay slices of the bytes read (no copy each), as Pingora's do.
+        let base = self.left.as_ptr() as usize;
+        let at = |part: &[u8]| (part.as_ptr() as usize - base, part.len());
+        let spans: Vec<_> = resp
+            .headers
+            .iter()
+            .map(|h| (at(h.name.as_bytes()), at(h.value)))
+            .collect();
+        let read = self.left.split_to(end).freeze();
+        self.release_left();
+        for ((name, name_len), (value, value_len)) in spans {
+            let name = read.slice(name..name + name_len).into_case_header_name();
+            let value = pingora_http::header_value_from_raw(read.slice(value..value + value_len));
+            header.append_header(name, value).or_err(
+                ErrorType::InvalidHTTPHeader,
+                "while parsing the reply's header",
+            )?;
+        }
+        // Transfer-Encoding overrides Content-Length (RFC 9112 §6.3): the length goes.
+        let te = header.headers.contains_key(http::header::TRANSFER_ENCODING);
+        if te {
+            header.remove_header(&http::header::CONTENT_LENGTH);
+        }
+        if (100..200).contains(&status) && status != 101 {
+            // Informational: no body; the final header follows.
+            return Ok(Some(header));
+        }
+        self.status = status;
+        self.body = if self.head || matches!(status, 101 | 204 | 304) {
+            Body::Done
+        } else if te {
+            if crate::respond::chunked(&header.headers) {
+                Body::Chunked(Chunk::Size)
+            } else {
+                Body::Close
+            }
+        } else {
+            match content_length(&header.headers)? {
+                Some(n) => Body::Length(n),
+                None => Body::Close,
+            }
+        };
+        self.keepalive = status != 101
+            && self.body != Body::Close
+            && keeps_alive(&header)
+            && !(header.version == http::Version::HTTP_10 && te);
+        if self.body == Body::Length(0) {
+            self.body = Body::Done;
+        }
+        Ok(Some(header))
+    }
+
+    /// The reply's header, once read.
+    pub fn response_header(&self) -> Option<&ResponseHeader> {
+        self.header.as_deref()
+    }
+
+    /// Takes the reply's header away (what the exchange keeps is its framing only).
+    pub fn take_response_header(&mut self) -> Option<Box<ResponseHeader>> {
+        self.header.take()
+    }
+
+    /// Whether the reply's body was read whole.
+    pub fn response_done(&self) -> bool {
+        self.body == Body::Done
+    }
+
+    /// The next piece of the reply's body; `None` once it is whole.
+    pub async fn read_response_body(&mut self) -> pingora_error::Result<Option<Bytes>> {
+        loop {
+            if let Some(piece) = self.take_piece()? {
+                return Ok(Some(piece));
+            }
+            if matches!(self.body, Body::Done | Body::Unread) {
+                return Ok(None);
+            }
+            match self.read().await {
+                Ok(Some(read)) => self.append(read),
+                Ok(None) if self.body == Body::Close => {
+                    self.body = Body::Done;
+                    return Ok(None);
+                }
+                Ok(None) => return Err(self.cut()),
+                Err(ReadFailed::Timeout) => {
+                    return Error::e_explain(ErrorType::ReadTimedout, "while reading the body");
+                }
+                Err(ReadFailed::Io(e)) => {
+                    return Err(Error::because(
+                        ErrorType::ReadError,
+                        "while reading the body",
+                        e,
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The error of a body its upstream closed before its end.
+    fn cut(&self) -> Box<Error> {
+        let context = match self.body {
+            Body::Length(n) => {
+                format!(
+                    "Peer prematurely closed connection with {n} bytes of body remaining to read"
+                )
+            }
+            _ => format!(
+                "Connection prematurely closed without the termination chunk, read {} bytes",
+                self.received
+            ),
+        };
+        Error::explain(ErrorType::ConnectionClosed, context)
+    }
+
+    /// A piece of the body from what was read, if there is one; moves the framing on.
+    fn take_piece(&mut self) -> pingora_error::Result<Option<Bytes>> {
+        loop {
+            match self.body {
+                Body::Unread | Body::Done => return Ok(None),
+                Body::Close => {
+                    if self.left.is_empty() {
+                        return Ok(None);
+                    }
+                    return Ok(Some(self.piece(self.left.len())));
+                }
+                Body::Length(n) => {
+                    let Some((piece, left)) = self.up_to(n) else {
+                        return Ok(None);
+                    };
+                    self.body = if left == 0 {
+                        Body::Done
+                    } else {
+                        Body::Length(left)
+                    };
+                    return Ok(Some(piece));
+                }
+                Body::Chunked(Chunk::Data(n)) => {
+                    let Some((piece, left)) = self.up_to(n) else {
+                        return Ok(None);
+                    };
+                    self.body = Body::Chunked(if left == 0 {
+                        Chunk::DataEnd
+                    } else {
+                        Chunk::Data(left)
+                    });
+                    return Ok(Some(piece));
+                }
+                Body::Chunked(Chunk::Size) => {
+                    let Some(line) = self.line(MAX_CHUNK_LINE)? else {
+                        return Ok(None);
+                    };
+                    let size = chunk_size(&line)?;
+                    self.body = Body::Chunked(if size == 0 {
+                        Chunk::Trailers
+                    } else {
+                        Chunk::Data(size)
+                    });
+                }
+                Body::Chunked(Chunk::DataEnd) => {
+                    let Some(line) = self.line(MAX_CHUNK_LINE)? else {
+                        return Ok(None);
+                    };
+                    if !line.is_empty() {
+                        return Error::e_explain(
+                            INVALID_CHUNK,
+                            "a chunk's data is not followed by its CRLF",
+                        );
+                    }
+                    self.body = Body::Chunked(Chunk::Size);
+                }
+                Body::Chunked(Chunk::Trailers) => {
+                    let Some(line) = self.line(MAX_TRAILERS)? else {
+                        return Ok(None);
+                    };
+                    if line.is_empty() {
+                        self.body = Body::Done;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Up to `n` bytes of what was read, as a piece of the body, and how many are left to
+    /// come; `None` when nothing was read.
+    fn up_to(&mut self, n: u64) -> Option<(Bytes, u64)> {
+        if self.left.is_empty() {
+            return None;
+        }
+        let take = self
+            .left
+            .len()
+            .min(usize::try_from(n).unwrap_or(usize::MAX));
+        Some((self.piece(take), n - take as u64))
+    }
+
+    /// The first `n` bytes of what was read, as a piece of the body.
+    fn piece(&mut self, n: usize) -> Bytes {
+        self.received += n;
+        let piece = self.left.split_to(n).freeze();
+        self.release_left();
+        piece
+    }
+
+    /// A whole line (without its CRLF or LF) from what was read, `None` while it is not whole;
+    /// longer than `max`, the framing is broken.
+    fn line(&mut self, max: usize) -> pingora_error::Result<Option<BytesMut>> {
+        let Some(lf) = memchr::memchr(b'\n', &self.left) else {
+            if self.left.len() > max {
+                return Error::e_explain(INVALID_CHUNK, "a chunk line is too long");
+            }
+            return Ok(None);
+        };
+        if lf > max {
+            return Error::e_explain(INVALID_CHUNK, "a chunk line is too long");
+        }
+        let mut line = self.left.split_to(lf + 1);
+        self.release_left();
+        line.truncate(lf);
+        if line.last() == Some(&b'\r') {
+            line.truncate(lf - 1);
+        }
+        Ok(Some(line))
+    }
+
+    /// An emptied `left` lets go of the read it was part of (a piece handed on may share it).
+    fn release_left(&mut self) {
+        if self.left.is_empty() {
+            self.left = BytesMut::new();
+        }
+    }
+
+    fn append(&mut self, read: BytesMut) {
+        if self.left.is_empty() {
+            self.left = read;
+        } else {
+            self.left.extend_from_slice(&read);
+        }
+    }
+
+    /// One read within the read timeout: what came (`None`: the upstream closed).
+    async fn read(&mut self) -> Result<Option<BytesMut>, ReadFailed> {
+        let read = read_some(&mut self.stream);
+        let read = match self.read_timeout {
+            Some(t) => fast_timeout(t, read)
+                .await
+                .map_err(|_| ReadFailed::Timeout)?,
+            None => read.await,
+        };
+        match read {
+            Ok(got) if got.is_empty() => Ok(None),
+            Ok(got) => Ok(Some(got)),
+            Err(e) => Err(ReadFailed::Io(e)),
+        }
+    }
+
+    /// The connection, when it can carry another request: the reply read exactly whole, and
+    /// neither side said close.
+    pub fn reusable(self) -> Result<Stream, Stream> {
+        if self.keepalive && self.body == Body::Done && self.left.is_empty() {
+            Ok(self.stream)
+        } else {
+            Err(self.stream)
+        }
+    }
+}
+
+enum ReadFailed {
+    Timeout,
+    Io(std::io::Error),
+}
+
+/// Reads what the stream has, into a buffer that lives for one poll: a quiet upstream holds
+/// no buffer. The bytes come back in one of their exact size (empty: the stream closed).
+fn read_some(stream: &mut Stream) -> impl Future<Output = std::io::Result<BytesMut>> + '_ {
+    std::future::poll_fn(move |cx| {
+        let mut buf = [MaybeUninit::<u8>::uninit(); READ_MAX];
+        let mut read = ReadBuf::uninit(&mut buf);
+        match Pin::new(&mut *stream).poll_read(cx, &mut read) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(BytesMut::from(read.filled()))),
+        }
+    })
+}
+
+/// The body's length from `Content-Length`: identical duplicates (repeated, or in a comma
+/// list) are one length (RFC 9110 §8.6); differing or unreadable ones are a broken reply.
+fn content_length(headers: &http::HeaderMap) -> pingora_error::Result<Option<u64>> {
+    let mut length = None;
+    for v in headers.get_all(http::header::CONTENT_LENGTH) {
+        for part in v.as_bytes().split(|b| *b == b',') {
+            let part = part.trim_ascii();
+            let n = (!part.is_empty() && part.iter().all(u8::is_ascii_digit))
+                .then(|| std::str::from_utf8(part).ok()?.parse::<u64>().ok())
+                .flatten();
+            match (n, length) {
+                (None, _) => {
+                    return Error::e_explain(
+                        ErrorType::InvalidHTTPHeader,
+                        "invalid Content-Length",
+                    );
+                }
+                (Some(n), Some(l)) if n != l => {
+                    return Error::e_explain(
+                        ErrorType::InvalidHTTPHeader,
+                        "conflicting Content-Length values",
+                    );
+                }
+                (Some(n), _) => length = Some(n),
+            }
+        }
+    }
+    Ok(length)
+}
+
+/// Whether the upstream keeps the connection open after this reply: HTTP/1.1 unless it says
+/// close; HTTP/1.0 only when it says keep-alive.
+fn keeps_alive(header: &ResponseHeader) -> bool {
+    let mut said = None;
+    for v in header.headers.get_all(http::header::CONNECTION) {
+        for token in v.as_bytes().split(|b| *b == b',') {
+            let token = token.trim_ascii();
+            if token.eq_ignore_ascii_case(b"close") {
+                return false;
+            }
+            if token.eq_ignore_ascii_case(b"keep-alive") {
+                said = Some(true);
+            }
+        }
+    }
+    said.unwrap_or(header.version == http::Version::HTTP_11)
+}
+
+/// A chunk-size line's size (its extensions ignored).
+fn chunk_size(line: &[u8]) -> pingora_error::Result<u64> {
+    let digits = line
+        .split(|b| *b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    let bad = || Error::explain(INVALID_CHUNK, "a chunk size is not a hex number");
+    if digits.is_empty() || digits.len() > 15 {
+        return Err(bad());
+    }
+    let text = std::str::from_utf8(digits).map_err(|_| bad())?;
+    u64::from_str_radix(text, 16).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+    use tokio::net::{TcpListener, TcpStream};
+
+    /// A connection whose upstream writes `parts` (each in a write of its own, then closes
+    /// when `close`), and the request it got.
+    async fn conn(parts: &[&[u8]], close: bool) -> (Conn, tokio::task::JoinHandle<Vec<u8>>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let parts: Vec<Vec<u8>> = parts.iter().map(|p| p.to_vec()).collect();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut got = vec![0u8; 4096];
+            let n = s.read(&mut got).await.expect("read");
+            got.truncate(n);
+            for p in parts {
+                s.write_all(&p).await.expect("write");
+                s.flush().await.expect("flush");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            if !close {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+            got
+        });
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let stream: Stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(tcp));
+        let peer = HttpPeer::new(addr, false, String::new());
+        (Conn::new(stream, &peer), server)
+    }
+
+    async fn exchange(conn: &mut Conn, method: &str) -> pingora_error::Result<Vec<u8>> {
+        let mut req = RequestHeader::build(method, b"/v1/x", None).expect("req");
+        req.insert_header("host", "x").expect("host");
+        req.insert_header("content-length", "2").expect("cl");
+        conn.send(&req, b"{}").await?;
+        loop {
+            conn.read_response_header().await?;
+            let s = conn.response_header().map_or(0, |h| h.status.as_u16());
+            if !(100..200).contains(&s) {
+                break;
+            }
+        }
+        let mut body = Vec::new();
+        while let Some(piece) = conn.read_response_body().await? {
+            body.extend_from_slice(&piece);
+        }
+        Ok(body)
+    }
+
+    #[tokio::test]
+    async fn a_chunked_reply_split_anywhere_is_read_whole_and_the_connection_kept() {
+        let reply: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+            5;ext=1\r\nhello\r\n7\r\n, world\r\n0\r\nX-Trailer: 1\r\n\r\n";
+        for split in 1..reply.len() {
+            let (mut c, server) = conn(&[&reply[..split], &reply[split..]], false).await;
+            let body = exchange(&mut c, "POST").await.expect("exchange");
+            assert_eq!(body, b"hello, world", "split at {split}");
+            assert!(c.response_done());
+            assert!(c.reusable().is_ok(), "split at {split}");
+            server.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn the_request_goes_in_one_write_and_lengths_close_and_bodiless_replies_end_right() {
+        let (mut c, server) = conn(&[b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc"], false).await;
+        assert_eq!(exchange(&mut c, "POST").await.expect("length"), b"abc");
+        assert!(c.reusable().is_ok());
+        let got = server.await.expect("server");
+        assert!(got.starts_with(b"POST /v1/x HTTP/1.1\r\n"), "{got:?}");
+        assert!(got.ends_with(b"\r\n\r\n{}"), "{got:?}");
+
+        let (mut c, _s) = conn(&[b"HTTP/1.0 200 OK\r\n\r\nuntil the close"], true).await;
+        assert_eq!(
+            exchange(&mut c, "POST").await.expect("close"),
+            b"until the close"
+        );
+        assert!(
+            c.reusable().is_err(),
+            "a close-delimited reply's connection is done"
+        );
+
+        let (mut c, s) = conn(&[b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n"], false).await;
+        assert_eq!(exchange(&mut c, "HEAD").await.expect("head"), b"");
+        assert!(c.reusable().is_ok());
+        s.abort();
+
+        let (mut c, s) = conn(
+            &[b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"],
+            false,
+        )
+        .await;
+        assert_eq!(exchange(&mut c, "POST").await.expect("204"), b"");
+        assert!(c.reusable().is_err(), "the upstream said close");
+        s.abort();
+
+        // More than the length: the connection is not reused.
+        let (mut c, s) = conn(&[b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nab"], false).await;
+        assert_eq!(exchange(&mut c, "POST").await.expect("over"), b"a");
+        assert!(c.reusable().is_err());
+        s.abort();
+    }
+
+    #[tokio::test]
+    async fn broken_replies_are_pingoras_errors() {
+        let cases: [(&[u8], ErrorType); 6] = [
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+                ErrorType::ConnectionClosed,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel",
+                ErrorType::ConnectionClosed,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+                INVALID_CHUNK,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhiX\r\n",
+                INVALID_CHUNK,
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+                ErrorType::InvalidHTTPHeader,
+            ),
+            (b"garbage\r\n\r\n", ErrorType::InvalidHTTPHeader),
+        ];
+        for (reply, etype) in cases {
+            let (mut c, _s) = conn(&[reply], true).await;
+            let e = exchange(&mut c, "POST").await.expect_err("broken");
+            assert_eq!(e.etype(), &etype, "{e} for {}", reply.escape_ascii());
+        }
+        // Closed before any reply: a stale kept connection's mark.
+        let (mut c, _s) = conn(&[], true).await;
+        let e = exchange(&mut c, "POST").await.expect_err("closed");
+        assert_eq!(e.etype(), &ErrorType::ConnectionClosed);
+        assert!(matches!(e.retry, RetryType::ReusedOnly));
+        assert!(
+            e.context
+                .as_ref()
+                .is_some_and(|c| c.as_str().ends_with("bytes already read: 0")),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_header_and_its_body_in_one_read_keep_the_header_apart() {
+        let (mut c, s) = conn(
+            &[b"HTTP/1.1 200 OK\r\nX-Case: Kept\r\nContent-Length: 2\r\n\r\nok"],
+            false,
+        )
+        .await;
+        let mut req = RequestHeader::build("GET", b"/", None).expect("req");
+        req.insert_header("host", "x").expect("host");
+        c.send(&req, b"").await.expect("send");
+        c.read_response_header().await.expect("header");
+        let header = c.take_response_header().expect("header");
+        assert_eq!(header.status, 200);
+        assert_eq!(
+            header.headers.get("x-case").map(|v| v.as_bytes()),
+            Some(&b"Kept"[..])
+        );
+        assert!(c.response_header().is_none());
+        assert_eq!(
+            c.read_response_body().await.expect("body").as_deref(),
+            Some(&b"ok"[..])
+        );
+        assert_eq!(c.read_response_body().await.expect("end"), None);
+        assert!(c.reusable().is_ok());
+        s.abort();
+    }
+}
