@@ -82,7 +82,14 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
             };
             let mut svc = Service::new(name, app);
             match tls {
-                None => svc.add_tcp(addr),
+                // No L4 read buffer: Pingora reads a request's header into a buffer of its
+                // own, and the 64 KiB one under it (its first page written by every request)
+                // stayed for the connection's life, a kept-alive one's and a stream's too. TLS
+                // keeps it: the TLS layer reads in records of its size.
+                None => svc.add_listener(
+                    pingora_core::listeners::ListenerConfig::tcp(addr)
+                        .l4_buffer(pingora_core::listeners::L4BufferSettings::default().read(0)),
+                ),
                 Some(files) => {
                     // The config stage loaded this pair already; it can only fail here if the
                     // files changed in between.

@@ -173,17 +173,21 @@ impl Relay {
                 );
             }
         }
-        super::end(&shared, &asked, failed.as_deref(), &mut ctx).await;
+        Box::pin(super::end(&shared, &asked, failed.as_deref(), &mut ctx)).await;
         drop(ctx);
         if failed.is_some() {
             return None;
         }
-        client.finish().await
+        Box::pin(client.finish()).await
     }
 }
 
 /// Writes the reply's header through the client's session, then relays the body: on the
 /// connection itself ([`Wire`]) when the body goes chunked, else through the session.
+///
+/// Every step but the relay on the connection is boxed: a task's future is as large as its
+/// largest step, and stays that large for the whole stream (Pingora's session writes and its
+/// hand-over of the connection would make it a few KB larger).
 async fn relay(
     connections: &Connections,
     client: &mut Client,
@@ -195,12 +199,19 @@ async fn relay(
 ) -> pingora_error::Result<()> {
     if let Client::Session(session) = client {
         let wire = Wire::fits(session, &resp);
-        forward::write_header(ctx, session, resp).await?;
+        Box::pin(forward::write_header(ctx, session, resp)).await?;
         if wire {
-            client.wire().await?;
+            Box::pin(client.wire()).await?;
         }
     }
-    forward::relay_body(connections, client, ctx, pool, up, upstream).await
+    match client {
+        Client::Wire(wire) => forward::relay_body(connections, wire, ctx, pool, up, upstream).await,
+        Client::Session(session) => {
+            let relay = forward::relay_body(connections, &mut **session, ctx, pool, up, upstream);
+            Box::pin(relay).await
+        }
+        Client::Lost => Err(lost()),
+    }
 }
 
 /// A detached stream's client: its HTTP/1 session, or, once the header is out, the connection
@@ -236,21 +247,17 @@ impl Client {
     }
 }
 
-impl Downstream for Client {
-    async fn body(&mut self, piece: Option<Bytes>, done: bool) -> pingora_error::Result<()> {
-        match self {
-            Client::Session(s) => s.body(piece, done).await,
-            Client::Wire(w) => w.body(piece, done).await,
-            Client::Lost => Err(lost()),
-        }
+impl Downstream for Wire {
+    fn body(
+        &mut self,
+        piece: Option<Bytes>,
+        done: bool,
+    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_ {
+        self.write(piece, done)
     }
 
-    async fn gone(&mut self) {
-        match self {
-            Client::Session(s) => s.gone().await,
-            Client::Wire(w) => w.gone().await,
-            Client::Lost => {}
-        }
+    fn gone(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        self.watch()
     }
 }
 
@@ -320,7 +327,7 @@ impl Wire {
     }
 
     /// Writes a piece of the body as a chunk, and the last chunk when `done`: one write.
-    async fn body(&mut self, piece: Option<Bytes>, done: bool) -> pingora_error::Result<()> {
+    async fn write(&mut self, piece: Option<Bytes>, done: bool) -> pingora_error::Result<()> {
         use std::fmt::Write as _;
         let piece = piece.filter(|p| !p.is_empty());
         if piece.is_none() && !done {
@@ -351,7 +358,7 @@ impl Wire {
 
     /// Resolves when the client closes the connection (or it fails). Bytes of a next request
     /// are kept for it, and the watch then stops.
-    fn gone(&mut self) -> impl Future<Output = ()> + Send + '_ {
+    fn watch(&mut self) -> impl Future<Output = ()> + Send + '_ {
         std::future::poll_fn(move |cx| {
             if !self.next.is_empty() {
                 return Poll::Pending;

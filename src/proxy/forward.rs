@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use pingora_core::protocols::http::ServerSession;
-use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
@@ -43,16 +42,15 @@ enum Try {
     ShuttingDown,
 }
 
-/// The upstream connection a reply is read from, and the peer it goes back to the pool for.
+/// The upstream connection a reply is read from (it knows where it goes back to).
 pub(super) struct Upstreamed {
     client: Box<upstream::Conn>,
-    peer: Box<HttpPeer>,
 }
 
 impl Upstreamed {
     /// Returns the connection for reuse once its reply was read whole.
     async fn release(self, connections: &upstream::Connections) {
-        connections.release(self.client, &self.peer).await;
+        connections.release(self.client).await;
     }
 }
 
@@ -404,7 +402,7 @@ async fn try_once(
             Some(resp) if resp.status == 101 => Try::Failed(GatewayError::UpstreamError(
                 "the upstream answered 101 Switching Protocols".into(),
             )),
-            Some(resp) => Try::Reply(Upstreamed { client, peer }, resp),
+            Some(resp) => Try::Reply(Upstreamed { client }, resp),
             None => Try::Failed(GatewayError::UpstreamError(
                 "the upstream sent no reply header".into(),
             )),

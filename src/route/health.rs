@@ -149,7 +149,7 @@ async fn models(
         .exchange(&peer, |client| ask(client, &req))
         .await?;
     let status = client.response_header().map_or(0, |r| r.status.as_u16());
-    connections.release(client, &peer).await;
+    connections.release(client).await;
     Ok(status)
 }
 

@@ -56,6 +56,8 @@ pub struct Conn {
     keepalive: bool,
     /// Body bytes read so far (for error messages).
     received: usize,
+    /// Where the connection goes back to once its reply is read whole.
+    pub(super) home: super::pool::Home,
 }
 
 /// How far the reply's body is read, by its framing.
@@ -98,6 +100,7 @@ impl Conn {
             body: Body::Unread,
             keepalive: false,
             received: 0,
+            home: super::pool::Home::of(peer),
         }
     }
 
@@ -466,11 +469,11 @@ impl Conn {
         }
     }
 
-    /// The connection, when it can carry another request: the reply read exactly whole, and
-    /// neither side said close.
-    pub fn reusable(self) -> Result<Stream, Stream> {
+    /// The connection and where it goes back to, when it can carry another request: the
+    /// reply read exactly whole, and neither side said close.
+    pub(super) fn reusable(self) -> Result<(Stream, super::pool::Home), Stream> {
         if self.keepalive && self.body == Body::Done && self.left.is_empty() {
-            Ok(self.stream)
+            Ok((self.stream, self.home))
         } else {
             Err(self.stream)
         }

@@ -59,6 +59,22 @@ fn key(peer: &HttpPeer) -> Key {
     (peer.reuse_hash(), peer._address.clone())
 }
 
+/// Where a connection goes back to: its peer, and how long it may wait there for its next
+/// request (the pool's `keepalive_timeout`; none or zero: it is closed).
+pub(super) struct Home {
+    key: Key,
+    idle: Option<Duration>,
+}
+
+impl Home {
+    pub(super) fn of(peer: &HttpPeer) -> Home {
+        Home {
+            key: key(peer),
+            idle: peer.options.idle_timeout.filter(|idle| !idle.is_zero()),
+        }
+    }
+}
+
 struct Kept {
     stream: Stream,
     /// When it has waited its `keepalive_timeout`.
@@ -120,15 +136,21 @@ impl Connections {
         Ok(Box::new(Conn::new(stream, peer)))
     }
 
-    /// Keeps a connection whose reply was read whole for the peer's `idle_timeout` (the pool's
-    /// `keepalive_timeout`); one that cannot be reused, or with a zero timeout, is closed.
-    pub async fn release(&self, client: Box<Conn>, peer: &HttpPeer) {
-        let idle = peer.options.idle_timeout.filter(|idle| !idle.is_zero());
-        match (idle, client.reusable()) {
-            (Some(idle), Ok(stream)) => self.put(key(peer), stream, idle),
+    /// Keeps a connection whose reply was read whole for its peer's `idle_timeout` (the
+    /// pool's `keepalive_timeout`); one that cannot be reused, or with a zero timeout, is
+    /// closed.
+    pub async fn release(&self, client: Box<Conn>) {
+        match client.reusable() {
+            Ok((
+                stream,
+                Home {
+                    key,
+                    idle: Some(idle),
+                },
+            )) => self.put(key, stream, idle),
             // Shut down, which on TLS writes a close_notify: an upstream that reads nothing
             // must not hold the request's end for it.
-            (_, Ok(mut stream) | Err(mut stream)) => {
+            Ok((mut stream, _)) | Err(mut stream) => {
                 let _ = fast_timeout(RELEASE_LIMIT, Shutdown::shutdown(&mut *stream)).await;
             }
         }
