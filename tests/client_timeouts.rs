@@ -296,6 +296,18 @@ async fn requests_after_a_stream_on_its_connection_are_answered_each_with_its_re
     }
 }
 
+/// What a stream's reply sends up to its first event (its header included).
+fn read_until_an_event(s: &mut TcpStream) -> Vec<u8> {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&raw).contains("data: ") {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+    raw
+}
+
 /// A request sent on a connection while a stream's reply is still going out on it (read by the
 /// stream's watch for the client's close, which then stops) is answered after the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,13 +319,7 @@ async fn a_request_sent_while_a_stream_goes_out_is_answered_after_it() {
         // Events 100 ms apart.
         let head = chat_head(KEY, streamed.len(), "x-mock-delay-ms: 100\r\n");
         s.write_all((head + &streamed).as_bytes()).expect("write");
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&raw).contains("data: ") {
-            let n = s.read(&mut buf).expect("read");
-            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&raw));
-            raw.extend_from_slice(&buf[..n]);
-        }
+        let mut raw = read_until_an_event(&mut s);
         assert!(
             !String::from_utf8_lossy(&raw).contains("[DONE]"),
             "the stream is not still going: {}",
@@ -347,6 +353,34 @@ async fn a_request_sent_while_a_stream_goes_out_is_answered_after_it() {
         assert_eq!(record["status"], 200, "{record}");
         assert_eq!(record["stream"], stream, "{record}");
     }
+}
+
+/// A client that sent a stream with a request pipelined behind it and then hangs up while the
+/// stream is quiet is noticed at once (499), not only at the stream's next event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_after_pipelining_behind_a_stream_is_noticed_while_it_is_quiet() {
+    let g = start();
+    let (id, closed) = tokio::task::block_in_place(|| {
+        let mut s = blocking_connect(&g.main, Duration::from_secs(10));
+        let streamed = chat_json(true);
+        // Events 3 s apart; the next request in the same write.
+        let head = chat_head(KEY, streamed.len(), "x-mock-delay-ms: 3000\r\n");
+        let models =
+            format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+        s.write_all((head + &streamed + &models).as_bytes())
+            .expect("write");
+        let raw = read_until_an_event(&mut s);
+        let id = request_id_in(&String::from_utf8_lossy(&raw));
+        drop(s);
+        (id, Instant::now())
+    });
+    let r = await_record(&g, &id).await;
+    assert_eq!(r["status"], 499, "{r}");
+    assert!(
+        closed.elapsed() < Duration::from_millis(2500),
+        "noticed after {:?}",
+        closed.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

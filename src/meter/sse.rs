@@ -43,11 +43,11 @@ macro_rules! needles {
 
 needles! {
     USAGE: Finder = b"\"usage\"";
-    CHOICES: Finder = b"\"choices\"";
     CONTENT: Finder = b"\"content\"";
     TEXT: Finder = b"\"text\"";
     DELTA: Finder = b"\"delta\"";
     PARTIAL_JSON: Finder = b"\"partial_json\"";
+    THINKING: Finder = b"\"thinking\"";
     TOOL_CALLS: Finder = b"\"tool_calls\"";
     ARGUMENTS: Finder = b"\"arguments\"";
     NAME: Finder = b"\"name\"";
@@ -83,22 +83,56 @@ fn has_value(data: &[u8], key: &Finder<'_>, test: impl Fn(&[u8]) -> bool) -> boo
         .any(|at| value_of(&data[at + len..]).is_some_and(&test))
 }
 
-/// What of a content event is kept for the tokenizer fallback: a chat event from its
-/// top-level `choices` member on (all `text` reads), to be kept after a `{`; an OpenAI chunk's
-/// id, object, time, model and fingerprint before it are most of its bytes (a long stream kept
-/// them for every token). `choices` is top-level when nothing before it opens an object or an
-/// array but the event itself; otherwise, and in the other dialects, the whole event.
-fn kept_for_text(dialect: Dialect, data: &[u8]) -> &[u8] {
-    if dialect != Dialect::Chat {
-        return data;
-    }
-    match CHOICES.find(data) {
-        Some(at)
-            if at > 1 && data[0] == b'{' && memchr::memchr2(b'{', b'[', &data[1..at]).is_none() =>
-        {
-            &data[at..]
+/// The JSON string literals (quotes and escapes as they came) of a content event's output
+/// text, in the order the text reads: what the tokenizer fallback counts, kept without the
+/// event around them (an OpenAI chunk's id, object, time, model and fingerprint are most of
+/// its bytes, and a long stream kept them for every token). Chat: a reasoning model's
+/// reasoning, the content (or a completion's `text`), a tool call's name and arguments;
+/// Responses: the `delta` strings; Messages: a delta's text, tool input and thinking.
+fn push_text_literals(dialect: Dialect, data: &[u8], mut push: impl FnMut(&[u8])) {
+    let mut each = |key: &Finder<'_>| {
+        let len = key.needle().len();
+        for at in key.find_iter(data) {
+            if let Some(literal) = value_of(&data[at + len..]).and_then(string_literal) {
+                push(literal);
+            }
         }
-        _ => data,
+    };
+    match dialect {
+        Dialect::Chat => {
+            if REASONING_ANY.find(data).is_some() {
+                each(&REASONING_CONTENT);
+                each(&REASONING);
+            }
+            each(&CONTENT);
+            each(&TEXT);
+            if TOOL_CALLS.find(data).is_some() {
+                each(&NAME);
+                each(&ARGUMENTS);
+            }
+        }
+        Dialect::Responses => each(&DELTA),
+        Dialect::Messages => {
+            each(&TEXT);
+            each(&PARTIAL_JSON);
+            each(&THINKING);
+        }
+    }
+}
+
+/// A non-empty JSON string literal at the start of `value`, quotes included.
+fn string_literal(value: &[u8]) -> Option<&[u8]> {
+    if value.len() < 3 || value[0] != b'"' || value[1] == b'"' {
+        return None;
+    }
+    let mut i = 1;
+    loop {
+        let j = i + memchr::memchr2(b'"', b'\\', value.get(i..)?)?;
+        if value[j] == b'"' {
+            return Some(&value[..=j]);
+        }
+        // An escape: the byte after the backslash is part of it.
+        i = j + 2;
     }
 }
 
@@ -123,7 +157,8 @@ pub struct SseMeter {
     pub events: u64,
     pub done: bool,
     pub saw_content: bool,
-    /// Content events seen, raw and newline-separated (parsed only for an estimate).
+    /// The output text's JSON string literals, as they came, one a line (decoded only for an
+    /// estimate: `push_text_literals`).
     raw_content: Vec<u8>,
     /// The last bytes sent on, to end the stream on an event boundary before a `[DONE]`
     /// of the gateway's.
@@ -191,97 +226,6 @@ struct MessagesEvent {
 struct MessageObject {
     #[serde(default)]
     usage: Option<RawUsage>,
-}
-
-/// What a content event says, in any dialect: chat choices, a Responses `delta` string, or
-/// an Anthropic `delta` object.
-#[derive(Deserialize)]
-struct TextEvent<'a> {
-    #[serde(default, borrow)]
-    choices: Option<Vec<Choice<'a>>>,
-    #[serde(default, borrow)]
-    delta: Option<AnyDelta<'a>>,
-}
-
-#[derive(Deserialize)]
-struct Choice<'a> {
-    #[serde(default, borrow)]
-    delta: Option<Delta<'a>>,
-    #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
-}
-
-/// A chat delta's output: its content, a reasoning model's reasoning (`reasoning_content`
-/// from vLLM and DeepSeek, `reasoning` from others) and the arguments of its tool calls.
-#[derive(Deserialize)]
-struct Delta<'a> {
-    #[serde(default, borrow)]
-    content: Option<Lenient<'a>>,
-    #[serde(default, borrow)]
-    reasoning_content: Option<Lenient<'a>>,
-    #[serde(default, borrow)]
-    reasoning: Option<Lenient<'a>>,
-    #[serde(default, borrow)]
-    tool_calls: Option<Vec<ToolCallDelta<'a>>>,
-}
-
-#[derive(Deserialize)]
-struct ToolCallDelta<'a> {
-    #[serde(default, borrow)]
-    function: Option<FunctionDelta<'a>>,
-}
-
-#[derive(Deserialize)]
-struct FunctionDelta<'a> {
-    #[serde(default, borrow)]
-    name: Option<Lenient<'a>>,
-    #[serde(default, borrow)]
-    arguments: Option<Lenient<'a>>,
-}
-
-/// A string, or anything else (not text; it does not spoil the rest of the event).
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Lenient<'a> {
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Other(serde::de::IgnoredAny),
-}
-
-impl Lenient<'_> {
-    fn text(&self) -> &str {
-        match self {
-            Lenient::Text(t) => t,
-            Lenient::Other(_) => "",
-        }
-    }
-}
-
-impl Delta<'_> {
-    fn push_text(&self, out: &mut String) {
-        for piece in [&self.reasoning_content, &self.reasoning, &self.content] {
-            out.push_str(piece.as_ref().map_or("", Lenient::text));
-        }
-        for call in self.tool_calls.iter().flatten() {
-            if let Some(f) = &call.function {
-                out.push_str(f.name.as_ref().map_or("", Lenient::text));
-                out.push_str(f.arguments.as_ref().map_or("", Lenient::text));
-            }
-        }
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum AnyDelta<'a> {
-    Text(#[serde(borrow)] Cow<'a, str>),
-    Block {
-        #[serde(default, borrow)]
-        text: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
-        partial_json: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
-        thinking: Option<Cow<'a, str>>,
-    },
 }
 
 impl SseMeter {
@@ -489,7 +433,8 @@ impl SseMeter {
         let content = has_value(data, &CONTENT, text)
             || has_value(data, &TEXT, text)
             || (self.dialect != Dialect::Chat && has_value(data, &DELTA, text))
-            || (self.dialect == Dialect::Messages && has_value(data, &PARTIAL_JSON, text))
+            || (self.dialect == Dialect::Messages
+                && (has_value(data, &PARTIAL_JSON, text) || has_value(data, &THINKING, text)))
             || (self.dialect == Dialect::Chat
                 && ((TOOL_CALLS.find(data).is_some()
                     && (has_value(data, &ARGUMENTS, text) || has_value(data, &NAME, text)))
@@ -501,14 +446,13 @@ impl SseMeter {
             // Kept for an estimate, which a stream metered only from its reported usage never
             // makes.
             if !self.reported_only {
-                let kept = kept_for_text(self.dialect, data);
-                if self.raw_content.len() + kept.len() + 2 < MAX_TEXT {
-                    if kept.len() < data.len() {
-                        self.raw_content.push(b'{');
+                let kept = &mut self.raw_content;
+                push_text_literals(self.dialect, data, |literal| {
+                    if kept.len() + literal.len() < MAX_TEXT {
+                        kept.extend_from_slice(literal);
+                        kept.push(b'\n');
                     }
-                    self.raw_content.extend_from_slice(kept);
-                    self.raw_content.push(b'\n');
-                }
+                });
             }
         }
         kind
@@ -570,32 +514,9 @@ impl SseMeter {
     /// The output text seen so far (for estimating when the upstream reports no usage).
     pub fn text(&self) -> String {
         let mut text = String::new();
-        for data in self
-            .raw_content
-            .split(|b| *b == b'\n')
-            .filter(|d| !d.is_empty())
-        {
-            let Ok(ev) = serde_json::from_slice::<TextEvent>(data) else {
-                continue;
-            };
-            for c in ev.choices.iter().flatten() {
-                match &c.delta {
-                    Some(d) => d.push_text(&mut text),
-                    None => text.push_str(c.text.as_deref().unwrap_or("")),
-                }
-            }
-            match ev.delta {
-                Some(AnyDelta::Text(t)) => text.push_str(&t),
-                Some(AnyDelta::Block {
-                    text: t,
-                    partial_json,
-                    thinking,
-                }) => {
-                    for piece in [t, partial_json, thinking].into_iter().flatten() {
-                        text.push_str(&piece);
-                    }
-                }
-                None => {}
+        for literal in self.raw_content.split(|b| *b == b'\n') {
+            if let Ok(piece) = serde_json::from_slice::<Cow<'_, str>>(literal) {
+                text.push_str(&piece);
             }
         }
         text
@@ -913,29 +834,35 @@ mod tests {
     }
 
     #[test]
-    fn a_chat_event_is_kept_for_the_estimate_from_its_choices_on() {
+    fn only_the_text_values_of_content_events_are_kept_for_the_estimate() {
         let chunk = concat!(
             "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,",
             "\"model\":\"gpt-4o-mini\",\"system_fingerprint\":\"fp_1\",",
-            "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi \\\"there\\\"\"}}],",
+            "\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi \\\"there\\\"\\\\\"}}],",
             "\"obfuscation\":\"x\"}\n\n",
-            // `choices` under another member first: kept whole.
-            "data: {\"meta\":{\"choices\":1},\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"reasoning_content\":\"hm\",",
+            "\"tool_calls\":[{\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]}}]}\n\n",
+            // A logprobs `content` is not a string: not text.
+            "data: {\"choices\":[{\"delta\":{\"content\":\"!\"},\"logprobs\":{\"content\":[]}}]}\n\n",
             "data: [DONE]\n\n",
         );
         let (m, out) = run(chunk.as_bytes(), false, chunk.len());
         assert_eq!(out, chunk.as_bytes());
-        assert_eq!(m.text(), "Hi \"there\"!");
+        assert_eq!(m.text(), "Hi \"there\"\\hmf{}!");
         let kept = String::from_utf8_lossy(&m.raw_content).into_owned();
-        assert!(kept.starts_with("{\"choices\":[{"), "{kept}");
-        assert!(
-            !kept.contains("chatcmpl-1") && !kept.contains("fp_1"),
-            "{kept}"
+        assert_eq!(
+            kept,
+            "\"Hi \\\"there\\\"\\\\\"\n\"hm\"\n\"f\"\n\"{}\"\n\"!\"\n"
         );
-        assert!(kept.contains("{\"meta\":{\"choices\":1}"), "{kept}");
-        // Other dialects keep their events whole.
-        let data = b"{\"type\":\"x\",\"choices\":[]}";
-        assert_eq!(kept_for_text(Dialect::Messages, data), data);
+    }
+
+    #[test]
+    fn a_string_literal_ends_at_its_unescaped_quote() {
+        assert_eq!(string_literal(b"\"a\\\"b\" ,"), Some(&b"\"a\\\"b\""[..]));
+        assert_eq!(string_literal(b"\"a\\\\\",\"x\""), Some(&b"\"a\\\\\""[..]));
+        assert_eq!(string_literal(b"\"\","), None);
+        assert_eq!(string_literal(b"\"unterminated\\"), None);
+        assert_eq!(string_literal(b"[\"x\"]"), None);
     }
 
     #[test]

@@ -269,9 +269,9 @@ fn lost() -> Box<pingora_error::Error> {
     .into_down()
 }
 
-/// The most bytes of the client's next requests read while a reply goes out on [`Wire`]
-/// (read in one go, as they come: the watch for the client's close then stops, as Pingora's
-/// session stops once a next request's bytes came).
+/// The most bytes of the client's next requests read at once while a reply goes out on
+/// [`Wire`] (the watch for the client's close then stops, as Pingora's session stops once its
+/// own watch read a next request's bytes).
 const NEXT_READ: usize = 1024;
 
 /// A stream's client connection once the reply's header is out, its body going chunked: the
@@ -282,6 +282,8 @@ struct Wire {
     stream: Stream,
     /// Bytes of the client's next requests: read with this request, or while its reply went.
     next: BytesMut,
+    /// The watch read bytes of a next request: it reads no more.
+    stashed: bool,
     /// How the connection goes on after the reply; `None`: it closes.
     keep: Option<HttpPersistentSettings>,
 }
@@ -314,6 +316,7 @@ impl Wire {
             return Ok(Wire {
                 stream: h1.into_inner(),
                 next: BytesMut::new(),
+                stashed: false,
                 keep: None,
             });
         }
@@ -321,7 +324,9 @@ impl Wire {
         let (stream, next) = reusable.ok_or_else(lost)?.into_parts();
         Ok(Wire {
             stream,
-            next: next.unwrap_or_default(),
+            // Copied: the session's bytes are part of its request's buffer.
+            next: next.map(|n| BytesMut::from(&n[..])).unwrap_or_default(),
+            stashed: false,
             keep: Some(settings),
         })
     }
@@ -360,7 +365,7 @@ impl Wire {
     /// are kept for it, and the watch then stops.
     fn watch(&mut self) -> impl Future<Output = ()> + Send + '_ {
         std::future::poll_fn(move |cx| {
-            if !self.next.is_empty() {
+            if self.stashed {
                 return Poll::Pending;
             }
             // The buffer lives for this poll only: a stream waiting holds none.
@@ -370,6 +375,7 @@ impl Wire {
                 Poll::Pending => Poll::Pending,
                 Poll::Ready(Ok(())) if !read.filled().is_empty() => {
                     self.next.extend_from_slice(read.filled());
+                    self.stashed = true;
                     Poll::Pending
                 }
                 Poll::Ready(_) => Poll::Ready(()),

@@ -83,8 +83,8 @@ enum Chunk {
     Data(u64),
     /// After a chunk's data: its CRLF.
     DataEnd,
-    /// After the last chunk: trailer lines to the empty one.
-    Trailers,
+    /// After the last chunk: trailer lines to the empty one (their bytes so far).
+    Trailers(usize),
 }
 
 impl Conn {
@@ -196,7 +196,12 @@ impl Conn {
     fn parse_header(&mut self) -> pingora_error::Result<Option<Box<ResponseHeader>>> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut headers);
-        let end = match resp.parse(&self.left) {
+        // What Pingora's parser lets through in replies: a space before a header's colon, and
+        // a header folded onto the next line.
+        let mut parser = httparse::ParserConfig::default();
+        parser.allow_spaces_after_header_name_in_responses(true);
+        parser.allow_obsolete_multiline_headers_in_responses(true);
+        let end = match parser.parse_response(&mut resp, &self.left) {
             Ok(httparse::Status::Complete(end)) => end,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(e) => {
@@ -243,6 +248,8 @@ impl Conn {
             return Ok(Some(header));
         }
         self.status = status;
+        // Checked whatever the body (a bodiless reply's length passes on to the client).
+        let length = content_length(&header.headers)?;
         self.body = if self.head || matches!(status, 101 | 204 | 304) {
             Body::Done
         } else if te {
@@ -252,7 +259,7 @@ impl Conn {
                 Body::Close
             }
         } else {
-            match content_length(&header.headers)? {
+            match length {
                 Some(n) => Body::Length(n),
                 None => Body::Close,
             }
@@ -290,6 +297,11 @@ impl Conn {
             }
             if matches!(self.body, Body::Done | Body::Unread) {
                 return Ok(None);
+            }
+            // The few bytes of a piece not yet whole (a size line, a CRLF) are kept on their
+            // own while the upstream is quiet, not with the read they came in.
+            if !self.left.is_empty() {
+                self.left = BytesMut::from(&self.left[..]);
             }
             match self.read().await {
                 Ok(Some(read)) => self.append(read),
@@ -367,7 +379,7 @@ impl Conn {
                     };
                     let size = chunk_size(&line)?;
                     self.body = Body::Chunked(if size == 0 {
-                        Chunk::Trailers
+                        Chunk::Trailers(0)
                     } else {
                         Chunk::Data(size)
                     });
@@ -384,13 +396,18 @@ impl Conn {
                     }
                     self.body = Body::Chunked(Chunk::Size);
                 }
-                Body::Chunked(Chunk::Trailers) => {
-                    let Some(line) = self.line(MAX_TRAILERS)? else {
+                Body::Chunked(Chunk::Trailers(so_far)) => {
+                    let Some(line) = self.line(MAX_TRAILERS - so_far)? else {
                         return Ok(None);
                     };
-                    if line.is_empty() {
-                        self.body = Body::Done;
-                    }
+                    let so_far = so_far + line.len() + 2;
+                    self.body = if line.is_empty() {
+                        Body::Done
+                    } else if so_far >= MAX_TRAILERS {
+                        return Error::e_explain(INVALID_CHUNK, "the trailers are too long");
+                    } else {
+                        Body::Chunked(Chunk::Trailers(so_far))
+                    };
                 }
             }
         }
@@ -547,19 +564,21 @@ fn keeps_alive(header: &ResponseHeader) -> bool {
     said.unwrap_or(header.version == http::Version::HTTP_11)
 }
 
-/// A chunk-size line's size (its extensions ignored).
+/// A chunk-size line's size: hex digits (at most 16), then optional white space and
+/// extensions, which are ignored.
 fn chunk_size(line: &[u8]) -> pingora_error::Result<u64> {
     let digits = line
-        .split(|b| *b == b';')
-        .next()
-        .unwrap_or_default()
-        .trim_ascii();
-    let bad = || Error::explain(INVALID_CHUNK, "a chunk size is not a hex number");
-    if digits.is_empty() || digits.len() > 15 {
-        return Err(bad());
+        .iter()
+        .position(|b| !b.is_ascii_hexdigit())
+        .unwrap_or(line.len());
+    let after = &line[digits..];
+    let rest_ok = after.is_empty() || matches!(after[0], b';' | b' ' | b'\t');
+    if digits == 0 || digits > 16 || !rest_ok {
+        return Error::e_explain(INVALID_CHUNK, "a chunk size is not a hex number");
     }
-    let text = std::str::from_utf8(digits).map_err(|_| bad())?;
-    u64::from_str_radix(text, 16).map_err(|_| bad())
+    let text = std::str::from_utf8(&line[..digits]).unwrap_or_default();
+    u64::from_str_radix(text, 16)
+        .or_else(|_| Error::e_explain(INVALID_CHUNK, "a chunk size is not a hex number"))
 }
 
 #[cfg(test)]
@@ -711,10 +730,20 @@ mod tests {
         );
     }
 
+    #[test]
+    fn chunk_sizes_are_hex_digits_then_extensions() {
+        assert_eq!(chunk_size(b"1a").ok(), Some(26));
+        assert_eq!(chunk_size(b"0000000000000010;name=v").ok(), Some(16));
+        assert_eq!(chunk_size(b"5 ;x").ok(), Some(5));
+        for bad in [&b""[..], b"+5", b" 5", b"5x", b"g", b"10000000000000000"] {
+            assert!(chunk_size(bad).is_err(), "{}", bad.escape_ascii());
+        }
+    }
+
     #[tokio::test]
     async fn a_header_and_its_body_in_one_read_keep_the_header_apart() {
         let (mut c, s) = conn(
-            &[b"HTTP/1.1 200 OK\r\nX-Case: Kept\r\nContent-Length: 2\r\n\r\nok"],
+            &[b"HTTP/1.1 200 OK\r\nX-Case: Kept\r\nX-Spaced : 1\r\nContent-Length: 2\r\n\r\nok"],
             false,
         )
         .await;
