@@ -187,7 +187,8 @@ if [ -n "${PEAK_PLAIN:-}" ]; then
 fi
 
 # Slow streams: N clients each holding a stream whose events come DELAY ms apart, for a few
-# seconds; RSS of each proxy before, at its peak, and 3 s and 10 s after they closed. Upstream
+# seconds; RSS of each proxy before, at its peak, while all are held (the last sample before
+# they close: past the burst of their start), and 3 s and 10 s after they closed. Upstream
 # connections idle in each proxy's pool are closed after 2 s (modelgate's pool
 # `keepalive_timeout_ms`, nginx's upstream `keepalive_timeout`; bare Pingora keeps them).
 streams_rss() { # $1 = streams, $2 = ms between events, $3 = seconds held
@@ -198,19 +199,19 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $KEY"
 wrk.headers["x-mock-delay-ms"] = "$2"
 LUA
-  printf '\n%-22s %9s %11s %11s %13s %13s\n' "$1 streams, ${2} ms" "RSS idle" "RSS before" "RSS peak" "3 s after" "10 s after"
+  printf '\n%-22s %9s %11s %11s %11s %13s %13s\n' "$1 streams, ${2} ms" "RSS idle" "RSS before" "RSS peak" "RSS held" "3 s after" "10 s after"
   for t in "${TARGETS[@]}"; do
     pid=${PID_OF[$t]}
-    before=$(rss_kib "$pid"); peak=$before
+    before=$(rss_kib "$pid"); peak=$before; held=$before
     $LOAD wrk -t2 -c"$1" -d"$3"s --timeout 30s -s "$TMP/slow.lua" "http://127.0.0.1:${PORT_OF[$t]}/v1/chat/completions" >/dev/null 2>&1 &
     load=$!
     while kill -0 "$load" 2>/dev/null; do
-      now=$(rss_kib "$pid"); [ "$now" -gt "$peak" ] && peak=$now; sleep 0.2
+      now=$(rss_kib "$pid"); [ "$now" -gt "$peak" ] && peak=$now; held=$now; sleep 0.2
     done
     sleep 3; after3=$(rss_kib "$pid")
     sleep 7; after10=$(rss_kib "$pid")
-    printf '%-22s %6.1f MB %8.1f MB %8.1f MB %10.1f MB %10.1f MB\n' "$t" "$(python3 -c "print(${IDLE[$t]}/1024)")" \
-      "$(python3 -c "print($before/1024)")" "$(python3 -c "print($peak/1024)")" \
+    printf '%-22s %6.1f MB %8.1f MB %8.1f MB %8.1f MB %10.1f MB %10.1f MB\n' "$t" "$(python3 -c "print(${IDLE[$t]}/1024)")" \
+      "$(python3 -c "print($before/1024)")" "$(python3 -c "print($peak/1024)")" "$(python3 -c "print($held/1024)")" \
       "$(python3 -c "print($after3/1024)")" "$(python3 -c "print($after10/1024)")"
   done
 }
