@@ -1,7 +1,14 @@
-//! A stream's reply goes on in a task of its own. Pingora holds a request's whole state in one
-//! future (`process_new_http`, 15 KB, with the proxy's own stages inside it) until the request
-//! ends, and a stream may last minutes while its events trickle. Once a stream's success header
-//! is in, what its relay needs (the client's HTTP/1 session, the upstream connection, the
+//! A stream goes on in tasks of its own. Pingora holds a request's whole state in one future
+//! (`process_new_http`, 15 KB, with the proxy's own stages inside it) until the request ends;
+//! a model server may take seconds to its first token, and a stream may last minutes while its
+//! events trickle.
+//!
+//! Once admitted, a stream to an HTTP/1 client moves (its client's session and its `Ctx`) to
+//! a task that makes its tries (`forward::run`, as Pingora's request would: [`spawn_early`]),
+//! and Pingora's request ends at once. Should the stream end there (an error answered, the
+//! client gone, no upstream), that task ends the request as Pingora would have.
+//!
+//! Once a stream's success header is in, what its relay needs (the client's HTTP/1 session, the upstream connection, the
 //! request's `Ctx`) moves to a task of its own and Pingora's request ends at once: what it
 //! held is freed while the stream runs. The task relays the reply (`forward::relay`, as a reply
 //! that stays inline is relayed), notes the try's end, writes the record (`proxy::end`, as
@@ -35,7 +42,7 @@ use pingora_core::protocols::{
     TimingDigest, UniqueID, UniqueIDType,
 };
 use pingora_http::ResponseHeader;
-use pingora_proxy::Session;
+use pingora_proxy::{ProxyHttp, Session};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
@@ -46,6 +53,86 @@ use crate::route::balance::InFlight;
 use crate::route::{Pool, Route, Upstream};
 use crate::state::Shared;
 use crate::upstream::Connections;
+
+/// Whether an admitted request goes on in a task of its own from here on, before its
+/// upstream exchange: a stream to an HTTP/1 client. A model server may take seconds to its
+/// first token, and Pingora's request state (its `process_new_http` future, 15 KB written
+/// whole, the connection's task, the request filter's future) would be held all that time.
+pub(super) fn early(session: &Session, ctx: &Ctx) -> bool {
+    ctx.stream && ctx.route.is_some() && matches!(session.as_downstream(), ServerSession::H1(_))
+}
+
+/// Moves an admitted stream (its client's session and its state) to a task of its own, which
+/// makes its tries (`forward::run`, as Pingora's request would) and ends the request as
+/// Pingora would have; once the reply's header is in, the relay goes on in a task of its own
+/// again ([`spawn`]), which lets go of what the tries held.
+pub(super) fn spawn_early(gw: &Gateway, session: &mut Session, ctx: &mut Ctx) {
+    let gone = Box::new(ServerSession::new_http1(Box::new(Gone)));
+    let exchange = Exchange {
+        gw: Gateway {
+            shared: gw.shared.clone(),
+            listener: gw.listener,
+            connections: gw.connections.clone(),
+        },
+        downstream: std::mem::replace(&mut session.downstream_session, gone),
+        ctx: ctx.hand_off(),
+    };
+    tokio::spawn(async move {
+        let reused = Box::pin(exchange.run()).await;
+        if let Some(reused) = reused {
+            crate::listener::resume(reused).await;
+        }
+    });
+}
+
+/// What an early-detached stream's task owns until its reply's header is in.
+struct Exchange {
+    gw: Gateway,
+    downstream: Box<ServerSession>,
+    ctx: Box<Ctx>,
+}
+
+impl Exchange {
+    /// Makes the tries; unless the relay went on in a task of its own, ends the request as
+    /// Pingora ends one its filter answered (`logging`, then the connection kept alive) or
+    /// failed (`fail_to_proxy`, the error line, `logging`).
+    async fn run(self) -> Option<ReusedHttpStream> {
+        let Exchange {
+            gw,
+            downstream,
+            mut ctx,
+        } = self;
+        let mut session = Session::new_h1(Box::new(Gone));
+        session.downstream_session = downstream;
+        let sent = forward::run(&gw, &mut session, &mut ctx).await;
+        if ctx.detached {
+            // The relay's task has the reply, the connection and the record.
+            return None;
+        }
+        match sent {
+            Ok(()) => {
+                super::end(&gw.shared, session.req_header(), None, &mut ctx).await;
+                drop(ctx);
+                let downstream = session.downstream_session;
+                let settings = HttpPersistentSettings::for_session(&downstream);
+                let reusable = downstream.finish().await.ok().flatten()?;
+                Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
+            }
+            Err(e) => {
+                let failed = gw.fail_to_proxy(&mut session, &e, &mut ctx).await;
+                if !super::quiet_failure(&ctx, &e) {
+                    tracing::error!(
+                        request_id = %ctx.request_id,
+                        "the stream failed: {e}, status: {}",
+                        failed.error_code
+                    );
+                }
+                super::end(&gw.shared, session.req_header(), Some(&e), &mut ctx).await;
+                None
+            }
+        }
+    }
+}
 
 /// The route of a reply that can go on in its own task: a stream's, to an HTTP/1 client.
 pub fn route(session: &Session, ctx: &Ctx) -> Option<Arc<Route>> {

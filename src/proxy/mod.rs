@@ -95,6 +95,10 @@ impl Gateway {
             return Box::pin(self.web(session, ctx)).await;
         }
         match self.decide(session, ctx).await {
+            Ok(()) if detach::early(session, ctx) => {
+                detach::spawn_early(self, session, ctx);
+                Ok(true)
+            }
             Ok(()) => {
                 forward::run(self, session, ctx).await?;
                 Ok(true)
