@@ -296,6 +296,32 @@ async fn requests_after_a_stream_on_its_connection_are_answered_each_with_its_re
     }
 }
 
+/// A stream the upstream refuses is answered from the task it went on in at its admission,
+/// with its record, and its connection then carries the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_stream_is_answered_and_its_connection_serves_the_next_request() {
+    let g = start();
+    let (refused, next) = tokio::task::block_in_place(|| {
+        let mut s = blocking_connect(&g.main, Duration::from_secs(10));
+        let (plain, streamed) = (chat_json(false), chat_json(true));
+        let head = chat_head(KEY, streamed.len(), "x-mock-status: 400\r\n");
+        s.write_all((head + &streamed).as_bytes()).expect("write");
+        let refused = read_one_reply(&mut s);
+        s.write_all((chat_head(KEY, plain.len(), "") + &plain).as_bytes())
+            .expect("write");
+        (refused, read_one_reply(&mut s))
+    });
+    assert!(refused.starts_with("HTTP/1.1 400"), "{refused}");
+    assert!(refused.contains("\"error\""), "{refused}");
+    assert!(next.starts_with("HTTP/1.1 200"), "{next}");
+    assert!(next.contains("\"chat.completion\""), "{next}");
+    for (reply, status, stream) in [(&refused, 400, true), (&next, 200, false)] {
+        let record = await_record(&g, &request_id_in(reply)).await;
+        assert_eq!(record["status"], status, "{record}");
+        assert_eq!(record["stream"], stream, "{record}");
+    }
+}
+
 /// What a stream's reply sends up to its first event (its header included).
 fn read_until_an_event(s: &mut TcpStream) -> Vec<u8> {
     let mut raw = Vec::new();
