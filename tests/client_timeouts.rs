@@ -288,12 +288,15 @@ async fn requests_after_a_stream_on_its_connection_are_answered_each_with_its_re
     assert!(got[2].contains("data: [DONE]"), "{}", got[2]);
     assert!(cut_after >= Duration::from_millis(450), "{cut_after:?}");
     assert!(cut_after < Duration::from_secs(3), "{cut_after:?}");
-    let ids: Vec<String> = got.iter().map(|r| request_id_in(r)).collect();
-    for (id, stream) in [(&ids[0], true), (&ids[1], false), (&ids[2], true)] {
-        let record = await_record(&g, id).await;
-        assert_eq!(record["status"], 200, "{record}");
-        assert_eq!(record["stream"], stream, "{record}");
-    }
+    assert_recorded(
+        &g,
+        &[
+            (got[0], 200, true),
+            (got[1], 200, false),
+            (got[2], 200, true),
+        ],
+    )
+    .await;
 }
 
 /// A stream the upstream refuses is answered from the task it went on in at its admission,
@@ -315,10 +318,16 @@ async fn a_refused_stream_is_answered_and_its_connection_serves_the_next_request
     assert!(refused.contains("\"error\""), "{refused}");
     assert!(next.starts_with("HTTP/1.1 200"), "{next}");
     assert!(next.contains("\"chat.completion\""), "{next}");
-    for (reply, status, stream) in [(&refused, 400, true), (&next, 200, false)] {
-        let record = await_record(&g, &request_id_in(reply)).await;
-        assert_eq!(record["status"], status, "{record}");
-        assert_eq!(record["stream"], stream, "{record}");
+    assert_recorded(&g, &[(&refused, 400, true), (&next, 200, false)]).await;
+}
+
+/// Each reply's record (found by the reply's request id) says its status and whether it was a
+/// stream.
+async fn assert_recorded(g: &Gateway, expected: &[(&str, u64, bool)]) {
+    for (reply, status, stream) in expected {
+        let record = await_record(g, &request_id_in(reply)).await;
+        assert_eq!(record["status"], *status, "{record}");
+        assert_eq!(record["stream"], *stream, "{record}");
     }
 }
 
@@ -373,12 +382,7 @@ async fn a_request_sent_while_a_stream_goes_out_is_answered_after_it() {
     assert!(got[0].contains("\"finish_reason\":\"stop\""), "{}", got[0]);
     assert!(got[1].starts_with("HTTP/1.1 200"), "{}", got[1]);
     assert!(got[1].contains("\"list\""), "{}", got[1]);
-    let ids: Vec<String> = got.iter().map(|r| request_id_in(r)).collect();
-    for (id, stream) in [(&ids[0], true), (&ids[1], false)] {
-        let record = await_record(&g, id).await;
-        assert_eq!(record["status"], 200, "{record}");
-        assert_eq!(record["stream"], stream, "{record}");
-    }
+    assert_recorded(&g, &[(got[0], 200, true), (got[1], 200, false)]).await;
 }
 
 /// A client that sent a stream with a request pipelined behind it and then hangs up while the

@@ -8,12 +8,13 @@
 //! and Pingora's request ends at once. Should the stream end there (an error answered, the
 //! client gone, no upstream), that task ends the request as Pingora would have.
 //!
-//! Once a stream's success header is in, what its relay needs (the client's HTTP/1 session, the upstream connection, the
-//! request's `Ctx`) moves to a task of its own and Pingora's request ends at once: what it
-//! held is freed while the stream runs. The task relays the reply (`forward::relay`, as a reply
-//! that stays inline is relayed), notes the try's end, writes the record (`proxy::end`, as
-//! Pingora's `logging` does for every other request) and, when the connection can carry
-//! another request, serves the connection's next requests from there (`listener::resume`).
+//! Once a stream's success header is in, what its relay needs (the client's HTTP/1 session,
+//! the upstream connection, the request's `Ctx`) moves to a task of its own: what the tries
+//! held is freed while the stream runs. The task relays the reply (`forward::relay_body`, as
+//! a reply that stays inline is relayed), notes the try's end, writes the record
+//! (`proxy::end`, as Pingora's `logging` does for every other request) and, when the
+//! connection can carry another request, serves the connection's next requests from there
+//! (`listener::resume`).
 //!
 //! Once the task has written the reply's header, a body that goes chunked (a stream to an
 //! HTTP/1.1 client) is written on the connection itself ([`Wire`]): the client's session, with
@@ -67,22 +68,45 @@ pub(super) fn early(session: &Session, ctx: &Ctx) -> bool {
 /// Pingora would have; once the reply's header is in, the relay goes on in a task of its own
 /// again ([`spawn`]), which lets go of what the tries held.
 pub(super) fn spawn_early(gw: &Gateway, session: &mut Session, ctx: &mut Ctx) {
-    let gone = Box::new(ServerSession::new_http1(Box::new(Gone)));
     let exchange = Exchange {
         gw: Gateway {
             shared: gw.shared.clone(),
             listener: gw.listener,
             connections: gw.connections.clone(),
         },
-        downstream: std::mem::replace(&mut session.downstream_session, gone),
+        downstream: take_client(session),
         ctx: ctx.hand_off(),
     };
+    go_on(exchange.run());
+}
+
+/// The client's session, taken out of Pingora's request: what is left there is a session on
+/// `Gone`.
+fn take_client(session: &mut Session) -> Box<ServerSession> {
+    let gone = Box::new(ServerSession::new_http1(Box::new(Gone)));
+    std::mem::replace(&mut session.downstream_session, gone)
+}
+
+/// Runs a request's part in a task of its own, then, when its connection can carry another
+/// request, serves the connection's next requests from there (`listener::resume`). The part
+/// is boxed, and freed before the next requests are served: tokio moves a task's future whole
+/// as it spawns it (and writes its stage whole as it ends), so the task's own future stays
+/// small.
+fn go_on(part: impl Future<Output = Option<ReusedHttpStream>> + Send + 'static) {
     tokio::spawn(async move {
-        let reused = Box::pin(exchange.run()).await;
+        let reused = Box::pin(part).await;
         if let Some(reused) = reused {
             crate::listener::resume(reused).await;
         }
     });
+}
+
+/// Ends a client's session whose request is over: its connection, when it can carry another
+/// request (as Pingora hands it on).
+async fn hand_on(session: Box<ServerSession>) -> Option<ReusedHttpStream> {
+    let settings = HttpPersistentSettings::for_session(&session);
+    let reusable = session.finish().await.ok().flatten()?;
+    Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
 }
 
 /// What an early-detached stream's task owns until its reply's header is in.
@@ -113,10 +137,7 @@ impl Exchange {
             Ok(()) => {
                 super::end(&gw.shared, session.req_header(), None, &mut ctx).await;
                 drop(ctx);
-                let downstream = session.downstream_session;
-                let settings = HttpPersistentSettings::for_session(&downstream);
-                let reusable = downstream.finish().await.ok().flatten()?;
-                Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
+                hand_on(session.downstream_session).await
             }
             Err(e) => {
                 let failed = gw.fail_to_proxy(&mut session, &e, &mut ctx).await;
@@ -154,11 +175,10 @@ pub(super) fn spawn(
     end: TryEnd,
 ) {
     inflight.keep();
-    let gone = Box::new(ServerSession::new_http1(Box::new(Gone)));
     let relay = Relay {
         shared: gw.shared.clone(),
         connections: gw.connections.clone(),
-        downstream: std::mem::replace(&mut session.downstream_session, gone),
+        downstream: take_client(session),
         counted: Counted {
             route,
             upstream: ctx.upstream,
@@ -168,15 +188,7 @@ pub(super) fn spawn(
         resp,
         end,
     };
-    // The relay's state is boxed, and freed before the connection's next requests are served
-    // from this task: tokio moves a task's future whole as it spawns it (and writes its stage
-    // whole as it ends), so the task's own future stays small.
-    tokio::spawn(async move {
-        let reused = Box::pin(relay.run()).await;
-        if let Some(reused) = reused {
-            crate::listener::resume(reused).await;
-        }
-    });
+    go_on(relay.run());
 }
 
 /// A request counted in flight on an upstream of a route, until this drops.
@@ -323,11 +335,7 @@ impl Client {
     /// The reply is over: the connection, when it can carry another request.
     async fn finish(self) -> Option<ReusedHttpStream> {
         match self {
-            Client::Session(session) => {
-                let settings = HttpPersistentSettings::for_session(&session);
-                let reusable = session.finish().await.ok().flatten()?;
-                Some(ReusedHttpStream::from_reusable_stream(reusable, settings))
-            }
+            Client::Session(session) => hand_on(session).await,
             Client::Wire(wire) => wire.finish().await,
             Client::Lost => None,
         }

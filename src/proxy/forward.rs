@@ -455,7 +455,12 @@ async fn stream_reply(
             }
             None => {
                 let downstream = session.as_downstream_mut();
-                relay(&gw.connections, downstream, ctx, pool, up, upstream, resp).await
+                match write_header(ctx, downstream, resp).await {
+                    Ok(()) => {
+                        relay_body(&gw.connections, downstream, ctx, pool, up, upstream).await
+                    }
+                    Err(e) => Err(e),
+                }
             }
         },
     };
@@ -495,21 +500,6 @@ async fn pass_on(
     }
     crate::respond::frame_unknown_length(session.req_header(), &mut resp).map_err(Err)?;
     Ok((upstream, resp))
-}
-
-/// Relays a success: its header, then its body as it comes, metered, under the idle and
-/// whole-request deadlines. After the header, a failure cuts the reply (`Err`).
-async fn relay(
-    connections: &upstream::Connections,
-    session: &mut ServerSession,
-    ctx: &mut Ctx,
-    pool: &Pool,
-    up: &Upstream,
-    upstream: Upstreamed,
-    resp: ResponseHeader,
-) -> pingora_error::Result<()> {
-    write_header(ctx, session, resp).await?;
-    relay_body(connections, session, ctx, pool, up, upstream).await
 }
 
 /// Writes a success's header to the client (within the client's send timeout and the

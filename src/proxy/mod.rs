@@ -313,8 +313,8 @@ impl ProxyHttp for Gateway {
     }
 
     /// No response compression: the reply goes through as the upstream sent it. (No module
-    /// at all: `forward::relay` writes to the client's session directly, past where Pingora
-    /// would run them.)
+    /// at all: `forward::relay_body` writes to the client's session directly, past where
+    /// Pingora would run them.)
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
 
     async fn request_filter(

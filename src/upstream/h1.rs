@@ -50,8 +50,6 @@ pub struct Conn {
     /// The request asked for no body (HEAD).
     head: bool,
     header: Option<Box<ResponseHeader>>,
-    /// The reply's status, once its (final) header is read.
-    status: u16,
     body: Body,
     keepalive: bool,
     /// Body bytes read so far (for error messages).
@@ -96,7 +94,6 @@ impl Conn {
             left: BytesMut::new(),
             head: false,
             header: None,
-            status: 0,
             body: Body::Unread,
             keepalive: false,
             received: 0,
@@ -247,7 +244,6 @@ impl Conn {
             // Informational: no body; the final header follows.
             return Ok(Some(header));
         }
-        self.status = status;
         // Checked whatever the body (a bodiless reply's length passes on to the client).
         let length = content_length(&header.headers)?;
         self.body = if self.head || matches!(status, 101 | 204 | 304) {
@@ -649,7 +645,9 @@ mod tests {
 
     #[tokio::test]
     async fn the_request_goes_in_one_write_and_lengths_close_and_bodiless_replies_end_right() {
-        let (mut c, server) = conn(&[b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc"], false).await;
+        let reply: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n\
+            HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc";
+        let (mut c, server) = conn(&[reply], false).await;
         assert_eq!(exchange(&mut c, "POST").await.expect("length"), b"abc");
         assert!(c.reusable().is_ok());
         let got = server.await.expect("server");
