@@ -275,8 +275,12 @@ async fn a_kubernetes_style_symlink_swap_is_picked_up() {
     std::fs::create_dir(&v1).expect("mkdir");
     std::fs::copy(dir.join("keys.toml"), v1.join("keys.toml")).expect("copy");
     std::os::unix::fs::symlink("..v1", dir.join("..data")).expect("symlink");
+    let reloads = metric_value(&g, "modelgate_keys_reloads_total").await;
     std::fs::remove_file(dir.join("keys.toml")).expect("rm");
     std::os::unix::fs::symlink("..data/keys.toml", dir.join("keys.toml")).expect("symlink");
+    // The link is loaded before the swap, so the swap is a change of its own (no event names
+    // the keys file then: the folder's new `..data` link is what wakes the reloader).
+    await_reloads_past(&g, reloads).await;
     await_status(&g.main, KEY, 200).await;
     // The swap: a new folder, a new ..data link renamed over the old one.
     let v2 = dir.join("..v2");

@@ -194,7 +194,10 @@ impl BackgroundService for KeysReloader {
             .collect();
         // Kept alive for the life of the service; without it the checks below still run.
         let _watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-            if event.as_ref().map_or(true, |e| touches(e, &names)) {
+            if event
+                .as_ref()
+                .map_or(true, |e| touches(e, &names) || swaps_a_link(e))
+            {
                 let _ = tx.send(());
             }
         })
@@ -262,6 +265,22 @@ fn touches(event: &notify::Event, names: &[OsString]) -> bool {
             .any(|p| p.file_name().is_some_and(|n| names.iter().any(|m| m == n)))
 }
 
+/// Whether a change in a watched folder put a symbolic link in place, as a Kubernetes volume
+/// update does: it renames a new `..data` link over the old one, and the keys file, a link
+/// through `..data`, then names other contents without an event naming it. Such a swap wakes the
+/// reloader at once rather than at its next check of the file's identity; a wake that changed
+/// nothing costs one look at the file. Writes (the usage database's) are not looked at.
+fn swaps_a_link(event: &notify::Event) -> bool {
+    use notify::event::{EventKind, ModifyKind};
+    matches!(
+        event.kind,
+        EventKind::Create(_) | EventKind::Modify(ModifyKind::Name(_))
+    ) && event.paths.iter().any(|p| {
+        p.symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+    })
+}
+
 #[cfg(test)]
 mod watch_tests {
     use super::*;
@@ -293,5 +312,26 @@ mod watch_tests {
         // The usage database beside it, written on every batch.
         assert!(!touches(&event(write, &["/etc/mg/usage.db-wal"]), &names));
         assert!(!touches(&event(write, &["/etc/mg/usage.db"]), &names));
+    }
+
+    #[test]
+    fn a_link_renamed_into_place_wakes_the_reloader_and_a_write_does_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("..v2")).expect("mkdir");
+        let link = dir.path().join("..data");
+        std::os::unix::fs::symlink("..v2", &link).expect("symlink");
+        let file = dir.path().join("usage.db");
+        std::fs::write(&file, b"").expect("write");
+        let event = |kind, p: &Path| notify::Event::new(kind).add_path(p.to_path_buf());
+        let renamed = EventKind::Modify(ModifyKind::Name(RenameMode::To));
+        assert!(swaps_a_link(&event(renamed, &link)));
+        assert!(swaps_a_link(&event(
+            EventKind::Create(notify::event::CreateKind::Any),
+            &link
+        )));
+        assert!(!swaps_a_link(&event(renamed, &file)), "not a link");
+        let write = EventKind::Modify(ModifyKind::Data(notify::event::DataChange::Any));
+        assert!(!swaps_a_link(&event(write, &link)), "not a swap");
+        assert!(!swaps_a_link(&event(renamed, &dir.path().join("gone"))));
     }
 }
