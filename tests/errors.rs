@@ -683,3 +683,47 @@ async fn two_authorization_headers_are_refused_and_head_on_models_answers() {
         .expect("post");
     assert_eq!(resp.headers()["allow"], "GET, HEAD");
 }
+
+/// A client that resets its connection right behind its request, to a model whose upstream
+/// cannot be reached: the gateway's 502 finds no one to take it. The record says the client
+/// left (499), not the error it never got.
+#[tokio::test]
+async fn an_error_reply_whose_client_reset_the_connection_is_recorded_499() {
+    let g = start();
+    let body = serde_json::to_string(&chat_body("gone-model", false)).expect("json");
+    let addr = g.main.trim_start_matches("http://").parse().expect("addr");
+    let client = tokio::net::TcpSocket::new_v4()
+        .expect("socket")
+        .connect(addr)
+        .await
+        .expect("connect");
+    // Closing with a zero linger resets the connection: the request's bytes are in the
+    // gateway's socket, and anything it writes after them fails.
+    client.set_zero_linger().expect("linger");
+    let mut client = client;
+    tokio::io::AsyncWriteExt::write_all(
+        &mut client,
+        (chat_head(KEY, body.len(), "") + &body).as_bytes(),
+    )
+    .await
+    .expect("request");
+    drop(client);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let record = loop {
+        let page: serde_json::Value = get(&g.direct, "/api/usage?limit=10", Some(KEY))
+            .await
+            .json()
+            .await
+            .expect("json");
+        if let Some(r) = page["data"].as_array().and_then(|d| d.first()) {
+            break r.clone();
+        }
+        assert!(std::time::Instant::now() < deadline, "no record");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (record["model"].as_str(), record["status"].as_u64()),
+        (Some("gone-model"), Some(499)),
+        "{record}"
+    );
+}

@@ -280,6 +280,62 @@ async fn a_stalled_upload_and_a_client_that_stops_reading_are_cut_with_a_record_
     assert_eq!(records, want, "{page}");
 }
 
+/// An upstream that sends its error header and then stalls on the body: the gateway reads the
+/// body before it answers, so no reply has begun when the shutdown's cut comes. The client is
+/// told `shutting_down` (503), as while the gateway waits for a header, and its record says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_reply_whose_body_stalls_is_answered_503_when_the_shutdown_cuts_it() {
+    use std::io::{Read, Write};
+    let mut g = start_with(Setup {
+        grace_seconds: 1,
+        ..Setup::default()
+    });
+    let body = serde_json::to_string(&chat_body("echo-1", false)).expect("json");
+    let head = chat_head(
+        KEY,
+        body.len(),
+        "x-mock-status: 400\r\nx-mock-body-delay-ms: 30000\r\n",
+    );
+    let mut client = blocking_connect(&g.main, Duration::from_secs(20));
+    client
+        .write_all((head + &body).as_bytes())
+        .expect("request");
+    // The upstream has sent its header once the request counts as in flight at the upstream.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !metrics_text(&g)
+        .await
+        .lines()
+        .any(|l| l.starts_with("modelgate_upstream_in_flight") && l.trim_end().ends_with(" 1"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the request did not reach the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    terminate_past_the_grace_period(&mut g);
+    let mut answer = Vec::new();
+    let _ = client.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("shutting_down"), "{answer}");
+    let id = request_id_in(&answer);
+    let g = g.restart_stopped();
+    let page = usage_page(&g, "limit=100").await;
+    let records: Vec<(&str, u64)> = page["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|r| {
+            (
+                r["request_id"].as_str().unwrap_or_default(),
+                r["status"].as_u64().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(records, [(id.as_str(), 503)], "{page}");
+}
+
 /// A CSV export to a client that stops reading: the shutdown ends it too, with its record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_csv_export_to_a_client_that_stops_reading_is_cut_with_its_record() {

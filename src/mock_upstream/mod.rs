@@ -313,6 +313,15 @@ async fn write_reply(
     }
     add_echo_headers(&mut header, echo)?;
     match reply.body {
+        ReplyBody::Full(body) if ov.body_delay_ms > 0 && body.len() > 1 => {
+            // Chunked, so that the header and the first byte go out (a chunk is flushed; a
+            // header before a body with a length is not).
+            header.insert_header("transfer-encoding", "chunked")?;
+            session.write_response_header(Box::new(header)).await?;
+            session.write_response_body(body.slice(..1), false).await?;
+            tokio::time::sleep(Duration::from_millis(ov.body_delay_ms)).await;
+            session.write_response_body(body.slice(1..), true).await?;
+        }
         ReplyBody::Full(body) => {
             header.insert_header("content-length", body.len().to_string())?;
             session.write_response_header(Box::new(header)).await?;

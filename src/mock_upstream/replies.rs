@@ -477,6 +477,7 @@ mod tests {
             informational: None,
             html: false,
             close_delimited: false,
+            body_delay_ms: 0,
         }
     }
 

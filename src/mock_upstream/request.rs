@@ -52,6 +52,10 @@ pub(super) struct Overrides {
     /// `x-mock-close-delimited: 1`: a stream without chunks or length, ended by closing the
     /// connection (an HTTP/1.0-style server).
     pub(super) close_delimited: bool,
+    /// `x-mock-body-delay-ms: N`: a reply with a whole body (an error, say) goes chunked: its
+    /// header and first byte, then the rest N ms later, as from an upstream that stalls
+    /// mid-reply.
+    pub(super) body_delay_ms: u64,
 }
 
 impl Overrides {
@@ -80,6 +84,9 @@ impl Overrides {
                 .filter(|s| (100..=199).contains(s)),
             html: header_flag(headers, "x-mock-html"),
             close_delimited: header_flag(headers, "x-mock-close-delimited"),
+            body_delay_ms: header_parse::<u64>(headers, "x-mock-body-delay-ms")
+                .unwrap_or(0)
+                .min(MAX_DELAY_MS),
         }
     }
 }

@@ -105,8 +105,7 @@ pub async fn run(gw: &Gateway, session: &mut Session, ctx: &mut Ctx) -> pingora_
         }
     }
     let e = error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(route.pool.name.clone()));
-    let _ = respond::error(session, ctx, &e).await;
-    ctx.outcome = Outcome::UpstreamFailed(e.status());
+    let _ = respond::failure(session, ctx, &e).await;
     Ok(())
 }
 
@@ -234,9 +233,7 @@ async fn try_pool(
 
 /// Answers 503 `shutting_down`: the shutdown ended the request before its reply began.
 async fn shutting_down(session: &mut Session, ctx: &mut Ctx) -> PoolEnd {
-    let e = GatewayError::ShuttingDown;
-    let _ = respond::error(session, ctx, &e).await;
-    ctx.outcome = Outcome::UpstreamFailed(e.status());
+    let _ = respond::failure(session, ctx, &GatewayError::ShuttingDown).await;
     PoolEnd::Done(Ok(()))
 }
 
@@ -482,8 +479,7 @@ async fn pass_on(
     let framed = crate::respond::framed(&resp.headers);
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
         if let Some(g) = reply::classify_failure(&e) {
-            let _ = respond::error(session, ctx, &g).await;
-            ctx.outcome = Outcome::UpstreamFailed(g.status());
+            let _ = respond::failure(session, ctx, &g).await;
         }
         return Err(Ok(()));
     }
@@ -728,11 +724,15 @@ async fn pass_error(
         Ok::<(), Box<Error>>(())
     };
     // An upstream that sends its error header and then stalls holds the request for at most
-    // the idle limit; the shutdown's cut ends the wait at once.
+    // the idle limit; the shutdown's cut ends the wait at once. No reply has begun then: the
+    // client is told the gateway is shutting down, as while it waits for the header.
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
     let read = tokio::select! {
         r = fast_timeout(pool.cfg.idle_timeout, read) => r,
-        () = cut(life.as_deref()) => return Err(shut(ctx)),
+        () = cut(life.as_deref()) => {
+            let _ = respond::failure(session, ctx, &GatewayError::ShuttingDown).await;
+            return Ok(());
+        }
     };
     let whole = match read {
         Ok(Ok(())) => body.len() <= ERROR_BODY_MAX,

@@ -361,10 +361,10 @@ impl ProxyHttp for Gateway {
         ctx.outcome = match reply::classify_failure(e) {
             _ if written || named => outcome_after_reply(ctx, e),
             Some(g) => {
-                if let Err(we) = respond::error(session, ctx, &g).await {
+                if let Err(we) = respond::failure(session, ctx, &g).await {
                     tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");
                 }
-                Outcome::UpstreamFailed(g.status())
+                ctx.outcome
             }
             None => Outcome::ClientGone,
         };

@@ -64,3 +64,19 @@ pub fn error<'a>(
         |h| reply_headers(ctx, h),
     ))
 }
+
+/// Answers with `e`, a failure of the upstream's (or the shutdown's), noting how the request
+/// ended: with the status sent, or, when the reply could not be written, as the write failed
+/// (a client that had left is recorded 499, not the error it never got).
+pub async fn failure(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    e: &GatewayError,
+) -> pingora_error::Result<()> {
+    let sent = error(session, ctx, e).await;
+    ctx.outcome = match &sent {
+        Ok(()) => Outcome::UpstreamFailed(e.status()),
+        Err(we) => Outcome::of_failed_write(we),
+    };
+    sent
+}
