@@ -177,6 +177,10 @@ pub struct Deadlined {
     listener: &'static str,
     /// The loop over the connection's requests, for `resume`.
     resume: Option<(Arc<dyn Requests>, ShutdownWatch)>,
+    /// Small writes gathered for one write to the client (`poll_gather`), and how much of
+    /// them went out.
+    gathered: Vec<u8>,
+    drained: usize,
 }
 
 impl std::fmt::Debug for Deadlined {
@@ -266,6 +270,8 @@ impl Deadlined {
             replacing: None,
             preface_left: 0,
             resume: None,
+            gathered: Vec::new(),
+            drained: 0,
         }
     }
 
@@ -359,16 +365,19 @@ impl AsyncWrite for Deadlined {
             self.replacing = Some((unparseable_reply(self.listener), 0));
         }
         if self.replacing.is_some() {
+            std::task::ready!(self.poll_drain(cx))?;
             return self.poll_replacement(cx, buf.len());
         }
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        self.poll_gather(cx, &[io::IoSlice::new(buf)])
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_drain(cx))?;
         Pin::new(&mut self.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        std::task::ready!(self.poll_drain(cx))?;
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 
@@ -385,21 +394,84 @@ impl AsyncWrite for Deadlined {
             self.replacing = Some((unparseable_reply(self.listener), 0));
         }
         if self.replacing.is_some() {
+            std::task::ready!(self.poll_drain(cx))?;
             // Only the header is replaced: its slice counts as written.
             let n = first.map_or(0, |b| b.len());
             return self.poll_replacement(cx, n);
         }
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        self.poll_gather(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
+        true
+    }
+}
+
+/// What was gathered goes out as the connection is dropped, if it can without waiting: a
+/// reply cut by an error is dropped unflushed, and its client gets what was written of it
+/// (Pingora's own streams do the same with their write buffers).
+impl Drop for Deadlined {
+    fn drop(&mut self) {
+        if self.drained < self.gathered.len() {
+            let drain = std::future::poll_fn(|cx| self.poll_drain(cx));
+            let _ = futures_util::FutureExt::now_or_never(drain);
+        }
+    }
+}
+
+/// The most bytes gathered for one write to the client: Pingora's own write buffer's size.
+const GATHER_MAX: usize = 1460;
+
+impl Deadlined {
+    /// Writes as a `BufWriter` of `GATHER_MAX` would: small writes (a reply's header, then a
+    /// small body) are gathered and go out in one write at the flush; a large one goes
+    /// straight out. The buffer is taken for the gathering only and freed once it is out, so
+    /// a connection that waits (a quiet stream between its events, a kept-alive connection)
+    /// holds none: the listeners give their connections no write buffer of Pingora's (1.4 KB
+    /// each, for the connection's whole life).
+    fn poll_gather(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let len = bufs.iter().map(|b| b.len()).sum::<usize>();
+        if self.gathered.len() + len > GATHER_MAX {
+            std::task::ready!(self.poll_drain(cx))?;
+        }
+        if len >= GATHER_MAX {
+            return Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        }
+        if self.gathered.capacity() == 0 {
+            self.gathered.reserve_exact(GATHER_MAX);
+        }
+        for b in bufs {
+            self.gathered.extend_from_slice(b);
+        }
+        Poll::Ready(Ok(len))
+    }
+
+    /// Writes out what was gathered, then frees its buffer.
+    fn poll_drain(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.drained < self.gathered.len() {
+            let rest = &self.gathered[self.drained..];
+            match std::task::ready!(Pin::new(&mut self.inner).poll_write(cx, rest)) {
+                Ok(0) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Ok(n) => self.drained += n,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+        if self.gathered.capacity() > 0 {
+            self.gathered = Vec::new();
+        }
+        self.drained = 0;
+        Poll::Ready(Ok(()))
     }
 }
 
 #[async_trait]
 impl Shutdown for Deadlined {
     async fn shutdown(&mut self) {
+        let _ = std::future::poll_fn(|cx| self.poll_drain(cx)).await;
         self.inner.shutdown().await
     }
 }

@@ -85,10 +85,12 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
                 // No L4 read buffer: Pingora reads a request's header into a buffer of its
                 // own, and the 64 KiB one under it (its first page written by every request)
                 // stayed for the connection's life, a kept-alive one's and a stream's too. TLS
-                // keeps it: the TLS layer reads in records of its size.
+                // keeps it: the TLS layer reads in records of its size. No L4 write buffer
+                // either: `listener::Deadlined` gathers a reply's small writes itself, in a
+                // buffer held only until they are out.
                 None => svc.add_listener(
                     pingora_core::listeners::ListenerConfig::tcp(addr)
-                        .l4_buffer(pingora_core::listeners::L4BufferSettings::default().read(0)),
+                        .l4_buffer(pingora_core::listeners::L4BufferSettings::unbuffered()),
                 ),
                 Some(files) => {
                     // The config stage loaded this pair already; it can only fail here if the
