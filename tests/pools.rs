@@ -903,3 +903,66 @@ upstream_model = "echo-1"
         started.elapsed()
     );
 }
+
+/// An upstream that sends `103 Early Hints` before each reply (as a CDN in front of a model
+/// server may) stays in rotation: its health check reads past the informational reply to the
+/// 200, as requests do.
+#[tokio::test]
+async fn an_upstream_that_sends_early_hints_passes_its_health_check() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let answered = Arc::new(AtomicUsize::new(0));
+    let count = answered.clone();
+    // A server of its own (not the mock): every request gets a 103, then the model list.
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let body = r#"{"object":"list","data":[]}"#;
+                let reply = format!(
+                    "HTTP/1.1 103 Early Hints\r\nlink: </a.css>; rel=preload\r\n\r\n\
+                     HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let (mut got, mut buf) = (Vec::new(), [0u8; 4096]);
+                while let Ok(n @ 1..) = s.read(&mut buf).await {
+                    got.extend_from_slice(&buf[..n]);
+                    // Each check is a GET: its header is the whole request.
+                    while let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        got.drain(..end + 4);
+                        if s.write_all(reply.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            });
+        }
+    });
+    let g = start_with(Setup {
+        extra_config: format!(
+            "[[pools]]\nname = \"hinted\"\nupstreams = [\"http://127.0.0.1:{port}\"]\n\
+             health_interval_ms = 50\n"
+        ),
+        ..Setup::default()
+    });
+    // Three checks answered: the first two have had their verdicts.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answered.load(Ordering::SeqCst) < 3 {
+        assert!(Instant::now() < deadline, "the health check did not run");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let resp = reqwest::get(format!("{}/readyz", g.admin))
+        .await
+        .expect("readyz");
+    let status = resp.status().as_u16();
+    let body = resp.text().await.expect("body");
+    assert_eq!(status, 200, "{body}");
+}

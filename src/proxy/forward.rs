@@ -407,28 +407,15 @@ async fn try_once(
     }
 }
 
-/// The most informational replies (`103 Early Hints`…) read before the real one.
-const MAX_INFORMATIONAL: usize = 16;
-
-/// Sends the request on `client` and reads the reply's header, past any informational ones
-/// (`100`, `102`, `103`…: they say nothing a client of the API needs, and it gets one reply).
+/// Sends the request on `client` and reads the reply's header, past any informational ones.
 async fn ask(
     mut client: Box<upstream::Conn>,
     req: &pingora_http::RequestHeader,
     body: &Bytes,
 ) -> pingora_error::Result<Box<upstream::Conn>> {
     client.send(req, body).await?;
-    for _ in 0..MAX_INFORMATIONAL {
-        client.read_response_header().await?;
-        let status = client.response_header().map(|r| r.status.as_u16());
-        if !matches!(status, Some(100 | 102..=199)) {
-            return Ok(client);
-        }
-    }
-    Error::e_explain(
-        ErrorType::InvalidHTTPHeader,
-        "the upstream sent informational replies and no reply",
-    )
+    client.read_final_header().await?;
+    Ok(client)
 }
 
 /// Passes the reply on, metered. Errors before the header reached the client are answered in

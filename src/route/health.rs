@@ -160,7 +160,7 @@ async fn ask(
     req: &RequestHeader,
 ) -> pingora_error::Result<Box<crate::upstream::Conn>> {
     client.send(req, &[]).await?;
-    client.read_response_header().await?;
+    client.read_final_header().await?;
     while client.read_response_body().await?.is_some() {}
     Ok(client)
 }

@@ -40,6 +40,9 @@ const READ_MAX: usize = 16 * 1024;
 /// Bodies up to this size go up in the same write as the header (one copy, one send).
 const ONE_WRITE_MAX: usize = 64 * 1024;
 
+/// The most informational replies (`103 Early Hints`…) read before the real one.
+const MAX_INFORMATIONAL: usize = 16;
+
 /// An exchange on one upstream connection.
 pub struct Conn {
     stream: Stream,
@@ -135,6 +138,23 @@ impl Conn {
             };
             Error::because(kind, "while writing the request", e)
         })
+    }
+
+    /// Reads the reply's header past any informational ones (`100`, `102`, `103`…: they say
+    /// nothing a client of the API or a health check needs, and a client gets one reply); `101
+    /// Switching Protocols` is final. At most `MAX_INFORMATIONAL` are read before it.
+    pub async fn read_final_header(&mut self) -> pingora_error::Result<()> {
+        for _ in 0..MAX_INFORMATIONAL {
+            self.read_response_header().await?;
+            let status = self.header.as_ref().map(|r| r.status.as_u16());
+            if !matches!(status, Some(100 | 102..=199)) {
+                return Ok(());
+            }
+        }
+        Error::e_explain(
+            ErrorType::InvalidHTTPHeader,
+            "the upstream sent informational replies and no reply",
+        )
     }
 
     /// Reads one reply header: an informational one (1xx; the caller reads on) or the final
