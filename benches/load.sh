@@ -38,7 +38,7 @@ cargo build --release --quiet --bin modelgate --example bare_pingora
 BIN=target/release/modelgate
 BARE=target/release/examples/bare_pingora
 NGINX=$(command -v nginx)
-ulimit -n 65536 2>/dev/null || true
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ]; then SRV="taskset -c 0"; LOAD="taskset -c 1"; else SRV=""; LOAD=""; fi
 
@@ -135,6 +135,7 @@ PY
 median() { python3 -c "import statistics,sys; print(statistics.median(map(float, sys.argv[1:])))" "$@"; }
 
 echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); servers on ${SRV:-any CPU}, wrk on ${LOAD:-any CPU}"
+echo "open files: $(ulimit -n) a process (a proxy holds two a stream, its client's and its upstream's: \"fds held\" below)"
 echo "each case: medians of $ROUNDS interleaved rounds of ${DURATION}s per target, $CONNECTIONS connections, $CHUNKS chunks per streamed reply"
 printf '\n%-14s %-10s %10s %9s %9s %11s %9s %9s\n' case target "req/s" "p50 ms" "p99 ms" "CPU µs/req" "÷ bare" "÷ nginx"
 for case in ${CASES-plain stream models}; do
@@ -199,20 +200,21 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $KEY"
 wrk.headers["x-mock-delay-ms"] = "$2"
 LUA
-  printf '\n%-22s %9s %11s %11s %11s %13s %13s\n' "$1 streams, ${2} ms" "RSS idle" "RSS before" "RSS peak" "RSS held" "3 s after" "10 s after"
+  printf '\n%-22s %9s %11s %11s %11s %13s %13s %9s\n' "$1 streams, ${2} ms" "RSS idle" "RSS before" "RSS peak" "RSS held" "3 s after" "10 s after" "fds held"
   for t in "${TARGETS[@]}"; do
     pid=${PID_OF[$t]}
-    before=$(rss_kib "$pid"); peak=$before; held=$before
+    before=$(rss_kib "$pid"); peak=$before; held=$before; fds=0
     $LOAD wrk -t2 -c"$1" -d"$3"s --timeout 30s -s "$TMP/slow.lua" "http://127.0.0.1:${PORT_OF[$t]}/v1/chat/completions" >/dev/null 2>&1 &
     load=$!
     while kill -0 "$load" 2>/dev/null; do
-      now=$(rss_kib "$pid"); [ "$now" -gt "$peak" ] && peak=$now; held=$now; sleep 0.2
+      now=$(rss_kib "$pid"); [ "$now" -gt "$peak" ] && peak=$now; held=$now
+      fds=$(ls "/proc/$pid/fd" | wc -l); sleep 0.2
     done
     sleep 3; after3=$(rss_kib "$pid")
     sleep 7; after10=$(rss_kib "$pid")
-    printf '%-22s %6.1f MB %8.1f MB %8.1f MB %8.1f MB %10.1f MB %10.1f MB\n' "$t" "$(python3 -c "print(${IDLE[$t]}/1024)")" \
+    printf '%-22s %6.1f MB %8.1f MB %8.1f MB %8.1f MB %10.1f MB %10.1f MB %9s\n' "$t" "$(python3 -c "print(${IDLE[$t]}/1024)")" \
       "$(python3 -c "print($before/1024)")" "$(python3 -c "print($peak/1024)")" "$(python3 -c "print($held/1024)")" \
-      "$(python3 -c "print($after3/1024)")" "$(python3 -c "print($after10/1024)")"
+      "$(python3 -c "print($after3/1024)")" "$(python3 -c "print($after10/1024)")" "$fds"
   done
 }
 # A burst of short streams (about 2 s each), then many held open and quiet (20 s each; wrk
