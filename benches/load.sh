@@ -113,7 +113,7 @@ path_of() { case $1 in models) echo /v1/models ;; *) echo /v1/chat/completions ;
 measure() { # $1 = target, $2 = case
   local pid=${PID_OF[$1]} before after out
   before=$(cpu_ticks "$pid")
-  out=$($LOAD wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" --latency -s "${SCRIPT_OVERRIDE:-$(script "$2")}" \
+  out=$($LOAD wrk -t1 -c"${CONNS_OVERRIDE:-$CONNECTIONS}" -d"${DURATION}s" --latency -s "${SCRIPT_OVERRIDE:-$(script "$2")}" \
     "http://127.0.0.1:${PORT_OF[$1]}$(path_of "$2")")
   after=$(cpu_ticks "$pid")
   python3 - "$out" "$before" "$after" "$DURATION" <<'PY'
@@ -161,20 +161,25 @@ for case in ${CASES-plain stream models}; do
 done
 
 # Latency at half of modelgate's peak plain rate, the same rate for every target: each
-# connection waits between requests (wrk's `delay`) so that CONNECTIONS of them offer that
-# rate; the added p99 is modelgate's minus bare Pingora's.
+# connection waits PACE_MS between a reply and its next request (wrk's `delay`, whole ms), and
+# as many connections as make that rate are opened: first as if replies took no time, then
+# scaled by the rate modelgate made in a 2 s trial (a reply's own latency adds to each
+# connection's pause). The added p99 is modelgate's minus bare Pingora's.
 if [ -n "${PEAK_PLAIN:-}" ]; then
   half=$(python3 -c "print(round($PEAK_PLAIN / 2))")
-  pause=$(python3 -c "print(max(1, round($CONNECTIONS * 1000 / $half)))")
+  pause=${PACE_MS:-10}
   paced=$TMP/paced.lua
   cat "$(script plain)" > "$paced"
   printf 'function delay()\n  return %s\n end\n' "$pause" >> "$paced"
-  printf '\nplain chat at half of modelgate peak (%s req/s offered: %s connections, %s ms apart)\n' "$half" "$CONNECTIONS" "$pause"
+  conns=$(python3 -c "print(max(1, round($half * $pause / 1000)))")
+  trial=$($LOAD wrk -t1 -c"$conns" -d2s -s "$paced" "http://127.0.0.1:$MG/v1/chat/completions" | awk '/Requests\/sec/ {print $2}')
+  conns=$(python3 -c "print(max(1, round($conns * $half / max(float('$trial'), 1))))")
+  printf '\nplain chat at half of modelgate peak (%s req/s offered: %s connections, %s ms apart)\n' "$half" "$conns" "$pause"
   printf '%-14s %10s %9s %9s %11s %14s\n' target "req/s" "p50 ms" "p99 ms" "CPU µs/req" "p99 over bare"
   declare -A R=() P50=() P99=() CPU=()
   for _ in $(seq "$ROUNDS"); do
     for t in "${TARGETS[@]}"; do
-      read -r rps p50 p99 cpu < <(SCRIPT_OVERRIDE=$paced measure "$t" plain)
+      read -r rps p50 p99 cpu < <(SCRIPT_OVERRIDE=$paced CONNS_OVERRIDE=$conns measure "$t" plain)
       R[$t]+=" $rps"; P50[$t]+=" $p50"; P99[$t]+=" $p99"; CPU[$t]+=" $cpu"
     done
   done
