@@ -10,7 +10,7 @@
 # medians: req/s, p50/p99 latency, CPU time per request of the proxy process, and the ratios
 # to bare Pingora and to nginx. Then: RSS of each proxy holding SLOW concurrent slow streams
 # (and after they close), and the usage writer alone.
-#   DURATION=5 ROUNDS=3 CONNECTIONS=50 CHUNKS=20 SLOW=2000 IDLE_STREAMS=10000 bash benches/load.sh
+#   DURATION=5 ROUNDS=3 CONNECTIONS=50 CHUNKS=20 SLOW=2000 IDLE_STREAMS=10000 PACE_MS=10 bash benches/load.sh
 # (CASES="plain" runs only some of the throughput cases, CASES="" none of them; ALT_BIN=path
 # adds another modelgate build side by side.)
 # (WRITER=0 skips the writer-alone figure and the build of its bench.)
