@@ -173,7 +173,7 @@ pub(super) fn spawn(
     ctx: &mut Ctx,
     (route, inflight): (Arc<Route>, InFlight<'_>),
     upstream: Upstreamed,
-    resp: ResponseHeader,
+    resp: Box<ResponseHeader>,
     end: TryEnd,
 ) {
     inflight.keep();
@@ -215,7 +215,7 @@ struct Relay {
     counted: Counted,
     ctx: Box<Ctx>,
     upstream: Upstreamed,
-    resp: ResponseHeader,
+    resp: Box<ResponseHeader>,
     end: TryEnd,
 }
 
@@ -296,7 +296,7 @@ async fn relay(
     pool: &Pool,
     up: &Upstream,
     upstream: Upstreamed,
-    resp: ResponseHeader,
+    resp: Box<ResponseHeader>,
 ) -> pingora_error::Result<()> {
     if let Client::Session(session) = client {
         let wire = Wire::fits(session, &resp);

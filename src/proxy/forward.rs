@@ -221,7 +221,7 @@ async fn try_pool(
                 };
                 let to = (pool, up, inflight);
                 return PoolEnd::Done(
-                    stream_reply(gw, session, ctx, to, upstream, *resp, end).await,
+                    stream_reply(gw, session, ctx, to, upstream, resp, end).await,
                 );
             }
         }
@@ -427,7 +427,7 @@ async fn stream_reply(
     ctx: &mut Ctx,
     (pool, up, inflight): (&Pool, &Upstream, InFlight<'_>),
     upstream: Upstreamed,
-    resp: ResponseHeader,
+    resp: Box<ResponseHeader>,
     end: TryEnd,
 ) -> pingora_error::Result<()> {
     let sent = match pass_on(gw, session, ctx, pool, upstream, resp).await {
@@ -460,8 +460,8 @@ async fn pass_on(
     ctx: &mut Ctx,
     pool: &Pool,
     upstream: Upstreamed,
-    mut resp: ResponseHeader,
-) -> Result<(Upstreamed, ResponseHeader), pingora_error::Result<()>> {
+    mut resp: Box<ResponseHeader>,
+) -> Result<(Upstreamed, Box<ResponseHeader>), pingora_error::Result<()>> {
     // Whether the upstream's body has a known end (before the header is edited).
     let framed = crate::respond::framed(&resp.headers);
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp) {
@@ -490,10 +490,10 @@ async fn pass_on(
 pub(super) async fn write_header(
     ctx: &mut Ctx,
     session: &mut ServerSession,
-    resp: ResponseHeader,
+    resp: Box<ResponseHeader>,
 ) -> pingora_error::Result<()> {
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let header = session.write_response_header(Box::new(resp));
+    let header = session.write_response_header(resp);
     write(ctx, life.as_deref(), header).await
 }
 
@@ -697,7 +697,7 @@ async fn pass_error(
     ctx: &mut Ctx,
     pool: &Pool,
     mut upstream: Upstreamed,
-    mut resp: ResponseHeader,
+    mut resp: Box<ResponseHeader>,
 ) -> pingora_error::Result<()> {
     let status = resp.status.as_u16();
     let mut body = Vec::new();
@@ -743,7 +743,7 @@ async fn pass_error(
     };
     resp.remove_header(&http::header::TRANSFER_ENCODING);
     resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-    let header = session.write_response_header(Box::new(resp), false);
+    let header = session.write_response_header(resp, false);
     write(ctx, life.as_deref(), header).await?;
     // Up to 1 MiB.
     write(
