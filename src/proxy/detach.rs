@@ -136,10 +136,12 @@ impl Exchange {
             return None;
         }
         match sent {
+            // Boxed, as the relay's are: the hand-over of the connection (Pingora's `finish`,
+            // 3.8 KB) and the record would make the task's future as large for all its tries.
             Ok(()) => {
-                super::end(&gw.shared, session.req_header(), None, &mut ctx).await;
+                Box::pin(super::end(&gw.shared, session.req_header(), None, &mut ctx)).await;
                 drop(ctx);
-                hand_on(session.downstream_session).await
+                Box::pin(hand_on(session.downstream_session)).await
             }
             Err(e) => {
                 let failed = gw.fail_to_proxy(&mut session, &e, &mut ctx).await;
@@ -150,7 +152,13 @@ impl Exchange {
                         failed.error_code
                     );
                 }
-                super::end(&gw.shared, session.req_header(), Some(&e), &mut ctx).await;
+                Box::pin(super::end(
+                    &gw.shared,
+                    session.req_header(),
+                    Some(&e),
+                    &mut ctx,
+                ))
+                .await;
                 None
             }
         }
