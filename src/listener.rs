@@ -409,7 +409,7 @@ impl AsyncWrite for Deadlined {
 
 /// What was gathered goes out as the connection is dropped, if it can without waiting: a
 /// reply cut by an error is dropped unflushed, and its client gets what was written of it
-/// (Pingora's own streams do the same with their write buffers).
+/// (its header, and a body shorter than its length says: a cut it can see).
 impl Drop for Deadlined {
     fn drop(&mut self) {
         if self.drained < self.gathered.len() {

@@ -300,16 +300,16 @@ async fn an_error_reply_whose_body_stalls_is_answered_503_when_the_shutdown_cuts
     client
         .write_all((head + &body).as_bytes())
         .expect("request");
-    // The upstream has sent its header once the request counts as in flight at the upstream.
+    // The try is counted by its outcome once the upstream's header is in: its body stalls.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !metrics_text(&g)
-        .await
-        .lines()
-        .any(|l| l.starts_with("modelgate_upstream_in_flight") && l.trim_end().ends_with(" 1"))
-    {
+    while !metrics_text(&g).await.lines().any(|l| {
+        l.starts_with("modelgate_upstream_attempts_total")
+            && l.contains("outcome=\"4xx\"")
+            && l.trim_end().ends_with(" 1")
+    }) {
         assert!(
             Instant::now() < deadline,
-            "the request did not reach the upstream"
+            "the upstream's header did not come"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
