@@ -356,19 +356,13 @@ impl AsyncRead for Deadlined {
 }
 
 impl AsyncWrite for Deadlined {
+    /// One slice: the vectored path's (Pingora's bare-error check, the gathering).
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.replacing.is_none() && self.bare_error_possible() && pingoras_bare_error(buf) {
-            self.replacing = Some((unparseable_reply(self.listener), 0));
-        }
-        if self.replacing.is_some() {
-            std::task::ready!(self.poll_drain(cx))?;
-            return self.poll_replacement(cx, buf.len());
-        }
-        self.poll_gather(cx, &[io::IoSlice::new(buf)])
+        self.poll_write_vectored(cx, &[io::IoSlice::new(buf)])
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

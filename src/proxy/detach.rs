@@ -436,24 +436,44 @@ impl Wire {
         })
     }
 
-    /// Writes a piece of the body as a chunk, and the last chunk when `done`: one write.
+    /// Writes a piece of the body as a chunk, and the last chunk when `done`: the chunk's size
+    /// line, the piece and its end go as one vectored write, then a flush. The piece is not
+    /// copied here: the connection (`listener::Deadlined`) gathers a small chunk's parts into
+    /// one write, and a large one goes out as it is.
     async fn write(&mut self, piece: Option<Bytes>, done: bool) -> pingora_error::Result<()> {
-        use std::fmt::Write as _;
         let piece = piece.filter(|p| !p.is_empty());
         if piece.is_none() && !done {
             return Ok(());
         }
-        let mut out = BytesMut::with_capacity(piece.as_ref().map_or(0, Bytes::len) + 24);
-        if let Some(p) = &piece {
-            let _ = write!(out, "{:X}\r\n", p.len());
-            out.extend_from_slice(p);
-            out.extend_from_slice(b"\r\n");
-        }
-        if done {
-            out.extend_from_slice(b"0\r\n\r\n");
-        }
+        // The size line, on the stack: at most 16 hex digits and its CRLF.
+        let mut line = [0u8; 18];
+        let size = match &piece {
+            Some(p) => {
+                let mut rest = &mut line[..];
+                let _ = std::io::Write::write_fmt(&mut rest, format_args!("{:X}\r\n", p.len()));
+                18 - rest.len()
+            }
+            None => 0,
+        };
+        let end: &[u8] = match (&piece, done) {
+            (Some(_), true) => b"\r\n0\r\n\r\n",
+            (Some(_), false) => b"\r\n",
+            (None, _) => b"0\r\n\r\n",
+        };
+        let mut parts = [
+            io::IoSlice::new(&line[..size]),
+            io::IoSlice::new(piece.as_deref().unwrap_or_default()),
+            io::IoSlice::new(end),
+        ];
         let written = async {
-            self.stream.write_all(&out).await?;
+            let mut left = &mut parts[..];
+            while left.iter().any(|p| !p.is_empty()) {
+                let n = self.stream.write_vectored(left).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                io::IoSlice::advance_slices(&mut left, n);
+            }
             self.stream.flush().await
         };
         written.await.map_err(|e| {
