@@ -12,12 +12,14 @@ wait_port() {
 }
 
 # Writes modelgate.toml and keys.toml into $1: listeners on ports $2 (main) and $3 (direct),
-# one pool of the mock upstream on port $4.
+# one pool of the mock upstream on port $4, and the admin listener (/metrics) on port $5 if
+# given.
 gateway_config() {
   cat > "$1/modelgate.toml" <<TOML
 [listeners]
 main = "127.0.0.1:$2"
 direct = "127.0.0.1:$3"
+${5:+admin = \"127.0.0.1:$5\"}
 [keys]
 file = "keys.toml"
 [server]

@@ -42,13 +42,13 @@ ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
 if [ "$PIN" = 1 ] && [ "$(nproc)" -ge 2 ]; then SRV="taskset -c 0"; LOAD="taskset -c 1"; else SRV=""; LOAD=""; fi
 
-MOCK=$(port); NG=$(port); BP=$(port); MG=$(port); MGD=$(port)
+MOCK=$(port); NG=$(port); BP=$(port); MG=$(port); MGD=$(port); MGA=$(port)
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; sleep 0.2; rm -rf "$TMP"; }
 trap cleanup EXIT
 
-gateway_config "$TMP" "$MG" "$MGD" "$MOCK"
+gateway_config "$TMP" "$MG" "$MGD" "$MOCK" "$MGA"
 
 mkdir -p "$TMP/nginx"
 cat > "$TMP/nginx/nginx.conf" <<NGINX
@@ -236,8 +236,9 @@ w0=$(wakes); t0=$(writer_ticks); c0=$(cpu_ticks "$MG_PID")
 out=$($LOAD wrk -t1 -c"$CONNECTIONS" -d"${DURATION}s" -s "$(script plain)" "http://127.0.0.1:$MG/v1/chat/completions")
 w1=$(wakes); t1=$(writer_ticks); c1=$(cpu_ticks "$MG_PID")
 reqs=$(echo "$out" | awk '/requests in/ {print $1}')
+queued=$(curl -s "http://127.0.0.1:$MGA/metrics" | awk '/^modelgate_usage_records_queued / {print $2}')
 echo
-echo "usage writer under plain-chat load: $((w1 - w0)) wakes for $reqs records ($(python3 -c "print(f'{$reqs/max($w1-$w0,1):.0f}')") records per wake)"
+echo "usage writer under plain-chat load: $((w1 - w0)) wakes for $reqs records ($(python3 -c "print(f'{$reqs/max($w1-$w0,1):.0f}')") records per wake), ${queued:-?} records not yet committed when the load stopped, RSS then $(python3 -c "print(f'{$(rss_kib "$MG_PID")/1024:.1f}')") MB"
 # Its CPU beside the proxy's on the shared core (clock ticks of 10 ms: about ±2%).
 python3 -c "print(f'usage writer CPU under that load: {($t1-$t0)*10_000/max($reqs,1):.1f} µs a record, {100*($t1-$t0)/max($c1-$c0,1):.1f}% of the gateway process')"
 if [ "${WRITER:-1}" = 1 ]; then
