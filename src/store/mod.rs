@@ -125,13 +125,15 @@ const BEHIND_BATCHES: usize = 2;
 
 /// The writer is behind by more than `BEHIND_BATCHES` whole batches: the calling (proxy)
 /// thread gives up the rest of its turn on the CPU, so a writer that waits for that CPU runs.
-/// Where the writer shares a core with a busy proxy thread (one core, or the benchmark's pin),
-/// Linux's scheduler (EEVDF) ran it only in the gaps between the proxy's many wakes: 2.7% of
-/// the core under a plain-chat load, which was not enough, so its queue grew by about 7 MB a
-/// second for as long as the load lasted (toward `overflow_max`, then records dropped), and
-/// its work was paid after the load rather than during it. Now the queue stays about two
-/// batches long and the requests pay for their records as they go. A writer with a core of
-/// its own is not waiting for this one, and the call returns at once.
+/// The writer gives its core away every 16 rows of a batch (`sqlite::YIELD_EVERY`), so that a
+/// request arriving meanwhile waits a few dozen µs, not the batch. Where it shares that core
+/// with a proxy thread that never idles (one core, or the benchmark's pin), each of those
+/// yields handed the proxy a whole turn: the writer ran 2.7% of the time under a plain-chat
+/// load, too little, so its queue grew by about 7 MB a second for as long as the load lasted
+/// (toward `overflow_max`, and then records are dropped), and its work was paid after the
+/// load rather than during it. The proxy now gives the turn back while the writer is behind:
+/// the queue stays about two batches long, and requests pay for their records as they go. A
+/// writer with a core of its own is not waiting for this one, and the call returns at once.
 fn give_way() {
     std::thread::yield_now();
 }
