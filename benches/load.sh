@@ -88,7 +88,7 @@ TARGETS=(nginx bare modelgate)
 # store): an A/B of two builds in the same run, e.g. another allocator.
 if [ -n "${ALT_BIN:-}" ]; then
   ALT=$(port); ALTD=$(port); mkdir -p "$TMP/alt"
-  gateway_config "$TMP/alt" "$ALT" "$ALTD" "$MOCK"
+  gateway_config "$TMP/alt" "$ALT" "$ALTD" "$MOCK" "$(port)"
   (cd "$TMP/alt" && RUST_LOG=error exec $SRV "$ALT_BIN" serve --config modelgate.toml) & PIDS+=($!)
   PID_OF[alt]=$!; PORT_OF[alt]=$ALT; TARGETS+=(alt)
   wait_port "$ALT"
@@ -238,7 +238,7 @@ w1=$(wakes); t1=$(writer_ticks); c1=$(cpu_ticks "$MG_PID")
 reqs=$(echo "$out" | awk '/requests in/ {print $1}')
 queued=$(curl -s "http://127.0.0.1:$MGA/metrics" | awk '/^modelgate_usage_records_queued / {print $2}')
 echo
-echo "usage writer under plain-chat load: $((w1 - w0)) wakes for $reqs records ($(python3 -c "print(f'{$reqs/max($w1-$w0,1):.0f}')") records per wake), ${queued:-?} records not yet committed when the load stopped, RSS then $(python3 -c "print(f'{$(rss_kib "$MG_PID")/1024:.1f}')") MB"
+echo "usage writer under plain-chat load: $((w1 - w0)) wakes for $reqs records ($(python3 -c "print(f'{$reqs/max($w1-$w0,1):.0f}')") records per wake), ${queued:-?} records not yet committed shortly after the load stopped, RSS then $(python3 -c "print(f'{$(rss_kib "$MG_PID")/1024:.1f}')") MB"
 # Its CPU beside the proxy's on the shared core (clock ticks of 10 ms: about ±2%).
 python3 -c "print(f'usage writer CPU under that load: {($t1-$t0)*10_000/max($reqs,1):.1f} µs a record, {100*($t1-$t0)/max($c1-$c0,1):.1f}% of the gateway process')"
 if [ "${WRITER:-1}" = 1 ]; then

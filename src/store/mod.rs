@@ -256,9 +256,11 @@ impl Store {
             return;
         }
         s.accepted.fetch_add(1, Ordering::SeqCst);
+        // Counted before the send: the writer, which counts each record it takes off, never
+        // gets ahead of this count (which would wrap it around).
+        let queued = s.pending.fetch_add(1, Ordering::Relaxed) + 1;
         match self.tx.try_send(Msg::Record(Box::new(r))) {
             Ok(()) => {
-                let queued = s.pending.fetch_add(1, Ordering::Relaxed).wrapping_add(1);
                 if queued == self.batch_max {
                     // A whole batch is waiting: no need for the writer to sleep out its
                     // interval.
@@ -268,11 +270,13 @@ impl Store {
                 }
             }
             Err(TrySendError::Full(msg)) => {
+                s.pending.fetch_sub(1, Ordering::Relaxed);
                 if let Msg::Record(r) = msg {
                     self.spill(r);
                 }
             }
             Err(TrySendError::Disconnected(_)) => {
+                s.pending.fetch_sub(1, Ordering::Relaxed);
                 s.accepted.fetch_sub(1, Ordering::SeqCst);
                 self.drop_record("the usage writer thread is gone");
             }
