@@ -37,10 +37,12 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(shared: Arc<Shared>, listener: Listener) -> Gateway {
+        let pools = &shared.live.snapshot().router.pools;
+        let connections = Arc::new(crate::upstream::Connections::for_pools(pools));
         Gateway {
             shared,
             listener,
-            connections: Default::default(),
+            connections,
         }
     }
 
