@@ -555,7 +555,10 @@ impl SseMeter {
         let mut kept: Option<Vec<u8>> = None;
         let mut drop_event = false;
         let mut at = 0;
-        for line in event.split_inclusive(|b| *b == b'\n') {
+        while at < event.len() {
+            // Lines found with memchr (a byte-at-a-time split was a tenth of a stream's meter).
+            let end = memchr::memchr(b'\n', &event[at..]).map_or(event.len(), |i| at + i + 1);
+            let line = &event[at..end];
             let body = line.strip_suffix(b"\n").unwrap_or(line);
             let kind = self.line(body);
             let edited = match kind {
@@ -583,7 +586,7 @@ impl SseMeter {
                     }
                 }
             }
-            at += line.len();
+            at = end;
         }
         if drop_event {
             return Some(Vec::new());
