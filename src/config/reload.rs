@@ -96,6 +96,7 @@ impl KeysReloader {
         let router =
             crate::route::Router::build_after(&config, Some(&self.live.snapshot().router))?;
         let n = router.ordered.len();
+        crate::upstream::warm_tls(&router.pools);
         self.live.set_router(router);
         self.live.set_console(config.console);
         Ok(n)

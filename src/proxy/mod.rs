@@ -37,12 +37,11 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(shared: Arc<Shared>, listener: Listener) -> Gateway {
-        let pools = &shared.live.snapshot().router.pools;
-        let connections = Arc::new(crate::upstream::Connections::for_pools(pools));
+        crate::upstream::warm_tls(&shared.live.snapshot().router.pools);
         Gateway {
             shared,
             listener,
-            connections,
+            connections: Default::default(),
         }
     }
 

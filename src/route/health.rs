@@ -53,8 +53,7 @@ impl BackgroundService for HealthChecker {
                 () = listening(addr) => {}
             }
         }
-        let pools = &self.live.snapshot().router.pools;
-        let connections = Arc::new(upstream::Connections::for_pools(pools));
+        let connections = Arc::new(upstream::Connections::default());
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
         let mut lookup_due = Instant::now() + super::DNS_REFRESH;

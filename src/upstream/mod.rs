@@ -10,7 +10,7 @@ use crate::route::{Pool, Upstream};
 mod h1;
 mod pool;
 pub use h1::Conn;
-pub use pool::Connections;
+pub use pool::{Connections, warm_tls};
 
 /// Whether a request header stays with the client: what may carry its gateway credential or
 /// session; what says who and where the client is (a client could write any address there, and

@@ -37,12 +37,34 @@ const MAX_IDLE: usize = 4096;
 /// How often idle connections are looked over (timeouts are also checked when one is taken).
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 
+/// Pingora's connector, for TLS upstreams only, shared by every listener's proxy and the health
+/// checks (only its `new_stream` is used, none of its own pools). It loads the platform's root
+/// certificates (about 0.3 MB of heap, and file reads of a few dozen ms), which a gateway of
+/// plain upstreams never needs: `warm_tls` makes it when pools with a TLS upstream are put in
+/// force (at the start, and by a reload, off the requests' path). Each proxy and the health
+/// checks had made their own at the start, whatever the pools (Pingora's proxy still makes one
+/// of its own, unused: it cannot be told not to).
+static TLS: std::sync::OnceLock<TransportConnector> = std::sync::OnceLock::new();
+
+fn tls() -> &'static TransportConnector {
+    TLS.get_or_init(|| TransportConnector::new(None))
+}
+
+/// Whether any of these pools has a TLS upstream.
+fn needs_tls(pools: &[Arc<Pool>]) -> bool {
+    pools.iter().any(|p| p.upstreams.iter().any(|u| u.cfg.tls))
+}
+
+/// Makes the TLS connector now if these pools (about to be put in force) have a TLS upstream,
+/// so that no request waits for it on a proxy thread.
+pub fn warm_tls(pools: &[Arc<Pool>]) {
+    if needs_tls(pools) {
+        tls();
+    }
+}
+
 /// The upstream connections of one listener's proxy.
 pub struct Connections {
-    /// Pingora's connector, for TLS upstreams only: made when first needed (`tls`), as it
-    /// loads the platform's root certificates and sets up pools of its own, about 1.6 MB of a
-    /// gateway's 5.5 MB of heap at idle, which a gateway of plain upstreams never uses.
-    transport: std::sync::OnceLock<TransportConnector>,
     idle: Arc<Mutex<Idle>>,
     max_idle: usize,
     sweeping: std::sync::Once,
@@ -88,7 +110,6 @@ struct Kept {
 impl Default for Connections {
     fn default() -> Self {
         Connections {
-            transport: std::sync::OnceLock::new(),
             idle: Arc::default(),
             max_idle: MAX_IDLE,
             sweeping: std::sync::Once::new(),
@@ -125,28 +146,12 @@ impl Connections {
         }
     }
 
-    /// Connections for these pools, with the TLS connector made at once if one of them has a
-    /// TLS upstream, so that no request waits for the certificates to load on the proxy
-    /// thread (after a reload that adds the first TLS upstream, its first connection does).
-    pub fn for_pools(pools: &[Arc<Pool>]) -> Connections {
-        let connections = Connections::default();
-        if pools.iter().any(|p| p.upstreams.iter().any(|u| u.cfg.tls)) {
-            connections.tls();
-        }
-        connections
-    }
-
-    /// The TLS connector, made the first time it is needed (see `transport`).
-    pub fn tls(&self) -> &TransportConnector {
-        self.transport.get_or_init(|| TransportConnector::new(None))
-    }
-
     /// An exchange on a new connection: plain TCP here, TLS through Pingora's connector.
     async fn fresh(&self, peer: &HttpPeer) -> pingora_error::Result<Box<Conn>> {
         let stream = if peer.tls() {
             // Boxed: the connector's future is 8.8 KB (a TLS handshake's state); inline it
             // would size the request's future, held for the whole of a stream.
-            Box::pin(self.tls().new_stream(peer)).await?
+            Box::pin(tls().new_stream(peer)).await?
         } else {
             tcp(peer).await?
         };
@@ -356,12 +361,8 @@ mod tests {
     use tokio::net::{TcpListener, TcpStream};
 
     /// A listener, a peer for it, and a connection to it: (ours, the server's end).
-    async fn connected(
-        pool: &Connections,
-        listener: &TcpListener,
-        peer: &HttpPeer,
-    ) -> (Stream, TcpStream) {
-        let (ours, theirs) = tokio::join!(pool.tls().new_stream(peer), listener.accept());
+    async fn connected(listener: &TcpListener, peer: &HttpPeer) -> (Stream, TcpStream) {
+        let (ours, theirs) = tokio::join!(tls().new_stream(peer), listener.accept());
         (ours.expect("connect"), theirs.expect("accept").0)
     }
 
@@ -382,15 +383,21 @@ mod tests {
     }
 
     #[test]
-    fn the_tls_connector_is_made_only_when_needed() {
-        let pool = Connections::default();
-        assert!(
-            pool.transport.get().is_none(),
-            "made without a TLS upstream"
-        );
-        let made: *const TransportConnector = pool.tls();
-        assert!(std::ptr::eq(made, pool.tls()), "made twice");
-        assert!(pool.transport.get().is_some());
+    fn the_tls_connector_is_wanted_only_for_a_tls_upstream() {
+        let router = |upstream: &str| {
+            let text = format!(
+                "[listeners]\nmain = \"127.0.0.1:1\"\ndirect = \"127.0.0.1:2\"\n\
+                 [keys]\nfile = \"keys.toml\"\n\
+                 [[pools]]\nname = \"p\"\nupstreams = [\"http://127.0.0.1:9\"]\n\
+                 [[pools]]\nname = \"q\"\nupstreams = [\"{upstream}\"]\n\
+                 [[models]]\nname = \"m\"\npool = \"p\"\n"
+            );
+            let path = std::path::Path::new("/tmp/c.toml");
+            let config = crate::config::Config::parse(path, &text).expect("config");
+            crate::route::Router::build(&config).expect("router")
+        };
+        assert!(!needs_tls(&router("http://127.0.0.1:10").pools));
+        assert!(needs_tls(&router("https://127.0.0.1:10").pools));
     }
 
     async fn setup() -> (Connections, TcpListener, HttpPeer) {
@@ -417,8 +424,8 @@ mod tests {
     #[tokio::test]
     async fn a_kept_connection_is_taken_again_most_recent_first() {
         let (pool, listener, peer) = setup().await;
-        let (a, _ta) = connected(&pool, &listener, &peer).await;
-        let (b, _tb) = connected(&pool, &listener, &peer).await;
+        let (a, _ta) = connected(&listener, &peer).await;
+        let (b, _tb) = connected(&listener, &peer).await;
         let (a_id, b_id) = (a.id(), b.id());
         let key = key(&peer);
         pool.put(key.clone(), a, Duration::from_secs(60));
@@ -429,7 +436,7 @@ mod tests {
         assert!(pool.take(&key).is_none());
         assert_eq!(count(&pool), 0);
         // Another peer's connections are not this one's.
-        let (c, _tc) = connected(&pool, &listener, &peer).await;
+        let (c, _tc) = connected(&listener, &peer).await;
         pool.put(key.clone(), c, Duration::from_secs(60));
         let other = HttpPeer::new(
             "127.0.0.1:9".parse::<std::net::SocketAddr>().expect("addr"),
@@ -445,7 +452,7 @@ mod tests {
         let (pool, listener, peer) = setup().await;
         let key = key(&peer);
         for speak in [false, true] {
-            let (ours, mut theirs) = connected(&pool, &listener, &peer).await;
+            let (ours, mut theirs) = connected(&listener, &peer).await;
             pool.put(key.clone(), ours, Duration::from_secs(60));
             if speak {
                 theirs
@@ -475,12 +482,12 @@ mod tests {
     async fn past_its_timeout_a_connection_is_not_taken_and_the_sweep_closes_it() {
         let (pool, listener, peer) = setup().await;
         let key = key(&peer);
-        let (a, _ta) = connected(&pool, &listener, &peer).await;
+        let (a, _ta) = connected(&listener, &peer).await;
         pool.put(key.clone(), a, Duration::from_millis(1));
         tokio::time::sleep(Duration::from_millis(5)).await;
         assert!(pool.take(&key).is_none());
         // Left in the pool, the sweep closes it (the server sees the close) within a second.
-        let (b, mut tb) = connected(&pool, &listener, &peer).await;
+        let (b, mut tb) = connected(&listener, &peer).await;
         pool.put(key.clone(), b, Duration::from_millis(1));
         closed(&mut tb).await;
         assert_eq!(count(&pool), 0);
@@ -492,9 +499,9 @@ mod tests {
         let (_, other_listener, other) = setup().await;
         pool.max_idle = 2;
         let (key, other_key) = (key(&peer), key(&other));
-        let (a, mut ta) = connected(&pool, &listener, &peer).await;
-        let (b, _tb) = connected(&pool, &other_listener, &other).await;
-        let (c, _tc) = connected(&pool, &listener, &peer).await;
+        let (a, mut ta) = connected(&listener, &peer).await;
+        let (b, _tb) = connected(&other_listener, &other).await;
+        let (c, _tc) = connected(&listener, &peer).await;
         let (b_id, c_id) = (b.id(), c.id());
         pool.put(key.clone(), a, Duration::from_secs(60));
         pool.put(other_key.clone(), b, Duration::from_secs(60));
