@@ -360,9 +360,10 @@ mod tests {
     use tokio::io::AsyncWriteExt;
     use tokio::net::{TcpListener, TcpStream};
 
-    /// A listener, a peer for it, and a connection to it: (ours, the server's end).
+    /// A listener, a peer for it, and a connection to it: (ours, the server's end). Made as
+    /// the pool makes a plain one (`tcp`).
     async fn connected(listener: &TcpListener, peer: &HttpPeer) -> (Stream, TcpStream) {
-        let (ours, theirs) = tokio::join!(tls().new_stream(peer), listener.accept());
+        let (ours, theirs) = tokio::join!(tcp(peer), listener.accept());
         (ours.expect("connect"), theirs.expect("accept").0)
     }
 
