@@ -357,17 +357,26 @@ async fn try_once(
     life: Option<&Lifecycle>,
     span: Option<u64>,
 ) -> Try {
-    let peer = upstream::peer(pool, up);
-    let mut req = session.req_header().clone();
-    if let Err(e) = upstream::rewrite_request(&mut req, up, ctx.body.len(), &ctx.request_id) {
-        return Try::Failed(GatewayError::Internal(format!("upstream request: {e}")));
-    }
-    // The try's own span is the upstream's parent; the client's `tracestate` goes as it came.
-    if let (Some(t), Some(span)) = (ctx.trace.as_ref(), span) {
-        if let Err(e) = req.insert_header("traceparent", t.traceparent(span)) {
+    let peer = up.peer();
+    // The upstream's request, as bytes: its header (a copy of the client's, rewritten) is not
+    // held while the reply is awaited.
+    let req = {
+        let mut req = session.req_header().clone();
+        if let Err(e) = upstream::rewrite_request(&mut req, up, ctx.body.len(), &ctx.request_id) {
             return Try::Failed(GatewayError::Internal(format!("upstream request: {e}")));
         }
-    }
+        // The try's own span is the upstream's parent; the client's `tracestate` goes as it
+        // came.
+        if let (Some(t), Some(span)) = (ctx.trace.as_ref(), span) {
+            if let Err(e) = req.insert_header("traceparent", t.traceparent(span)) {
+                return Try::Failed(GatewayError::Internal(format!("upstream request: {e}")));
+            }
+        }
+        match upstream::Request::of(&req) {
+            Ok(wire) => wire,
+            Err(e) => return Try::Failed(GatewayError::Internal(format!("upstream request: {e}"))),
+        }
+    };
     let body = &ctx.body;
     let exchange = connections.exchange(&peer, |client| ask(client, &req, body));
     // A plain reply's whole deadline (`request_timeout`) caps the wait for its header too.
@@ -410,7 +419,7 @@ async fn try_once(
 /// Sends the request on `client` and reads the reply's header, past any informational ones.
 async fn ask(
     mut client: Box<upstream::Conn>,
-    req: &pingora_http::RequestHeader,
+    req: &upstream::Request,
     body: &Bytes,
 ) -> pingora_error::Result<Box<upstream::Conn>> {
     client.send(req, body).await?;

@@ -110,7 +110,7 @@ async fn check(connections: &upstream::Connections, pool: &Arc<Pool>, i: usize) 
         .health_interval
         .unwrap_or(Duration::from_secs(10))
         .min(pool.cfg.connect_timeout + Duration::from_secs(5));
-    let verdict = match tokio::time::timeout(deadline, models(connections, pool, up)).await {
+    let verdict = match tokio::time::timeout(deadline, models(connections, up)).await {
         Ok(Ok(200..=299)) => Ok(()),
         Ok(Ok(status)) => Err(format!("GET /v1/models answered {status}")),
         Ok(Err(e)) => Err(format!("GET /v1/models failed: {}", e.etype().as_str())),
@@ -134,15 +134,12 @@ async fn check(connections: &upstream::Connections, pool: &Arc<Pool>, i: usize) 
 }
 
 /// `GET /v1/models` with the upstream's credential; its status.
-async fn models(
-    connections: &upstream::Connections,
-    pool: &Pool,
-    up: &Upstream,
-) -> pingora_error::Result<u16> {
-    let peer = upstream::peer(pool, up);
+async fn models(connections: &upstream::Connections, up: &Upstream) -> pingora_error::Result<u16> {
+    let peer = up.peer();
     let mut req = RequestHeader::build("GET", b"/v1/models", Some(4))?;
     upstream::rewrite_request(&mut req, up, 0, "health-check")?;
     req.remove_header(&http::header::CONTENT_LENGTH);
+    let req = upstream::Request::of(&req)?;
     // A kept connection the upstream closed as the check went out says nothing of its health:
     // the check goes again on a new one.
     let client = connections
@@ -157,7 +154,7 @@ async fn models(
 /// connection can be reused for the next check.
 async fn ask(
     mut client: Box<crate::upstream::Conn>,
-    req: &RequestHeader,
+    req: &upstream::Request,
 ) -> pingora_error::Result<Box<crate::upstream::Conn>> {
     client.send(req, &[]).await?;
     client.read_final_header().await?;

@@ -16,6 +16,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
 use http::HeaderValue;
+use pingora_core::upstreams::peer::HttpPeer;
 
 use crate::config::{
     AuthHeader, Config, ModelConfig, PoolConfig, Problem, Problems, Secret, UpstreamConfig,
@@ -24,9 +25,10 @@ use balance::{Balancer, Health};
 
 pub struct Upstream {
     pub cfg: UpstreamConfig,
-    /// The address connections go to: resolved at load, and again every `DNS_REFRESH` when
-    /// the URL names a host (see `resolve_again`).
-    addr: arc_swap::ArcSwap<SocketAddr>,
+    /// Where connections go (its address, TLS and SNI, the pool's timeouts): the address
+    /// resolved at load, and again every `DNS_REFRESH` when the URL names a host (see
+    /// `resolve_again`). One for every try, not one a try.
+    peer: arc_swap::ArcSwap<HttpPeer>,
     /// `Host` header value: host, plus the port when it is not the scheme's default.
     pub host_header: HeaderValue,
     /// The credential (the upstream's own key, else the pool's), sent in place of the
@@ -40,9 +42,15 @@ pub struct Upstream {
 pub const DNS_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Upstream {
-    /// The address a connection to it goes to now.
-    pub fn addr(&self) -> SocketAddr {
-        **self.addr.load()
+    /// The address a connection to it goes to now (always an internet address: the peer is
+    /// made from one, `upstream::peer`).
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.peer.load()._address.as_inet().copied()
+    }
+
+    /// The peer a connection to it is made to now.
+    pub fn peer(&self) -> Arc<HttpPeer> {
+        self.peer.load_full()
     }
 
     /// Whether its URL names a host (not an address) that may move.
@@ -58,12 +66,14 @@ impl Upstream {
         resolve: impl Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>,
     ) -> Option<(SocketAddr, SocketAddr)> {
         let found = resolve(&self.cfg.host, self.cfg.port).ok()?;
-        let now = self.addr();
+        let now = self.addr()?;
         if found.contains(&now) {
             return None;
         }
         let new = *found.first()?;
-        self.addr.store(Arc::new(new));
+        let mut peer = HttpPeer::clone(&self.peer.load());
+        peer._address = pingora_core::protocols::l4::socket::SocketAddr::Inet(new);
+        self.peer.store(Arc::new(peer));
         Some((now, new))
     }
 }
@@ -201,7 +211,9 @@ impl Router {
                         match HeaderValue::from_str(&host) {
                             Ok(host_header) => upstreams.push(Upstream {
                                 cfg: u.clone(),
-                                addr: arc_swap::ArcSwap::from_pointee(addr),
+                                peer: arc_swap::ArcSwap::from_pointee(crate::upstream::peer(
+                                    p, u, addr,
+                                )),
                                 host_header,
                                 authorization,
                                 health: previous
@@ -296,7 +308,7 @@ mod dns_tests {
         let (named, literal) = (&pool.upstreams[0], &pool.upstreams[1]);
         assert!(named.named() && !literal.named());
         let at = |ip: &str| -> SocketAddr { format!("{ip}:9").parse().unwrap() };
-        let first = named.addr();
+        let first = named.addr().expect("inet");
         // Still there among others: no move.
         assert_eq!(
             named.resolve_again(|_, _| Ok(vec![at("10.0.0.7"), first])),
@@ -307,20 +319,23 @@ mod dns_tests {
             named.resolve_again(|_, _| Ok(vec![at("10.0.0.7"), at("10.0.0.8")])),
             Some((first, at("10.0.0.7")))
         );
-        assert_eq!(named.addr(), at("10.0.0.7"));
-        assert_eq!(upstream_peer_addr(pool, named), at("10.0.0.7"));
+        assert_eq!(named.addr().expect("inet"), at("10.0.0.7"));
+        assert_eq!(upstream_peer_addr(named), at("10.0.0.7"));
+        // The moved peer keeps the pool's timeouts.
+        let timeout = named.peer().options.connection_timeout;
+        assert_eq!(timeout, Some(pool.cfg.connect_timeout));
         // A failed or empty lookup keeps the address in use.
         assert_eq!(
             named.resolve_again(|_, _| Err(std::io::ErrorKind::NotFound.into())),
             None
         );
         assert_eq!(named.resolve_again(|_, _| Ok(vec![])), None);
-        assert_eq!(named.addr(), at("10.0.0.7"));
+        assert_eq!(named.addr().expect("inet"), at("10.0.0.7"));
     }
 
-    fn upstream_peer_addr(pool: &Pool, up: &Upstream) -> SocketAddr {
+    fn upstream_peer_addr(up: &Upstream) -> SocketAddr {
         use pingora_core::upstreams::peer::Peer;
-        match crate::upstream::peer(pool, up).address() {
+        match up.peer().address() {
             pingora_core::protocols::l4::socket::SocketAddr::Inet(a) => *a,
             other => panic!("{other:?}"),
         }

@@ -43,6 +43,27 @@ const ONE_WRITE_MAX: usize = 64 * 1024;
 /// The most informational replies (`103 Early Hints`…) read before the real one.
 const MAX_INFORMATIONAL: usize = 16;
 
+/// A request as it goes up: its header's bytes, written once for every send of a try (a kept
+/// connection found closed sends it again on a new one). The header's maps are not held
+/// while the reply is awaited, which for a stream may be seconds.
+pub struct Request {
+    wire: Bytes,
+    /// HEAD: the reply has no body.
+    head: bool,
+}
+
+impl Request {
+    pub fn of(req: &RequestHeader) -> pingora_error::Result<Request> {
+        let wire = http_req_header_to_wire(req).ok_or_else(|| {
+            Error::explain(ErrorType::InvalidHTTPHeader, "request line not writable")
+        })?;
+        Ok(Request {
+            wire: wire.freeze(),
+            head: req.method == http::Method::HEAD,
+        })
+    }
+}
+
 /// An exchange on one upstream connection.
 pub struct Conn {
     stream: Stream,
@@ -107,18 +128,22 @@ impl Conn {
     /// Writes the request: header and body in one write up to [`ONE_WRITE_MAX`] (one send,
     /// one packet to the upstream), else the header then the body. A request with a body says
     /// its length (`rewrite_request`): the body goes as it is.
-    pub async fn send(&mut self, req: &RequestHeader, body: &[u8]) -> pingora_error::Result<()> {
-        self.head = req.method == http::Method::HEAD;
-        let mut wire = http_req_header_to_wire(req).ok_or_else(|| {
-            Error::explain(ErrorType::InvalidHTTPHeader, "request line not writable")
-        })?;
+    pub async fn send(&mut self, req: &Request, body: &[u8]) -> pingora_error::Result<()> {
+        self.head = req.head;
         let one = body.len() <= ONE_WRITE_MAX;
-        if one {
-            wire.extend_from_slice(body);
-        }
+        let joined;
+        let wire: &[u8] = if one && !body.is_empty() {
+            let mut both = Vec::with_capacity(req.wire.len() + body.len());
+            both.extend_from_slice(&req.wire);
+            both.extend_from_slice(body);
+            joined = both;
+            &joined
+        } else {
+            &req.wire
+        };
         let stream = &mut self.stream;
         let write = async {
-            stream.write_all(&wire).await?;
+            stream.write_all(wire).await?;
             if !one {
                 stream.write_all(body).await?;
             }
@@ -634,7 +659,7 @@ mod tests {
         let mut req = RequestHeader::build(method, b"/v1/x", None).expect("req");
         req.insert_header("host", "x").expect("host");
         req.insert_header("content-length", "2").expect("cl");
-        conn.send(&req, b"{}").await?;
+        conn.send(&Request::of(&req)?, b"{}").await?;
         loop {
             conn.read_response_header().await?;
             let s = conn.response_header().map_or(0, |h| h.status.as_u16());
@@ -767,7 +792,9 @@ mod tests {
         .await;
         let mut req = RequestHeader::build("GET", b"/", None).expect("req");
         req.insert_header("host", "x").expect("host");
-        c.send(&req, b"").await.expect("send");
+        c.send(&Request::of(&req).expect("wire"), b"")
+            .await
+            .expect("send");
         c.read_response_header().await.expect("header");
         let header = c.take_response_header().expect("header");
         assert_eq!(header.status, 200);
