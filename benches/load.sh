@@ -9,8 +9,10 @@
 # runs ROUNDS interleaved rounds (nginx, bare, modelgate, DURATION seconds each) and reports
 # medians: req/s, p50/p99 latency, CPU time per request of the proxy process, and the ratios
 # to bare Pingora and to nginx. Then: RSS of each proxy holding SLOW concurrent slow streams
-# (and after they close), and the usage writer alone.
-#   DURATION=5 ROUNDS=3 CONNECTIONS=50 CHUNKS=20 SLOW=2000 IDLE_STREAMS=10000 PACE_MS=10 bash benches/load.sh
+# (and after they close), and IDLE_CONNS connections whose requests have not come, and the
+# usage writer alone.
+#   DURATION=5 ROUNDS=3 CONNECTIONS=50 CHUNKS=20 SLOW=2000 IDLE_STREAMS=10000 IDLE_CONNS=5000
+#   PACE_MS=10 bash benches/load.sh
 # (CASES="plain" runs only some of the throughput cases, CASES="" none of them; ALT_BIN=path
 # adds another modelgate build side by side.)
 # (WRITER=0 skips the writer-alone figure and the build of its bench.)
@@ -24,6 +26,7 @@ CONNECTIONS=${CONNECTIONS:-50}
 CHUNKS=${CHUNKS:-20}
 SLOW=${SLOW:-2000}
 IDLE_STREAMS=${IDLE_STREAMS:-10000}
+IDLE_CONNS=${IDLE_CONNS:-5000}
 PIN=${PIN:-1}
 
 need() { # $1 = command, $2 = Debian package
@@ -226,6 +229,29 @@ LUA
 # stops after 6 s, when every one is open).
 streams_rss "$SLOW" 100 4
 streams_rss "$IDLE_STREAMS" 1000 6
+
+# Connections that are open and have sent nothing, or only the start of a request's header:
+# what each proxy holds for a connection before its request is in (benches/hold.py). Read 1 s
+# after all are open, within modelgate's `client_header_timeout_ms` (10 s), which then closes
+# them.
+conns_rss() { # $1 = connections, $2 = idle | partial
+  printf '\n%-22s %11s %11s %13s\n' "$1 connections, $2" "RSS before" "RSS held" "a connection"
+  for t in "${TARGETS[@]}"; do
+    pid=${PID_OF[$t]}
+    before=$(rss_kib "$pid")
+    $LOAD python3 benches/hold.py "${PORT_OF[$t]}" "$1" "$2" > "$TMP/hold.out" &
+    hold=$!
+    for _ in $(seq 100); do grep -q open "$TMP/hold.out" 2>/dev/null && break; sleep 0.1; done
+    sleep 1
+    held=$(rss_kib "$pid")
+    kill "$hold"; wait "$hold" 2>/dev/null || true
+    printf '%-22s %8.1f MB %8.1f MB %10.1f KB\n' "$t" "$(python3 -c "print($before/1024)")" \
+      "$(python3 -c "print($held/1024)")" "$(python3 -c "print(($held-$before)/$1)")"
+    sleep 2
+  done
+}
+conns_rss "$IDLE_CONNS" idle
+conns_rss "$IDLE_CONNS" partial
 
 # The usage writer: its wakes per record under the plain-chat load above, and its throughput
 # alone (benches/store.rs).
