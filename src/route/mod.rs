@@ -321,9 +321,21 @@ mod dns_tests {
         );
         assert_eq!(named.addr().expect("inet"), at("10.0.0.7"));
         assert_eq!(upstream_peer_addr(named), at("10.0.0.7"));
-        // The moved peer keeps the pool's timeouts.
-        let timeout = named.peer().options.connection_timeout;
-        assert_eq!(timeout, Some(pool.cfg.connect_timeout));
+        // The moved peer keeps everything else: the pool's timeouts, TLS and SNI.
+        let moved = named.peer();
+        let made = crate::upstream::peer(&pool.cfg, &named.cfg, at("10.0.0.7"));
+        assert_eq!(
+            moved.options.connection_timeout,
+            made.options.connection_timeout
+        );
+        assert_eq!(moved.options.read_timeout, made.options.read_timeout);
+        assert_eq!(moved.options.write_timeout, made.options.write_timeout);
+        assert_eq!(moved.options.idle_timeout, made.options.idle_timeout);
+        assert_eq!(
+            moved.options.connection_timeout,
+            Some(pool.cfg.connect_timeout)
+        );
+        assert_eq!((moved.is_tls(), &moved.sni), (made.is_tls(), &made.sni));
         // A failed or empty lookup keeps the address in use.
         assert_eq!(
             named.resolve_again(|_, _| Err(std::io::ErrorKind::NotFound.into())),
