@@ -195,6 +195,30 @@ if [ -n "${PEAK_PLAIN:-}" ]; then
   unset R P50 P99 CPU
 fi
 
+# Connections that are open and have sent nothing, or only the start of a request's header:
+# what each proxy holds for a connection before its request is in (benches/hold.py). Read 1 s
+# after all are open, within modelgate's `client_header_timeout_ms` (10 s), which then closes
+# them. Before the streams: a proxy that keeps what it freed (glibc's malloc in bare Pingora)
+# would count nothing after them.
+conns_rss() { # $1 = connections, $2 = idle | partial
+  printf '\n%-22s %11s %11s %13s\n' "$1 connections, $2" "RSS before" "RSS held" "a connection"
+  for t in "${TARGETS[@]}"; do
+    pid=${PID_OF[$t]}
+    before=$(rss_kib "$pid")
+    $LOAD python3 benches/hold.py "${PORT_OF[$t]}" "$1" "$2" > "$TMP/hold.out" &
+    hold=$!
+    for _ in $(seq 100); do grep -q open "$TMP/hold.out" 2>/dev/null && break; sleep 0.1; done
+    sleep 1
+    held=$(rss_kib "$pid")
+    kill "$hold"; wait "$hold" 2>/dev/null || true
+    printf '%-22s %8.1f MB %8.1f MB %10.1f KB\n' "$t" "$(python3 -c "print($before/1024)")" \
+      "$(python3 -c "print($held/1024)")" "$(python3 -c "print(($held-$before)/$1)")"
+    sleep 2
+  done
+}
+conns_rss "$IDLE_CONNS" idle
+conns_rss "$IDLE_CONNS" partial
+
 # Slow streams: N clients each holding a stream whose events come DELAY ms apart, for a few
 # seconds; RSS of each proxy before, at its peak, while all are held (the last sample before
 # they close: past the burst of their start), and 3 s and 10 s after they closed. Upstream
@@ -229,29 +253,6 @@ LUA
 # stops after 6 s, when every one is open).
 streams_rss "$SLOW" 100 4
 streams_rss "$IDLE_STREAMS" 1000 6
-
-# Connections that are open and have sent nothing, or only the start of a request's header:
-# what each proxy holds for a connection before its request is in (benches/hold.py). Read 1 s
-# after all are open, within modelgate's `client_header_timeout_ms` (10 s), which then closes
-# them.
-conns_rss() { # $1 = connections, $2 = idle | partial
-  printf '\n%-22s %11s %11s %13s\n' "$1 connections, $2" "RSS before" "RSS held" "a connection"
-  for t in "${TARGETS[@]}"; do
-    pid=${PID_OF[$t]}
-    before=$(rss_kib "$pid")
-    $LOAD python3 benches/hold.py "${PORT_OF[$t]}" "$1" "$2" > "$TMP/hold.out" &
-    hold=$!
-    for _ in $(seq 100); do grep -q open "$TMP/hold.out" 2>/dev/null && break; sleep 0.1; done
-    sleep 1
-    held=$(rss_kib "$pid")
-    kill "$hold"; wait "$hold" 2>/dev/null || true
-    printf '%-22s %8.1f MB %8.1f MB %10.1f KB\n' "$t" "$(python3 -c "print($before/1024)")" \
-      "$(python3 -c "print($held/1024)")" "$(python3 -c "print(($held-$before)/$1)")"
-    sleep 2
-  done
-}
-conns_rss "$IDLE_CONNS" idle
-conns_rss "$IDLE_CONNS" partial
 
 # The usage writer: its wakes per record under the plain-chat load above, and its throughput
 # alone (benches/store.rs).
