@@ -27,6 +27,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::BytesMut;
 use pingora_core::apps::{HttpServerApp, ReusedHttpStream, ServerApp};
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::raw_connect::ProxyDigest;
@@ -111,6 +112,10 @@ impl<A: HttpServerApp + Send + Sync + 'static> HeaderDeadline<A> {
         // A reply that goes on in a task of its own (`proxy::detach`) takes the connection
         // with it, and serves its next requests from there (`resume`).
         deadlined.resume = Some((self.clone(), shutdown.clone()));
+        // The first request's header is read before Pingora's request is made: that request
+        // (15.3 KB, and a 4 KiB header buffer) would be held for as long as the header takes
+        // to come, up to `client_header_timeout_ms`.
+        deadlined.preread_header().await;
         let mut session = ServerSession::new_http1(Box::new(deadlined));
         session.set_pipelining_enabled(true);
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
@@ -195,6 +200,9 @@ pub struct Deadlined {
     /// them went out.
     gathered: Vec<u8>,
     drained: usize,
+    /// Bytes read before Pingora's session was made (`preread_header`), read again by it
+    /// first.
+    replay: BytesMut,
 }
 
 impl std::fmt::Debug for Deadlined {
@@ -206,6 +214,10 @@ impl std::fmt::Debug for Deadlined {
             .finish_non_exhaustive()
     }
 }
+
+/// The most of a connection's first request header read before Pingora's session is made
+/// (`Deadlined::preread_header`): a larger header goes on in Pingora's read.
+const PREREAD_MAX: usize = 4096;
 
 /// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`, the start of every HTTP/2 connection.
 const H2_PREFACE_LEN: usize = 24;
@@ -286,7 +298,36 @@ impl Deadlined {
             resume: None,
             gathered: Vec::new(),
             drained: 0,
+            replay: BytesMut::new(),
         }
+    }
+
+    /// Reads the connection's first request header (to its blank line, or `PREREAD_MAX`
+    /// bytes of it) into `replay`, under the header deadline, before Pingora's session reads
+    /// it from there. An end of the connection, an error or the deadline ends the wait, and
+    /// Pingora's read meets it in turn.
+    async fn preread_header(&mut self) {
+        std::future::poll_fn(|cx| {
+            loop {
+                let head = &self.replay[..];
+                let whole = memchr::memmem::find(head, b"\n\r\n").is_some()
+                    || memchr::memmem::find(head, b"\n\n").is_some();
+                if whole || self.replay.len() >= PREREAD_MAX {
+                    return Poll::Ready(());
+                }
+                // The buffer lives for this poll only: a connection waiting holds what came.
+                let mut buf = [0u8; 1024];
+                let mut read = ReadBuf::new(&mut buf);
+                match self.poll_read_socket(cx, &mut read) {
+                    Poll::Ready(Ok(())) if !read.filled().is_empty() => {
+                        self.replay.extend_from_slice(read.filled());
+                    }
+                    Poll::Ready(_) => return Poll::Ready(()),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        })
+        .await
     }
 
     fn next_request(&mut self) {
@@ -347,11 +388,27 @@ impl AsyncRead for Deadlined {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if !self.replay.is_empty() {
+            // Seen already (`saw`) as they were read the first time.
+            let n = self.replay.len().min(buf.remaining());
+            buf.put_slice(&self.replay.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
+        self.poll_read_socket(cx, buf)
+    }
+}
+
+impl Deadlined {
+    /// A read from the connection itself, under the header deadline.
+    fn poll_read_socket(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                let me = &mut *self;
-                me.saw(&buf.filled()[before..]);
+                self.saw(&buf.filled()[before..]);
                 Poll::Ready(Ok(()))
             }
             Poll::Pending => {

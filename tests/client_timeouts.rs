@@ -123,6 +123,39 @@ async fn a_slow_header_is_cut_at_its_deadline_but_an_idle_keep_alive_is_not() {
     assert!(!log.contains(" ERROR "), "{log}");
 }
 
+/// A connection's first request header is read before the proxy's request is made (to its
+/// blank line, or 4 KiB of it): a header that comes in pieces, one longer than that, and one
+/// with bare LF line ends are each answered, and the request after it on the connection too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_header_in_pieces_long_or_with_bare_line_feeds_is_answered() {
+    let g = start_with(Setup::default());
+    let long = "a".repeat(6000);
+    let heads = [
+        format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n"),
+        format!(
+            "GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Long: {long}\r\n\
+             Authorization: Bearer {KEY}\r\n\r\n"
+        ),
+        format!("GET /v1/models HTTP/1.1\nHost: x\nAuthorization: Bearer {KEY}\n\n"),
+    ];
+    for head in heads {
+        let (first, next) = tokio::task::block_in_place(|| {
+            let mut s = blocking_connect(&g.main, Duration::from_secs(10));
+            let bytes = head.as_bytes();
+            // In three pieces, the blank line's last byte alone.
+            let (a, rest) = bytes.split_at(20);
+            let (b, c) = rest.split_at(rest.len() - 1);
+            for piece in [a, b, c] {
+                s.write_all(piece).expect("piece");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (read_one_reply(&mut s), models_over(&mut s))
+        });
+        assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+        assert!(next.starts_with("HTTP/1.1 200"), "{next}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_header_of_a_later_request_on_a_kept_alive_connection_is_cut_too() {
     let g = start_with(Setup {
