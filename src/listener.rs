@@ -302,17 +302,23 @@ impl Deadlined {
         }
     }
 
-    /// Reads the connection's first request header (to its blank line, or `PREREAD_MAX`
-    /// bytes of it) into `replay`, under the header deadline, before Pingora's session reads
-    /// it from there. An end of the connection, an error or the deadline ends the wait, and
+    /// Reads the connection's first request header (until httparse has it whole or finds it
+    /// is not one, or `PREREAD_MAX` bytes of it) into `replay`, under the header deadline,
+    /// before Pingora's session reads it from there. An end of the connection, an error or the deadline ends the wait, and
     /// Pingora's read meets it in turn.
     async fn preread_header(&mut self) {
         std::future::poll_fn(|cx| {
             loop {
-                let head = &self.replay[..];
-                let whole = memchr::memmem::find(head, b"\n\r\n").is_some()
-                    || memchr::memmem::find(head, b"\n\n").is_some();
-                if whole || self.replay.len() >= PREREAD_MAX {
+                // Whole, or not a request header as httparse reads one (Pingora answers it at
+                // once), or long: Pingora's read goes on from here.
+                if !self.replay.is_empty() {
+                    let mut headers = [httparse::EMPTY_HEADER; 64];
+                    let parsed = httparse::Request::new(&mut headers).parse(&self.replay);
+                    if !matches!(parsed, Ok(httparse::Status::Partial)) {
+                        return Poll::Ready(());
+                    }
+                }
+                if self.replay.len() >= PREREAD_MAX {
                     return Poll::Ready(());
                 }
                 // The buffer lives for this poll only: a connection waiting holds what came.
@@ -389,9 +395,15 @@ impl AsyncRead for Deadlined {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         if !self.replay.is_empty() {
-            // Seen already (`saw`) as they were read the first time.
             let n = self.replay.len().min(buf.remaining());
-            buf.put_slice(&self.replay.split_to(n));
+            let replayed = self.replay.split_to(n);
+            buf.put_slice(&replayed);
+            // The allocation goes once all of it is read again.
+            if self.replay.is_empty() {
+                self.replay = BytesMut::new();
+            }
+            // Bytes of a next request among them (pipelined) start its deadline.
+            self.saw(&replayed);
             return Poll::Ready(Ok(()));
         }
         self.poll_read_socket(cx, buf)

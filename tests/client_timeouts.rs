@@ -156,6 +156,33 @@ async fn a_first_header_in_pieces_long_or_with_bare_line_feeds_is_answered() {
     }
 }
 
+/// What is not a request header is answered at once, not after the header deadline the
+/// pre-read of a first header waits under (10 s here): an HTTP/0.9 request line, and the
+/// start of a TLS handshake sent to a plain listener.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_request_that_is_not_a_header_is_answered_at_once() {
+    let g = start_with(Setup::default());
+    let tls_hello: &[u8] = &[
+        0x16, 0x03, 0x01, 0x00, 0xa5, 0x01, 0x00, 0x00, 0xa1, 0x03, 0x03,
+    ];
+    for start in [&b"GET /\r\n"[..], tls_hello] {
+        let (reply, took) = tokio::task::block_in_place(|| {
+            let mut s = blocking_connect(&g.main, Duration::from_secs(5));
+            let sent = Instant::now();
+            s.write_all(start).expect("start");
+            let mut buf = [0u8; 4096];
+            let n = s.read(&mut buf).expect("a reply before the read timeout");
+            (
+                String::from_utf8_lossy(&buf[..n]).into_owned(),
+                sent.elapsed(),
+            )
+        });
+        assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+        assert!(reply.contains("invalid_request_error"), "{reply}");
+        assert!(took < Duration::from_secs(3), "{took:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_header_of_a_later_request_on_a_kept_alive_connection_is_cut_too() {
     let g = start_with(Setup {
