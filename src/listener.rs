@@ -304,8 +304,8 @@ impl Deadlined {
 
     /// Reads the connection's first request header (until httparse has it whole or finds it
     /// is not one, or `PREREAD_MAX` bytes of it) into `replay`, under the header deadline,
-    /// before Pingora's session reads it from there. An end of the connection, an error or the deadline ends the wait, and
-    /// Pingora's read meets it in turn.
+    /// before Pingora's session reads it from there. An end of the connection, an error or
+    /// the deadline ends the wait, and Pingora's read meets it in turn.
     async fn preread_header(&mut self) {
         std::future::poll_fn(|cx| {
             loop {

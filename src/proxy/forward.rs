@@ -347,6 +347,23 @@ fn retry_after(resp: &ResponseHeader) -> Option<Duration> {
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(86_400.0)))
 }
 
+/// The upstream's request for one try, as bytes: the client's header, rewritten for `up`,
+/// with the try's span as its parent (the client's `tracestate` goes as it came). The header
+/// itself is not held while the reply is awaited.
+fn upstream_request(
+    session: &Session,
+    ctx: &Ctx,
+    up: &Upstream,
+    span: Option<u64>,
+) -> pingora_error::Result<upstream::Request> {
+    let mut req = session.req_header().clone();
+    upstream::rewrite_request(&mut req, up, ctx.body.len(), &ctx.request_id)?;
+    if let (Some(t), Some(span)) = (ctx.trace.as_ref(), span) {
+        req.insert_header("traceparent", t.traceparent(span))?;
+    }
+    upstream::Request::of(&req)
+}
+
 /// One try up to the reply header.
 async fn try_once(
     connections: &upstream::Connections,
@@ -358,24 +375,9 @@ async fn try_once(
     span: Option<u64>,
 ) -> Try {
     let peer = up.peer();
-    // The upstream's request, as bytes: its header (a copy of the client's, rewritten) is not
-    // held while the reply is awaited.
-    let req = {
-        let mut req = session.req_header().clone();
-        if let Err(e) = upstream::rewrite_request(&mut req, up, ctx.body.len(), &ctx.request_id) {
-            return Try::Failed(GatewayError::Internal(format!("upstream request: {e}")));
-        }
-        // The try's own span is the upstream's parent; the client's `tracestate` goes as it
-        // came.
-        if let (Some(t), Some(span)) = (ctx.trace.as_ref(), span) {
-            if let Err(e) = req.insert_header("traceparent", t.traceparent(span)) {
-                return Try::Failed(GatewayError::Internal(format!("upstream request: {e}")));
-            }
-        }
-        match upstream::Request::of(&req) {
-            Ok(wire) => wire,
-            Err(e) => return Try::Failed(GatewayError::Internal(format!("upstream request: {e}"))),
-        }
+    let req = match upstream_request(session, ctx, up, span) {
+        Ok(req) => req,
+        Err(e) => return Try::Failed(GatewayError::Internal(format!("upstream request: {e}"))),
     };
     let body = &ctx.body;
     let exchange = connections.exchange(&peer, |client| ask(client, &req, body));

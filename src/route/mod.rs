@@ -289,6 +289,18 @@ impl Router {
     }
 }
 
+/// The router of a config of these pools and models (its listeners and keys file made up),
+/// for tests.
+#[cfg(test)]
+pub(crate) fn test_router(pools_and_models: &str) -> Router {
+    let text = format!(
+        "[listeners]\nmain = \"127.0.0.1:1\"\ndirect = \"127.0.0.1:2\"\n\
+         [keys]\nfile = \"keys.toml\"\n{pools_and_models}"
+    );
+    let config = Config::parse(std::path::Path::new("/tmp/c.toml"), &text).expect("config");
+    Router::build(&config).expect("router")
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod dns_tests {
@@ -298,12 +310,11 @@ mod dns_tests {
     /// one until a restart); while the host still has the address in use, it stays there.
     #[test]
     fn an_upstream_named_by_a_host_follows_it_to_a_new_address() {
-        let text = "[listeners]\nmain = \"127.0.0.1:1\"\ndirect = \"127.0.0.1:2\"\n\
-                    [keys]\nfile = \"keys.toml\"\n\
-                    [[pools]]\nname = \"p\"\nupstreams = [\"http://localhost:9\", \"http://127.0.0.1:9\"]\n\
-                    [[models]]\nname = \"m\"\npool = \"p\"\n";
-        let config = Config::parse(std::path::Path::new("/tmp/c.toml"), text).unwrap();
-        let router = Router::build(&config).unwrap();
+        let router = test_router(
+            "[[pools]]\nname = \"p\"\n\
+             upstreams = [\"http://localhost:9\", \"http://127.0.0.1:9\"]\n\
+             [[models]]\nname = \"m\"\npool = \"p\"\n",
+        );
         let pool = router.pools.first().unwrap();
         let (named, literal) = (&pool.upstreams[0], &pool.upstreams[1]);
         assert!(named.named() && !literal.named());

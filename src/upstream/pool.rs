@@ -386,16 +386,11 @@ mod tests {
     #[test]
     fn the_tls_connector_is_wanted_only_for_a_tls_upstream() {
         let router = |upstream: &str| {
-            let text = format!(
-                "[listeners]\nmain = \"127.0.0.1:1\"\ndirect = \"127.0.0.1:2\"\n\
-                 [keys]\nfile = \"keys.toml\"\n\
-                 [[pools]]\nname = \"p\"\nupstreams = [\"http://127.0.0.1:9\"]\n\
+            crate::route::test_router(&format!(
+                "[[pools]]\nname = \"p\"\nupstreams = [\"http://127.0.0.1:9\"]\n\
                  [[pools]]\nname = \"q\"\nupstreams = [\"{upstream}\"]\n\
                  [[models]]\nname = \"m\"\npool = \"p\"\n"
-            );
-            let path = std::path::Path::new("/tmp/c.toml");
-            let config = crate::config::Config::parse(path, &text).expect("config");
-            crate::route::Router::build(&config).expect("router")
+            ))
         };
         assert!(!needs_tls(&router("http://127.0.0.1:10").pools));
         assert!(needs_tls(&router("https://127.0.0.1:10").pools));
