@@ -3,6 +3,8 @@
 //! both answer through here; `decorate` adds what a caller's reply carries besides (rate-limit
 //! headers, a page's security headers).
 
+use std::future::Future;
+
 use bytes::Bytes;
 use futures_util::FutureExt;
 use pingora_http::ResponseHeader;
@@ -16,7 +18,7 @@ use crate::lifecycle::Lifecycle;
 /// the connection, which a client takes for a whole reply (and the header said keep-alive).
 /// HTTP/2 frames its own bodies (Pingora drops the header there); HTTP/1.0 knows no chunks.
 pub fn frame_unknown_length(
-    req: &pingora_http::RequestHeader,
+    req: &http::request::Parts,
     h: &mut ResponseHeader,
 ) -> pingora_error::Result<()> {
     let bodiless = matches!(h.status.as_u16(), 204 | 304) || req.method == http::Method::HEAD;
@@ -155,8 +157,68 @@ pub fn failed_write_status(e: &pingora_error::Error) -> u16 {
     }
 }
 
+/// A client the gateway's own replies are written to: Pingora's session, or a stream's own
+/// connection once it left Pingora's request (`proxy::conn::Conn`).
+pub trait Respond: Send {
+    /// The request is a HEAD: its reply's header says what GET's body would be, and no body
+    /// follows (HTTP/2 would send one as DATA frames, which a client must refuse).
+    fn head_only(&self) -> bool;
+
+    /// A reply's header went out already.
+    fn replied(&self) -> bool;
+
+    /// Writes a reply's header (`end`: no body follows).
+    fn write_header(
+        &mut self,
+        h: Box<ResponseHeader>,
+        end: bool,
+    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_;
+
+    /// Writes a piece of a reply's body (`end`: the last).
+    fn write_body(
+        &mut self,
+        body: Option<Bytes>,
+        end: bool,
+    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_;
+
+    /// Before a refusal: what is left of a small request body is read, so the connection
+    /// stays usable (Pingora closes it otherwise); a large one is left and the connection
+    /// closes after the reply.
+    fn drain_small_body(&mut self) -> impl Future<Output = ()> + Send + '_;
+}
+
+impl Respond for Session {
+    fn head_only(&self) -> bool {
+        self.req_header().method == http::Method::HEAD
+    }
+
+    fn replied(&self) -> bool {
+        self.response_written().is_some()
+    }
+
+    fn write_header(
+        &mut self,
+        h: Box<ResponseHeader>,
+        end: bool,
+    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_ {
+        self.write_response_header(h, end)
+    }
+
+    fn write_body(
+        &mut self,
+        body: Option<Bytes>,
+        end: bool,
+    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_ {
+        self.write_response_body(body, end)
+    }
+
+    fn drain_small_body(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        drain_small_body(self)
+    }
+}
+
 pub async fn send(
-    session: &mut Session,
+    session: &mut impl Respond,
     request_id: &str,
     bound: Bound<'_>,
     status: u16,
@@ -169,26 +231,23 @@ pub async fn send(
     h.insert_header("content-length", body.len().to_string())?;
     h.insert_header("x-request-id", request_id)?;
     decorate(&mut h)?;
-    // HEAD: the header says what GET's body would be, and no body follows (HTTP/2 would send
-    // one as DATA frames, which a client must refuse).
-    let head_only = session.req_header().method == http::Method::HEAD;
+    let head_only = session.head_only();
     bounded(bound, async {
-        session
-            .write_response_header(Box::new(h), head_only)
-            .await?;
+        session.write_header(Box::new(h), head_only).await?;
         if !head_only {
-            session.write_response_body(Some(body), true).await?;
+            session.write_body(Some(body), true).await?;
         }
         Ok(())
     })
     .await
 }
 
-/// A refusal in the error shape of the request's API. If the request body has not been read, a small one is
-/// drained first so the connection stays usable (Pingora closes it otherwise); a large one is
-/// left and the connection closes after the reply. A rate-limit refusal carries `Retry-After`.
+/// A refusal in the error shape of the request's API. If the request body has not been read,
+/// a small one is drained first so the connection stays usable (Pingora closes it otherwise);
+/// a large one is left and the connection closes after the reply. A rate-limit refusal
+/// carries `Retry-After`.
 pub async fn error(
-    session: &mut Session,
+    session: &mut impl Respond,
     request_id: &str,
     bound: Bound<'_>,
     e: &GatewayError,
@@ -200,7 +259,7 @@ pub async fn error(
         e,
         GatewayError::RequestTimeout(_) | GatewayError::ShuttingDown
     ) {
-        drain_small_body(session).await;
+        session.drain_small_body().await;
     }
     let retry_after = match e {
         GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),

@@ -4,6 +4,7 @@ mod common;
 
 use common::*;
 use futures_util::StreamExt;
+use std::time::Duration;
 
 /// Reads an SSE body and returns the `data:` payloads in order.
 fn events(body: &[u8]) -> Vec<String> {
@@ -249,4 +250,79 @@ async fn a_close_delimited_stream_gets_no_done_of_the_gateways() {
         assert!(text.contains("Hello"), "{text}");
         assert_eq!(text.contains("[DONE]"), done, "{headers:?}: {text}");
     }
+}
+
+/// A stream's reply is written on the client's connection itself once the stream is admitted
+/// (Pingora's session is given up): it carries what the session's would (`Date`, `Connection`
+/// as the connection goes on), goes chunked to an HTTP/1.1 client, which keeps its connection,
+/// and to the close to an HTTP/1.0 one, whether or not the upstream's reply had a known end.
+#[tokio::test]
+async fn a_streams_reply_is_framed_for_its_clients_version() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start();
+    let body = chat_body("echo-1", true).to_string();
+    for (version, extra, close_delimited) in [
+        ("HTTP/1.0", "", false),
+        ("HTTP/1.0", "x-mock-close-delimited: 1\r\n", true),
+        ("HTTP/1.1", "Connection: close\r\n", false),
+    ] {
+        let mut s = raw_connect(&g.main).await;
+        // The upstream sends no `[DONE]`: the gateway's ends a stream whose end is known.
+        let extra = format!("x-mock-usage-shape: no-done\r\n{extra}");
+        let head = chat_head(KEY, body.len(), &extra).replacen("HTTP/1.1", version, 1);
+        s.write_all(format!("{head}{body}").as_bytes())
+            .await
+            .expect("write");
+        // Each ends with the close: HTTP/1.0 knows no chunks, and the last asked for it.
+        let mut raw = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw)).await;
+        read.expect("the reply ends with the close").expect("read");
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        let (header, rest) = text.split_once("\r\n\r\n").expect("a header");
+        let header = header.to_ascii_lowercase();
+        assert!(header.starts_with("http/1.1 200"), "{header}");
+        assert!(header.contains("\r\ndate: "), "{header}");
+        assert!(header.contains("\r\nconnection: close"), "{header}");
+        assert_eq!(
+            header.contains("transfer-encoding: chunked"),
+            version == "HTTP/1.1"
+        );
+        assert!(rest.contains("Hello"), "{version} {extra}: {rest}");
+        assert_eq!(rest.contains("[DONE]"), !close_delimited, "{rest}");
+        if version == "HTTP/1.1" {
+            assert!(rest.ends_with("0\r\n\r\n"), "{rest}");
+        } else {
+            assert!(rest.trim_end().ends_with("}") || rest.trim_end().ends_with("[DONE]"));
+        }
+        let record = await_record(&g, &request_id_in(&text)).await;
+        assert_eq!(record["status"], 200, "{record}");
+    }
+    // Kept alive: a stream's reply, then the next request's on the same connection.
+    let mut s = raw_connect(&g.main).await;
+    let head = chat_head(KEY, body.len(), "");
+    s.write_all(format!("{head}{body}").as_bytes())
+        .await
+        .expect("write");
+    let mut raw = Vec::new();
+    while !raw.ends_with(b"0\r\n\r\n") {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("the stream's end")
+            .expect("read");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&raw));
+        raw.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    assert!(text.contains("\r\nconnection: keep-alive\r\n"), "{text}");
+    let models =
+        format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+    s.write_all(models.as_bytes()).await.expect("write");
+    let mut buf = [0u8; 65536];
+    let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+        .await
+        .expect("the next reply")
+        .expect("read");
+    let next = String::from_utf8_lossy(&buf[..n]);
+    assert!(next.starts_with("HTTP/1.1 200"), "{next}");
 }

@@ -14,14 +14,16 @@ use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use pingora_core::protocols::http::ServerSession;
 use pingora_error::{Error, ErrorType};
-use pingora_http::ResponseHeader;
+use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 use pingora_timeout::fast_timeout::fast_timeout;
 
+use super::conn::Conn;
 use super::ctx::{Ctx, Outcome};
 use super::{Gateway, detach, reply, respond};
 use crate::error::GatewayError;
 use crate::lifecycle::{Lifecycle, cut};
+use crate::respond::Respond;
 use crate::route::balance::{InFlight, backoff};
 use crate::route::body as route_body;
 use crate::route::{Pool, Upstream};
@@ -69,11 +71,59 @@ enum PoolEnd {
     CannotAnswer(GatewayError),
 }
 
+/// The client a request is forwarded for: Pingora's session (a plain reply, or any reply to
+/// an HTTP/2 client), or a stream's own connection once the stream left Pingora's request
+/// (`Conn`, `detach`).
+pub(super) trait Client: Respond + Downstream {
+    /// The client's request header, to be rewritten for an upstream.
+    fn request(&self) -> pingora_error::Result<RequestHeader>;
+
+    /// The request's method, target and version.
+    fn asked(&self) -> &http::request::Parts;
+
+    /// The connection a stream's reply goes on in a task of its own (`detach`), with the
+    /// route it goes on from; `None`: the reply is relayed here.
+    fn relay_apart(&mut self, ctx: &Ctx) -> Option<(Conn, std::sync::Arc<crate::route::Route>)>;
+}
+
+impl Client for Session {
+    fn request(&self) -> pingora_error::Result<RequestHeader> {
+        Ok(self.req_header().clone())
+    }
+
+    fn asked(&self) -> &http::request::Parts {
+        self.req_header()
+    }
+
+    fn relay_apart(&mut self, _: &Ctx) -> Option<(Conn, std::sync::Arc<crate::route::Route>)> {
+        None
+    }
+}
+
+impl Client for Conn {
+    fn request(&self) -> pingora_error::Result<RequestHeader> {
+        Conn::request(self)
+    }
+
+    fn asked(&self) -> &http::request::Parts {
+        Conn::asked(self)
+    }
+
+    fn relay_apart(&mut self, ctx: &Ctx) -> Option<(Conn, std::sync::Arc<crate::route::Route>)> {
+        let route = ctx.route.clone()?;
+        Some((self.take(), route))
+    }
+}
+
 /// Forwards the request in `ctx` and streams the reply: to the route's pool, then, if it
 /// cannot answer, to each fallback model's pool in turn (with that model's upstream name and
 /// price). `Err` means the reply was cut after it began: Pingora then drops the client
 /// connection instead of ending the body cleanly.
-pub async fn run(gw: &Gateway, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<()> {
+pub(super) async fn run(
+    gw: &Gateway,
+    session: &mut impl Client,
+    ctx: &mut Ctx,
+) -> pingora_error::Result<()> {
     let Some(route) = ctx.route.clone() else {
         return Ok(());
     };
@@ -113,7 +163,7 @@ pub async fn run(gw: &Gateway, session: &mut Session, ctx: &mut Ctx) -> pingora_
 /// passed on even when it is a 429 or 5xx.
 async fn try_pool(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut impl Client,
     ctx: &mut Ctx,
     pool: &Pool,
     more: bool,
@@ -232,7 +282,7 @@ async fn try_pool(
 }
 
 /// Answers 503 `shutting_down`: the shutdown ended the request before its reply began.
-async fn shutting_down(session: &mut Session, ctx: &mut Ctx) -> PoolEnd {
+async fn shutting_down(session: &mut impl Respond, ctx: &mut Ctx) -> PoolEnd {
     let _ = respond::failure(session, ctx, &GatewayError::ShuttingDown).await;
     PoolEnd::Done(Ok(()))
 }
@@ -240,7 +290,7 @@ async fn shutting_down(session: &mut Session, ctx: &mut Ctx) -> PoolEnd {
 /// Waits out the backoff before try `attempt`, unless the client leaves or the shutdown ends
 /// the request meanwhile.
 async fn wait(
-    session: &mut Session,
+    session: &mut impl Downstream,
     ctx: &mut Ctx,
     pool: &Pool,
     attempt: u32,
@@ -261,7 +311,7 @@ async fn wait(
     }
     let waited = tokio::select! {
         () = tokio::time::sleep(delay) => Waited::Done,
-        () = client_gone(session.as_downstream_mut()) => Waited::ClientGone,
+        () = session.gone() => Waited::ClientGone,
         () = cut(life) => Waited::ShuttingDown,
     };
     ctx.waited += started.elapsed();
@@ -351,12 +401,12 @@ fn retry_after(resp: &ResponseHeader) -> Option<Duration> {
 /// with the try's span as its parent (the client's `tracestate` goes as it came). The header
 /// itself is not held while the reply is awaited.
 fn upstream_request(
-    session: &Session,
+    session: &impl Client,
     ctx: &Ctx,
     up: &Upstream,
     span: Option<u64>,
 ) -> pingora_error::Result<upstream::Request> {
-    let mut req = session.req_header().clone();
+    let mut req = session.request()?;
     upstream::rewrite_request(&mut req, up, ctx.body.len(), &ctx.request_id)?;
     if let (Some(t), Some(span)) = (ctx.trace.as_ref(), span) {
         req.insert_header("traceparent", t.traceparent(span))?;
@@ -367,7 +417,7 @@ fn upstream_request(
 /// One try up to the reply header.
 async fn try_once(
     connections: &upstream::Connections,
-    session: &mut Session,
+    session: &mut impl Client,
     ctx: &mut Ctx,
     pool: &Pool,
     up: &Upstream,
@@ -388,7 +438,7 @@ async fn try_once(
     let result = tokio::select! {
         biased;
         r = timed => r,
-        () = client_gone(session.as_downstream_mut()) => return Try::ClientGone,
+        () = session.gone() => return Try::ClientGone,
         () = cut(life) => return Try::ShuttingDown,
     };
     match result {
@@ -434,7 +484,7 @@ async fn ask(
 /// on in a task of its own (`detach`), which notes the try's end and writes the record.
 async fn stream_reply(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut impl Client,
     ctx: &mut Ctx,
     (pool, up, inflight): (&Pool, &Upstream, InFlight<'_>),
     upstream: Upstreamed,
@@ -443,20 +493,15 @@ async fn stream_reply(
 ) -> pingora_error::Result<()> {
     let sent = match pass_on(gw, session, ctx, pool, upstream, resp).await {
         Err(sent) => sent,
-        Ok((upstream, resp)) => match detach::route(session, ctx) {
-            Some(route) => {
-                detach::spawn(gw, session, ctx, (route, inflight), upstream, resp, end);
+        Ok((upstream, resp)) => match session.relay_apart(ctx) {
+            Some((conn, route)) => {
+                detach::spawn(gw, conn, ctx, (route, inflight), upstream, resp, end);
                 return Ok(());
             }
-            None => {
-                let downstream = session.as_downstream_mut();
-                match write_header(ctx, downstream, resp).await {
-                    Ok(()) => {
-                        relay_body(&gw.connections, downstream, ctx, pool, up, upstream).await
-                    }
-                    Err(e) => Err(e),
-                }
-            }
+            None => match write_header(ctx, session, resp).await {
+                Ok(()) => relay_body(&gw.connections, session, ctx, pool, up, upstream).await,
+                Err(e) => Err(e),
+            },
         },
     };
     end.note(ctx, pool, up);
@@ -467,7 +512,7 @@ async fn stream_reply(
 /// ended (an error reply, answered or passed on).
 async fn pass_on(
     gw: &Gateway,
-    session: &mut Session,
+    session: &mut impl Client,
     ctx: &mut Ctx,
     pool: &Pool,
     upstream: Upstreamed,
@@ -492,7 +537,7 @@ async fn pass_on(
             m.keep_unterminated();
         }
     }
-    crate::respond::frame_unknown_length(session.req_header(), &mut resp).map_err(Err)?;
+    crate::respond::frame_unknown_length(session.asked(), &mut resp).map_err(Err)?;
     Ok((upstream, resp))
 }
 
@@ -500,16 +545,16 @@ async fn pass_on(
 /// shutdown's cut, as every write).
 pub(super) async fn write_header(
     ctx: &mut Ctx,
-    session: &mut ServerSession,
+    session: &mut impl Respond,
     resp: Box<ResponseHeader>,
 ) -> pingora_error::Result<()> {
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let header = session.write_response_header(resp);
+    let header = session.write_header(resp, false);
     write(ctx, life.as_deref(), header).await
 }
 
 /// Where a relayed reply's body goes: the client's session, which frames it, or a detached
-/// stream's own writer (`detach::Wire`).
+/// stream's own connection (`Conn`), which frames it as the session would.
 pub(super) trait Downstream: Send {
     /// Writes a piece of the body (`None`: nothing new); `done` ends the body.
     fn body(
@@ -523,17 +568,18 @@ pub(super) trait Downstream: Send {
     fn gone(&mut self) -> impl std::future::Future<Output = ()> + Send + '_;
 }
 
-impl Downstream for ServerSession {
+impl Downstream for Session {
     fn body(
         &mut self,
         piece: Option<Bytes>,
         done: bool,
     ) -> impl std::future::Future<Output = pingora_error::Result<()>> + Send + '_ {
-        self.write_response_body(piece.unwrap_or_default(), done)
+        self.as_downstream_mut()
+            .write_response_body(piece.unwrap_or_default(), done)
     }
 
     fn gone(&mut self) -> impl std::future::Future<Output = ()> + Send + '_ {
-        client_gone(self)
+        client_gone(self.as_downstream_mut())
     }
 }
 
@@ -704,7 +750,7 @@ const ERROR_BODY_MAX: usize = 1024 * 1024;
 /// one is wrapped in the contract's error shape, so clients always get `{"error": …}`.
 async fn pass_error(
     connections: &upstream::Connections,
-    session: &mut Session,
+    session: &mut impl Respond,
     ctx: &mut Ctx,
     pool: &Pool,
     mut upstream: Upstreamed,
@@ -754,15 +800,10 @@ async fn pass_error(
     };
     resp.remove_header(&http::header::TRANSFER_ENCODING);
     resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-    let header = session.write_response_header(resp, false);
+    let header = session.write_header(resp, false);
     write(ctx, life.as_deref(), header).await?;
     // Up to 1 MiB.
-    write(
-        ctx,
-        life.as_deref(),
-        session.write_response_body(Some(body), true),
-    )
-    .await?;
+    write(ctx, life.as_deref(), session.write_body(Some(body), true)).await?;
     if whole && upstream.client.response_done() {
         upstream.release(connections).await;
     }

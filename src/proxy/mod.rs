@@ -5,6 +5,7 @@
 
 mod admit;
 pub mod body;
+mod conn;
 pub mod ctx;
 mod detach;
 mod forward;
@@ -21,6 +22,7 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
+use crate::respond::Respond;
 use crate::route::endpoint::Group;
 use crate::state::Shared;
 use crate::web;
@@ -352,26 +354,8 @@ impl ProxyHttp for Gateway {
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
-        // A reply that began, or a write that failed (the client's, or the shutdown's cut,
-        // named by `forward`): nothing more is sent.
-        let written = session.response_written().is_some();
-        let named = matches!(
-            ctx.outcome,
-            Outcome::UpstreamFailed(_) | Outcome::ClientGone
-        );
-        ctx.outcome = match reply::classify_failure(e) {
-            _ if written || named => outcome_after_reply(ctx, e),
-            Some(g) => {
-                if let Err(we) = respond::failure(session, ctx, &g).await {
-                    tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");
-                }
-                ctx.outcome
-            }
-            None => Outcome::ClientGone,
-        };
-        let code = ctx.outcome.status();
         FailToProxy {
-            error_code: code,
+            error_code: answer_failure(session, e, ctx).await,
             can_reuse_downstream: false,
         }
     }
@@ -384,6 +368,27 @@ impl ProxyHttp for Gateway {
         }
         end(&self.shared, session.req_header(), e, ctx).await;
     }
+}
+
+/// Answers a request that failed (as Pingora's `fail_to_proxy`), noting how it ended; the
+/// status it ended with. A reply that began, or a write that failed (the client's, or the
+/// shutdown's cut, named by `forward`): nothing more is sent.
+async fn answer_failure(client: &mut impl Respond, e: &Error, ctx: &mut Ctx) -> u16 {
+    let named = matches!(
+        ctx.outcome,
+        Outcome::UpstreamFailed(_) | Outcome::ClientGone
+    );
+    ctx.outcome = match reply::classify_failure(e) {
+        _ if client.replied() || named => outcome_after_reply(ctx, e),
+        Some(g) => {
+            if let Err(we) = respond::failure(client, ctx, &g).await {
+                tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");
+            }
+            ctx.outcome
+        }
+        None => Outcome::ClientGone,
+    };
+    ctx.outcome.status()
 }
 
 /// How a request whose reply had begun ended when it failed: as `forward` named the cut, else

@@ -7,6 +7,8 @@ use std::future::Future;
 use bytes::Bytes;
 use pingora_proxy::Session;
 
+use crate::respond::Respond;
+
 use super::ctx::{Ctx, Outcome};
 use crate::error::GatewayError;
 
@@ -46,7 +48,7 @@ pub fn reply_headers(ctx: &Ctx, h: &mut pingora_http::ResponseHeader) -> pingora
 /// header and the body written, 1-3 KB) would otherwise be part of each stage's own, copied
 /// on every request that is not refused.
 pub fn error<'a>(
-    session: &'a mut Session,
+    session: &'a mut impl Respond,
     ctx: &'a mut Ctx,
     e: &'a GatewayError,
 ) -> std::pin::Pin<Box<dyn Future<Output = pingora_error::Result<()>> + Send + 'a>> {
@@ -69,7 +71,7 @@ pub fn error<'a>(
 /// ended: with the status sent, or, when the reply could not be written, as the write failed
 /// (a client that had left is recorded 499, not the error it never got).
 pub async fn failure(
-    session: &mut Session,
+    session: &mut impl Respond,
     ctx: &mut Ctx,
     e: &GatewayError,
 ) -> pingora_error::Result<()> {

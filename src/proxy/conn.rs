@@ -1,0 +1,397 @@
+//! A stream's client connection once the stream left Pingora's request (`detach`): the
+//! connection itself, with what is left to know of the request (its header in one piece of
+//! bytes, its method, target and version). Pingora's session, with its 4 KiB header buffer
+//! (the header's values are slices of it), the request's header maps and its own state, is
+//! given up as the stream is admitted: a stream may wait seconds for its first token, and
+//! thousands of them may wait at once.
+//!
+//! Everything the client gets from then on is written here as Pingora's session writes it:
+//! the gateway's own error replies, the reply's header (with `Date` and `Connection`), and its
+//! body, chunked, by its length, or to the close. The connection is handed on as the session
+//! would hand it on (kept alive or closed, with the bytes of the client's next requests).
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::Poll;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use pingora_core::apps::{HttpPersistentSettings, ReusedHttpStream};
+use pingora_core::protocols::http::ServerSession;
+use pingora_core::protocols::http::v1::client::http_req_header_to_wire;
+use pingora_core::protocols::{Shutdown, Stream};
+use pingora_error::{Error, ErrorType};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_timeout::fast_timeout::fast_timeout;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+
+use super::forward::Downstream;
+use crate::respond::Respond;
+
+/// The most bytes of the client's next requests read at once while a stream is on (the watch
+/// for the client's close then stops, as Pingora's session stops once its own watch read a
+/// next request's bytes).
+const NEXT_READ: usize = 1024;
+
+/// The most header fields of a request read again for a try (Pingora's own limit).
+const MAX_HEADERS: usize = 256;
+
+/// The longest a closing connection's shutdown may take (a TLS close_notify to a client that
+/// reads nothing).
+const SHUTDOWN_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A detached stream's client connection.
+pub(super) struct Conn {
+    stream: Stream,
+    /// Bytes of the client's next requests: read with this request, or while its reply went.
+    next: BytesMut,
+    /// The watch read bytes of a next request: it reads no more.
+    stashed: bool,
+    /// How the connection goes on after the reply; `None`: it closes.
+    keep: Option<HttpPersistentSettings>,
+    /// The request's header as it came (its fields in their case and order), for the tries;
+    /// empty once the reply is on its way.
+    head: Bytes,
+    /// The request's method, target and version (for the record and the reply's framing).
+    asked: http::request::Parts,
+    /// How the reply's body goes, once its header is out.
+    body: Option<Framing>,
+}
+
+/// How a reply's body is written.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// No body (HEAD, 204, 304).
+    None,
+    /// In chunks.
+    Chunked,
+    /// As it is: it has a length, or ends with the close.
+    Raw,
+}
+
+impl Conn {
+    /// The connection of an admitted stream's session, whose request body was read whole; a
+    /// session whose connection cannot be had gives a connection that is gone (the stream
+    /// then ends as the client's, 499).
+    pub(super) async fn of(session: Box<ServerSession>) -> Conn {
+        let settings = HttpPersistentSettings::for_session(&session);
+        let req = session.req_header();
+        let (mut asked, ()) = http::Request::new(()).into_parts();
+        asked.method = req.method.clone();
+        asked.uri = req.uri.clone();
+        asked.version = req.version;
+        // Copied: the session's header is slices of its 4 KiB buffer.
+        let head =
+            http_req_header_to_wire(req).map_or_else(Bytes::new, |w| Bytes::from(w.to_vec()));
+        let mut conn = Conn::gone(head, asked);
+        let ServerSession::H1(h1) = *session else {
+            return conn;
+        };
+        // Pipelining on: the session gives up a connection kept alive whatever came after the
+        // request (else it would close it when bytes of a next request came with this one).
+        if !h1.will_keepalive() || !h1.pipelining_enabled() {
+            conn.stream = h1.into_inner();
+            return conn;
+        }
+        if let Ok(Some(reusable)) = h1.reuse().await {
+            let (stream, next) = reusable.into_parts();
+            conn.stream = stream;
+            // Copied: the session's bytes are part of its request's buffer.
+            conn.next = next.map(|n| BytesMut::from(&n[..])).unwrap_or_default();
+            conn.keep = Some(settings);
+        }
+        conn
+    }
+
+    /// The request's method, target and version.
+    pub(super) fn asked(&self) -> &http::request::Parts {
+        &self.asked
+    }
+
+    /// The client's request header, read again from its bytes (for a try).
+    pub(super) fn request(&self) -> pingora_error::Result<RequestHeader> {
+        parse_request(&self.head)
+    }
+
+    /// Takes the connection out (for the reply's own task), leaving one that is gone. The
+    /// request's header goes: no try is made from here on.
+    pub(super) fn take(&mut self) -> Conn {
+        let (asked, ()) = http::Request::new(()).into_parts();
+        let mut conn = std::mem::replace(self, Conn::gone(Bytes::new(), asked));
+        conn.head = Bytes::new();
+        conn
+    }
+
+    /// A connection that is gone: it reads a close, and every write fails.
+    fn gone(head: Bytes, asked: http::request::Parts) -> Conn {
+        Conn {
+            stream: Box::new(super::detach::Gone),
+            next: BytesMut::new(),
+            stashed: false,
+            keep: None,
+            head,
+            asked,
+            body: None,
+        }
+    }
+
+    /// Writes a reply's header as Pingora's session does: with `Date`, and `Connection` as the
+    /// connection goes on. A body with neither a length nor chunks ends with the close.
+    async fn header(&mut self, mut h: Box<ResponseHeader>) -> pingora_error::Result<()> {
+        let status = h.status.as_u16();
+        let framing =
+            if matches!(status, 100..=199 | 204 | 304) || self.asked.method == http::Method::HEAD {
+                Framing::None
+            } else if crate::respond::chunked(&h.headers) {
+                Framing::Chunked
+            } else {
+                if !h.headers.contains_key(http::header::CONTENT_LENGTH) {
+                    self.keep = None;
+                }
+                Framing::Raw
+            };
+        h.insert_header(
+            http::header::DATE,
+            pingora_core::protocols::http::date::get_cached_date(),
+        )?;
+        let connection = if self.keep.is_some() {
+            "keep-alive"
+        } else {
+            "close"
+        };
+        h.insert_header(http::header::CONNECTION, connection)?;
+        let wire = response_wire(&h)?;
+        self.body = Some(framing);
+        let written = async {
+            self.stream.write_all(&wire).await?;
+            self.stream.flush().await
+        };
+        written.await.map_err(|e| {
+            Error::because(ErrorType::WriteError, "writing the reply's header", e).into_down()
+        })
+    }
+
+    /// Writes a piece of the body, and ends it when `done` (the last chunk, for a chunked
+    /// one): a chunk's size line, the piece and its end go as one vectored write, then a
+    /// flush. The piece is not copied here: the connection (`listener::Deadlined`) gathers a
+    /// small chunk's parts into one write, and a large one goes out as it is.
+    async fn write(&mut self, piece: Option<Bytes>, done: bool) -> pingora_error::Result<()> {
+        let piece = piece.filter(|p| !p.is_empty());
+        let chunked = match self.body {
+            Some(Framing::Chunked) => true,
+            Some(Framing::Raw) => false,
+            Some(Framing::None) => return Ok(()),
+            None => {
+                return Err(Error::explain(
+                    ErrorType::WriteError,
+                    "a reply's body before its header",
+                )
+                .into_down());
+            }
+        };
+        if piece.is_none() && !(done && chunked) {
+            return Ok(());
+        }
+        // The size line, on the stack: at most 16 hex digits and its CRLF.
+        let mut line = [0u8; 18];
+        let size = match (&piece, chunked) {
+            (Some(p), true) => {
+                let mut rest = &mut line[..];
+                let _ = std::io::Write::write_fmt(&mut rest, format_args!("{:X}\r\n", p.len()));
+                18 - rest.len()
+            }
+            _ => 0,
+        };
+        let end: &[u8] = match (&piece, done, chunked) {
+            (_, _, false) => b"",
+            (Some(_), true, true) => b"\r\n0\r\n\r\n",
+            (Some(_), false, true) => b"\r\n",
+            (None, _, true) => b"0\r\n\r\n",
+        };
+        let mut parts = [
+            io::IoSlice::new(&line[..size]),
+            io::IoSlice::new(piece.as_deref().unwrap_or_default()),
+            io::IoSlice::new(end),
+        ];
+        let written = async {
+            let mut left = &mut parts[..];
+            while left.iter().any(|p| !p.is_empty()) {
+                let n = self.stream.write_vectored(left).await?;
+                if n == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                io::IoSlice::advance_slices(&mut left, n);
+            }
+            self.stream.flush().await
+        };
+        written.await.map_err(|e| {
+            Error::because(ErrorType::WriteError, "writing the reply's body", e).into_down()
+        })
+    }
+
+    /// Resolves when the client closes the connection (or it fails). Bytes of a next request
+    /// are kept for it, and the watch then stops.
+    fn watch(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::poll_fn(move |cx| {
+            if self.stashed {
+                return Poll::Pending;
+            }
+            // The buffer lives for this poll only: a stream waiting holds none.
+            let mut buf = [0u8; NEXT_READ];
+            let mut read = ReadBuf::new(&mut buf);
+            match Pin::new(&mut self.stream).poll_read(cx, &mut read) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(())) if !read.filled().is_empty() => {
+                    self.next.extend_from_slice(read.filled());
+                    self.stashed = true;
+                    Poll::Pending
+                }
+                Poll::Ready(_) => Poll::Ready(()),
+            }
+        })
+    }
+
+    /// The reply is over: the connection, when it is kept alive, with the bytes of its next
+    /// requests; else it is shut down.
+    pub(super) async fn finish(mut self) -> Option<ReusedHttpStream> {
+        let Some(mut settings) = self.keep else {
+            fast_timeout(SHUTDOWN_LIMIT, Shutdown::shutdown(&mut *self.stream))
+                .await
+                .ok();
+            return None;
+        };
+        if !self.next.is_empty() {
+            settings.set_pipelined_prefix(self.next);
+        }
+        Some(ReusedHttpStream::new(self.stream, Some(settings)))
+    }
+}
+
+impl Respond for Conn {
+    fn head_only(&self) -> bool {
+        self.asked.method == http::Method::HEAD
+    }
+
+    fn replied(&self) -> bool {
+        self.body.is_some()
+    }
+
+    fn write_header(
+        &mut self,
+        h: Box<ResponseHeader>,
+        _end: bool,
+    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_ {
+        self.header(h)
+    }
+
+    fn write_body(
+        &mut self,
+        body: Option<Bytes>,
+        end: bool,
+    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_ {
+        self.write(body, end)
+    }
+
+    /// The body was read whole before the stream was admitted.
+    fn drain_small_body(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        std::future::ready(())
+    }
+}
+
+impl Downstream for Conn {
+    fn body(
+        &mut self,
+        piece: Option<Bytes>,
+        done: bool,
+    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_ {
+        self.write(piece, done)
+    }
+
+    fn gone(&mut self) -> impl Future<Output = ()> + Send + '_ {
+        self.watch()
+    }
+}
+
+/// A reply's header as it goes on the wire (as Pingora's session writes it).
+fn response_wire(h: &ResponseHeader) -> pingora_error::Result<Vec<u8>> {
+    let version = match h.version {
+        http::Version::HTTP_10 => "HTTP/1.0 ",
+        http::Version::HTTP_11 => "HTTP/1.1 ",
+        _ => {
+            return Err(Error::explain(
+                ErrorType::InvalidHTTPHeader,
+                "a reply's version an HTTP/1 client cannot read",
+            ));
+        }
+    };
+    let mut buf = BytesMut::with_capacity(512);
+    buf.put_slice(version.as_bytes());
+    buf.put_slice(h.status.as_str().as_bytes());
+    buf.put_u8(b' ');
+    if let Some(reason) = h.get_reason_phrase() {
+        buf.put_slice(reason.as_bytes());
+    }
+    buf.put_slice(b"\r\n");
+    h.header_to_h1_wire(&mut buf);
+    buf.put_slice(b"\r\n");
+    Ok(buf.to_vec())
+}
+
+/// A request header from its bytes as `http_req_header_to_wire` wrote them, its fields in
+/// their case and order.
+fn parse_request(wire: &[u8]) -> pingora_error::Result<RequestHeader> {
+    let bad = || Error::explain(ErrorType::InvalidHTTPHeader, "the request's header");
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut fields);
+    if !matches!(parsed.parse(wire), Ok(httparse::Status::Complete(_))) {
+        return Err(bad());
+    }
+    let (Some(method), Some(path), Some(minor)) = (parsed.method, parsed.path, parsed.version)
+    else {
+        return Err(bad());
+    };
+    let mut req = RequestHeader::build(method, path.as_bytes(), Some(parsed.headers.len()))?;
+    req.set_version(if minor == 0 {
+        http::Version::HTTP_10
+    } else {
+        http::Version::HTTP_11
+    });
+    for field in parsed.headers.iter() {
+        req.append_header(field.name.to_string(), field.value)?;
+    }
+    Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_header_read_again_from_its_bytes_is_the_same() -> pingora_error::Result<()> {
+        let mut req = RequestHeader::build("POST", b"/v1/chat/completions?a=%20b", None)?;
+        req.append_header("Host".to_string(), "gw")?;
+        req.append_header("X-Custom-Case".to_string(), "one")?;
+        req.append_header("accept".to_string(), "text/event-stream")?;
+        req.append_header("X-Custom-Case".to_string(), "two")?;
+        let wire = http_req_header_to_wire(&req).expect("writable");
+        let again = parse_request(&wire)?;
+        assert_eq!(again.method, req.method);
+        assert_eq!(again.raw_path(), req.raw_path());
+        assert_eq!(again.version, http::Version::HTTP_11);
+        assert_eq!(http_req_header_to_wire(&again).expect("writable"), wire);
+        assert!(parse_request(b"POST / HTTP/1.1\r\nHost: x\r\n").is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_reply_header_goes_as_pingora_writes_it() -> pingora_error::Result<()> {
+        let mut h = ResponseHeader::build(200, None)?;
+        h.append_header("Content-Type", "text/event-stream")?;
+        let wire = response_wire(&h)?;
+        assert_eq!(
+            wire,
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n".to_vec()
+        );
+        Ok(())
+    }
+}
