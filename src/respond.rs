@@ -167,7 +167,8 @@ pub trait Respond: Send {
     /// A reply's header went out already.
     fn replied(&self) -> bool;
 
-    /// Writes a reply's header (`end`: no body follows).
+    /// Writes a reply's header (`end`: no body follows; a stream's own connection knows that
+    /// from the request's method and the reply's status).
     fn write_header(
         &mut self,
         h: Box<ResponseHeader>,

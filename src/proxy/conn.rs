@@ -49,8 +49,8 @@ pub(super) struct Conn {
     stashed: bool,
     /// How the connection goes on after the reply; `None`: it closes.
     keep: Option<HttpPersistentSettings>,
-    /// The request's header as it came (its fields in their case and order), for the tries;
-    /// empty once the reply is on its way.
+    /// The request's header (its fields in their case; a repeated field's lines together, as
+    /// the session's header map held them), for the tries; empty once the reply is on its way.
     head: Bytes,
     /// The request's method, target and version (for the record and the reply's framing).
     asked: http::request::Parts,
@@ -65,8 +65,10 @@ enum Framing {
     None,
     /// In chunks.
     Chunked,
-    /// As it is: it has a length, or ends with the close.
-    Raw,
+    /// As it is, this many bytes more: what would go past them is not written.
+    Length(u64),
+    /// As it is, to the close.
+    Close,
 }
 
 impl Conn {
@@ -136,19 +138,28 @@ impl Conn {
     }
 
     /// Writes a reply's header as Pingora's session does: with `Date`, and `Connection` as the
-    /// connection goes on. A body with neither a length nor chunks ends with the close.
+    /// connection goes on (a body with neither a length nor chunks ends with the close). A
+    /// header with a body of known length is not flushed: the body's first write takes it.
     async fn header(&mut self, mut h: Box<ResponseHeader>) -> pingora_error::Result<()> {
+        if self.body.is_some() {
+            tracing::warn!("a second reply header for one request: not written");
+            return Ok(());
+        }
         let status = h.status.as_u16();
+        let length = h
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
         let framing =
             if matches!(status, 100..=199 | 204 | 304) || self.asked.method == http::Method::HEAD {
                 Framing::None
             } else if crate::respond::chunked(&h.headers) {
                 Framing::Chunked
+            } else if let Some(n) = length {
+                Framing::Length(n)
             } else {
-                if !h.headers.contains_key(http::header::CONTENT_LENGTH) {
-                    self.keep = None;
-                }
-                Framing::Raw
+                self.keep = None;
+                Framing::Close
             };
         h.insert_header(
             http::header::DATE,
@@ -161,25 +172,43 @@ impl Conn {
         };
         h.insert_header(http::header::CONNECTION, connection)?;
         let wire = response_wire(&h)?;
-        self.body = Some(framing);
+        let flush = !matches!(framing, Framing::Length(n) if n > 0);
         let written = async {
             self.stream.write_all(&wire).await?;
-            self.stream.flush().await
+            if flush {
+                self.stream.flush().await?;
+            }
+            Ok::<(), io::Error>(())
         };
         written.await.map_err(|e| {
             Error::because(ErrorType::WriteError, "writing the reply's header", e).into_down()
-        })
+        })?;
+        self.body = Some(framing);
+        Ok(())
     }
 
     /// Writes a piece of the body, and ends it when `done` (the last chunk, for a chunked
     /// one): a chunk's size line, the piece and its end go as one vectored write, then a
     /// flush. The piece is not copied here: the connection (`listener::Deadlined`) gathers a
-    /// small chunk's parts into one write, and a large one goes out as it is.
+    /// small chunk's parts into one write, and a large one goes out as it is. A body of known
+    /// length gets no more than its length, and one that ends short of it is cut (`Err`, and
+    /// the connection is not kept), as Pingora's session does.
     async fn write(&mut self, piece: Option<Bytes>, done: bool) -> pingora_error::Result<()> {
-        let piece = piece.filter(|p| !p.is_empty());
-        let chunked = match self.body {
+        let mut piece = piece.filter(|p| !p.is_empty());
+        let mut short = false;
+        let chunked = match &mut self.body {
             Some(Framing::Chunked) => true,
-            Some(Framing::Raw) => false,
+            Some(Framing::Close) => false,
+            Some(Framing::Length(left)) => {
+                if let Some(p) = &mut piece {
+                    let fits = usize::try_from(*left).map_or(p.len(), |l| l.min(p.len()));
+                    p.truncate(fits);
+                    *left -= fits as u64;
+                }
+                short = done && *left > 0;
+                piece = piece.filter(|p| !p.is_empty());
+                false
+            }
             Some(Framing::None) => return Ok(()),
             None => {
                 return Err(Error::explain(
@@ -189,12 +218,33 @@ impl Conn {
                 .into_down());
             }
         };
-        if piece.is_none() && !(done && chunked) {
-            return Ok(());
+        if short {
+            self.keep = None;
         }
+        if piece.is_some() || (done && chunked) {
+            self.send(piece.as_deref(), done, chunked).await?;
+        }
+        if short {
+            return Err(Error::explain(
+                ErrorType::WriteError,
+                "the reply's body ended short of its length",
+            )
+            .into_down());
+        }
+        Ok(())
+    }
+
+    /// Sends a piece of the body (a chunk, when `chunked`, the last one when `done`) and
+    /// flushes it.
+    async fn send(
+        &mut self,
+        piece: Option<&[u8]>,
+        done: bool,
+        chunked: bool,
+    ) -> pingora_error::Result<()> {
         // The size line, on the stack: at most 16 hex digits and its CRLF.
         let mut line = [0u8; 18];
-        let size = match (&piece, chunked) {
+        let size = match (piece, chunked) {
             (Some(p), true) => {
                 let mut rest = &mut line[..];
                 let _ = std::io::Write::write_fmt(&mut rest, format_args!("{:X}\r\n", p.len()));
@@ -202,7 +252,7 @@ impl Conn {
             }
             _ => 0,
         };
-        let end: &[u8] = match (&piece, done, chunked) {
+        let end: &[u8] = match (piece, done, chunked) {
             (_, _, false) => b"",
             (Some(_), true, true) => b"\r\n0\r\n\r\n",
             (Some(_), false, true) => b"\r\n",
@@ -210,7 +260,7 @@ impl Conn {
         };
         let mut parts = [
             io::IoSlice::new(&line[..size]),
-            io::IoSlice::new(piece.as_deref().unwrap_or_default()),
+            io::IoSlice::new(piece.unwrap_or_default()),
             io::IoSlice::new(end),
         ];
         let written = async {
@@ -228,7 +278,6 @@ impl Conn {
             Error::because(ErrorType::WriteError, "writing the reply's body", e).into_down()
         })
     }
-
     /// Resolves when the client closes the connection (or it fails). Bytes of a next request
     /// are kept for it, and the watch then stops.
     fn watch(&mut self) -> impl Future<Output = ()> + Send + '_ {
@@ -392,6 +441,94 @@ mod tests {
             wire,
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n".to_vec()
         );
+        Ok(())
+    }
+
+    /// A connection over one end of a socket pair, kept alive (as a session on HTTP/1.1
+    /// would be), and the other end.
+    fn pair() -> (Conn, tokio::net::UnixStream) {
+        let (ours, theirs) = tokio::net::UnixStream::pair().expect("socket pair");
+        let (asked, ()) = http::Request::new(()).into_parts();
+        let mut conn = Conn::gone(Bytes::new(), asked);
+        conn.stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
+        let mut session = ServerSession::new_http1(Box::new(super::super::detach::Gone));
+        session.set_keepalive(Some(60));
+        conn.keep = Some(HttpPersistentSettings::for_session(&session));
+        (conn, theirs)
+    }
+
+    async fn read_all(mut theirs: tokio::net::UnixStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut got = Vec::new();
+        theirs.read_to_end(&mut got).await.expect("read");
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    #[tokio::test]
+    async fn a_body_of_known_length_gets_no_more_and_one_that_ends_short_is_cut()
+    -> pingora_error::Result<()> {
+        let (mut conn, theirs) = pair();
+        let mut h = ResponseHeader::build(200, None)?;
+        h.insert_header("content-length", "5")?;
+        conn.header(Box::new(h.clone())).await?;
+        // A second header is not written.
+        conn.header(Box::new(h.clone())).await?;
+        conn.write(Some(Bytes::from_static(b"hello world")), false)
+            .await?;
+        conn.write(Some(Bytes::from_static(b"!")), true).await?;
+        assert!(conn.keep.is_some());
+        drop(conn);
+        let text = read_all(theirs).await;
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("\r\nConnection: keep-alive\r\n"), "{text}");
+        assert!(text.contains("\r\nDate: "), "{text}");
+        assert!(text.ends_with("\r\n\r\nhello"), "{text}");
+        assert_eq!(text.matches("HTTP/1.1").count(), 1, "{text}");
+
+        let (mut conn, theirs) = pair();
+        h.insert_header("content-length", "10")?;
+        conn.header(Box::new(h)).await?;
+        let short = conn.write(Some(Bytes::from_static(b"hello")), true).await;
+        assert!(short.is_err());
+        assert!(
+            conn.keep.is_none(),
+            "a connection whose reply was cut is not kept"
+        );
+        drop(conn);
+        assert!(read_all(theirs).await.ends_with("\r\n\r\nhello"));
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_body_without_a_length_goes_chunked_or_to_the_close() -> pingora_error::Result<()> {
+        let (mut conn, theirs) = pair();
+        let mut h = ResponseHeader::build(200, None)?;
+        h.insert_header("transfer-encoding", "chunked")?;
+        conn.header(Box::new(h)).await?;
+        conn.write(Some(Bytes::from_static(b"data: 1\n\n")), false)
+            .await?;
+        conn.write(None, true).await?;
+        assert!(conn.keep.is_some());
+        drop(conn);
+        let text = read_all(theirs).await;
+        assert!(
+            text.ends_with("\r\n\r\n9\r\ndata: 1\n\n\r\n0\r\n\r\n"),
+            "{text:?}"
+        );
+
+        let (mut conn, theirs) = pair();
+        conn.header(Box::new(ResponseHeader::build(200, None)?))
+            .await?;
+        conn.write(Some(Bytes::from_static(b"data: 1\n\n")), true)
+            .await?;
+        assert!(
+            conn.keep.is_none(),
+            "a body to the close ends the connection"
+        );
+        assert!(conn.finish().await.is_none());
+        let text = read_all(theirs).await;
+        assert!(text.contains("\r\nConnection: close\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\ndata: 1\n\n"), "{text:?}");
         Ok(())
     }
 }

@@ -269,7 +269,8 @@ async fn relay(
     forward::relay_body(connections, conn, ctx, pool, up, upstream).await
 }
 
-/// The client session left in Pingora's request once its stream went on elsewhere: no socket.
+/// The client session left in Pingora's request once its stream went on elsewhere, and the
+/// connection of a stream's `Conn` that has none (taken, or lost): no socket.
 #[derive(Debug)]
 pub(super) struct Gone;
 

@@ -117,8 +117,8 @@ impl Client for Conn {
 
 /// Forwards the request in `ctx` and streams the reply: to the route's pool, then, if it
 /// cannot answer, to each fallback model's pool in turn (with that model's upstream name and
-/// price). `Err` means the reply was cut after it began: Pingora then drops the client
-/// connection instead of ending the body cleanly.
+/// price). `Err` means the reply was cut after it began: the client's connection is then
+/// dropped (by Pingora, or by the stream's own task) instead of ending the body cleanly.
 pub(super) async fn run(
     gw: &Gateway,
     session: &mut impl Client,
