@@ -2,10 +2,12 @@
 //!
 //! Why not pingora-limits' `Rate`: it estimates with a count-min sketch over fixed windows, so
 //! it may over-count colliding keys and admits up to 2× the limit across a window boundary.
-//! Limits here must be exact ("rpm = 100" admits exactly 100 in any 60 s), so each key has a
-//! sliding-window log in a `DashMap`: the admission times (or token counts) of the last 60 s.
-//! Memory is O(rpm) per active key; every check is O(1) amortised, under a per-key mutex that
-//! is never held across an await. State is keyed by key id, so it survives a keys reload.
+//! Limits here must be exact ("rpm = 100" admits no more than 100 in any 60 s, and the 101st
+//! as soon as the first is 60 s old), so each key has a sliding-window log in a `DashMap`: the
+//! admissions (or token counts) of the last 60 s, by the millisecond (`Log`). Memory is at
+//! most one entry per millisecond of the window per active key, whatever its rate; every check
+//! is O(1) amortised, under a per-key mutex that is never held across an await. State is keyed
+//! by key id, so it survives a keys reload.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -62,64 +64,95 @@ pub(super) fn refusal_concurrency(max: u32) -> Refusal {
 
 #[derive(Default)]
 struct KeyWindows {
-    /// Admission times of the last 60 s (rpm).
-    requests: VecDeque<Instant>,
-    /// (time, tokens) of replies that ended in the last 60 s, and their sum (tpm).
-    tokens: VecDeque<(Instant, u64)>,
-    token_sum: u64,
+    /// Admissions of the last 60 s (rpm).
+    requests: Log,
+    /// Tokens of the replies that ended in the last 60 s (tpm).
+    tokens: Log,
 }
 
 impl KeyWindows {
     fn prune(&mut self, now: Instant) {
-        while self
-            .requests
-            .front()
-            .is_some_and(|t| now.duration_since(*t) >= WINDOW)
-        {
-            self.requests.pop_front();
+        self.requests.prune(now);
+        self.tokens.prune(now);
+    }
+}
+
+/// Amounts counted over the last 60 s, by the millisecond: what comes within one millisecond
+/// (a thousand admissions of a busy key) is one entry, with the time of its latest. An entry
+/// leaves the window once that latest is 60 s old: the count is never below the exact one,
+/// and exact when no two came in one millisecond. A log that emptied after a burst gives its
+/// memory back.
+#[derive(Default)]
+struct Log {
+    /// What the entries' milliseconds count from (the first entry's time).
+    epoch: Option<Instant>,
+    /// (millisecond since `epoch`, time of its latest, amount), oldest first.
+    entries: VecDeque<(u64, Instant, u64)>,
+    sum: u64,
+}
+
+impl Log {
+    fn add(&mut self, now: Instant, amount: u64) {
+        let epoch = *self.epoch.get_or_insert(now);
+        let ms =
+            u64::try_from(now.saturating_duration_since(epoch).as_millis()).unwrap_or(u64::MAX);
+        match self.entries.back_mut() {
+            // A time before the latest entry's (taken before the lock by another thread)
+            // counts with it.
+            Some((at, latest, n)) if *at >= ms => {
+                *latest = (*latest).max(now);
+                *n = n.saturating_add(amount);
+            }
+            _ => self.entries.push_back((ms, now, amount)),
         }
-        while let Some((t, n)) = self.tokens.front().copied() {
-            if now.duration_since(t) < WINDOW {
+        self.sum = self.sum.saturating_add(amount);
+    }
+
+    fn prune(&mut self, now: Instant) {
+        while let Some(&(_, latest, n)) = self.entries.front() {
+            if now.saturating_duration_since(latest) < WINDOW {
                 break;
             }
-            self.tokens.pop_front();
-            self.token_sum = self.token_sum.saturating_sub(n);
+            self.entries.pop_front();
+            self.sum = self.sum.saturating_sub(n);
+        }
+        let cap = self.entries.capacity();
+        if cap > 64 && self.entries.len() * 4 < cap {
+            self.entries.shrink_to(self.entries.len() * 2);
         }
     }
 
     /// Time until the oldest entry leaves the window.
-    fn requests_reset(&self, now: Instant) -> Duration {
-        self.requests.front().map_or(Duration::ZERO, |t| {
+    fn reset(&self, now: Instant) -> Duration {
+        self.entries.front().map_or(Duration::ZERO, |(_, t, _)| {
             (*t + WINDOW).saturating_duration_since(now)
         })
     }
 
-    /// For the header: time until the sum drops below `tpm` when it is not below, else until
-    /// the oldest tokens leave the window and their share comes back (as for requests; 0 only
-    /// when no token is counted).
-    fn tokens_reset_header(&self, now: Instant, tpm: u64) -> Duration {
-        let until_allowed = self.tokens_reset(now, tpm);
-        if !until_allowed.is_zero() {
-            return until_allowed;
-        }
-        self.tokens.front().map_or(Duration::ZERO, |(t, _)| {
-            (*t + WINDOW).saturating_duration_since(now)
-        })
-    }
-
-    /// Time until enough tokens leave the window for the sum to drop below `tpm`.
-    fn tokens_reset(&self, now: Instant, tpm: u64) -> Duration {
-        let mut sum = self.token_sum;
-        for (t, n) in &self.tokens {
-            if sum < tpm {
+    /// Time until enough entries leave the window for the sum to drop below `limit`.
+    fn reset_below(&self, now: Instant, limit: u64) -> Duration {
+        let mut sum = self.sum;
+        for (_, t, n) in &self.entries {
+            if sum < limit {
                 break;
             }
             sum = sum.saturating_sub(*n);
-            if sum < tpm {
+            if sum < limit {
                 return (*t + WINDOW).saturating_duration_since(now);
             }
         }
         Duration::ZERO
+    }
+
+    /// For the header: time until the sum drops below `limit` when it is not below, else
+    /// until the oldest entry leaves the window and its share comes back (0 only when
+    /// nothing is counted).
+    fn reset_header(&self, now: Instant, limit: u64) -> Duration {
+        let until_allowed = self.reset_below(now, limit);
+        if !until_allowed.is_zero() {
+            return until_allowed;
+        }
+        self.reset(now)
     }
 }
 
@@ -163,16 +196,16 @@ impl Limiter {
         let mut head = Headroom::default();
         let mut refusal = None;
         if let Some(tpm) = key.tpm {
-            let reset = w.tokens_reset_header(now, tpm);
-            head.tokens = Some((tpm, tpm.saturating_sub(w.token_sum), reset));
-            if w.token_sum >= tpm {
+            let reset = w.tokens.reset_header(now, tpm);
+            head.tokens = Some((tpm, tpm.saturating_sub(w.tokens.sum), reset));
+            if w.tokens.sum >= tpm {
                 refusal = Some(refusal_tpm(tpm, reset));
             }
         }
         if let Some(rpm) = key.rpm.map(u64::from) {
-            let used = w.requests.len() as u64;
+            let used = w.requests.sum;
             if refusal.is_none() && used >= rpm {
-                let reset = w.requests_reset(now);
+                let reset = w.requests.reset_below(now, rpm);
                 refusal = Some(refusal_rpm(u32::try_from(rpm).unwrap_or(u32::MAX), reset));
             }
         }
@@ -199,11 +232,11 @@ impl Limiter {
             }
         }
         if refusal.is_none() && key.rpm.is_some() {
-            w.requests.push_back(now);
+            w.requests.add(now, 1);
         }
         if let Some(rpm) = key.rpm.map(u64::from) {
-            let used = w.requests.len() as u64;
-            head.requests = Some((rpm, rpm.saturating_sub(used), w.requests_reset(now)));
+            let used = w.requests.sum;
+            head.requests = Some((rpm, rpm.saturating_sub(used), w.requests.reset(now)));
         }
         match refusal {
             Some(r) => (Err(r), head),
@@ -219,8 +252,7 @@ impl Limiter {
         let windows = self.windows(&key.id);
         if let Ok(mut w) = windows.lock() {
             w.prune(now);
-            w.tokens.push_back((now, tokens));
-            w.token_sum = w.token_sum.saturating_add(tokens);
+            w.tokens.add(now, tokens);
         }
     }
 }
@@ -327,6 +359,55 @@ mod tests {
         assert!(
             l.admit(&k, t0 + Duration::from_secs(60)).0.is_ok(),
             "the first left the window"
+        );
+    }
+
+    #[test]
+    fn a_busy_keys_log_is_one_entry_a_millisecond_and_gives_its_memory_back() {
+        let k = key("rpm = 1000000");
+        let l = Limiter::default();
+        let t0 = Instant::now();
+        // 100,000 admissions in 10 ms: counted one by one, kept in 10 entries.
+        for i in 0..100_000u64 {
+            let (r, h) = l.admit(&k, t0 + Duration::from_nanos(i * 100));
+            assert!(r.is_ok());
+            assert_eq!(h.requests.map(|r| r.1), Some(1_000_000 - i - 1));
+        }
+        let windows = l.windows("k");
+        assert!(windows.lock().expect("lock").requests.entries.len() <= 10);
+        // One a millisecond for 50 s: an entry each; once they are a window old, the log's
+        // memory goes back.
+        for i in 0..50_000u64 {
+            assert!(l.admit(&k, t0 + Duration::from_millis(10 + i)).0.is_ok());
+        }
+        assert!(windows.lock().expect("lock").requests.entries.capacity() >= 50_000);
+        let (_, h) = l.admit(&k, t0 + Duration::from_secs(200));
+        assert_eq!(h.requests.map(|r| r.1), Some(999_999));
+        assert!(windows.lock().expect("lock").requests.entries.capacity() <= 64);
+    }
+
+    #[test]
+    fn admissions_within_a_millisecond_leave_the_window_with_the_latest_of_them() {
+        let k = key("rpm = 3");
+        let l = Limiter::default();
+        let t0 = Instant::now();
+        for us in [0, 200, 500] {
+            assert!(l.admit(&k, t0 + Duration::from_micros(us)).0.is_ok());
+        }
+        let (r, _) = l.admit(&k, t0 + Duration::from_secs(30));
+        let refusal = r.expect_err("4th in the window");
+        assert_eq!(
+            refusal.retry_after,
+            Duration::from_secs(30) + Duration::from_micros(500)
+        );
+        // Never more than 3 in any 60 s: the first is 60 s old, but not the latest of its
+        // millisecond.
+        let almost = t0 + WINDOW + Duration::from_micros(400);
+        assert!(l.admit(&k, almost).0.is_err());
+        assert!(
+            l.admit(&k, t0 + WINDOW + Duration::from_micros(500))
+                .0
+                .is_ok()
         );
     }
 
