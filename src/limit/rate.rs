@@ -68,9 +68,20 @@ struct KeyWindows {
     requests: Log,
     /// Tokens of the replies that ended in the last 60 s (tpm).
     tokens: Log,
+    /// The latest time a decision was made at.
+    seen: Option<Instant>,
 }
 
 impl KeyWindows {
+    /// The time a decision is made at: `now`, or the latest one made, if later. Each caller
+    /// reads the clock before it takes the lock; decisions go in the lock's order, so one
+    /// checked against a log already pruned to a later time is counted at that time.
+    fn at(&mut self, now: Instant) -> Instant {
+        let now = self.seen.map_or(now, |seen| seen.max(now));
+        self.seen = Some(now);
+        now
+    }
+
     fn prune(&mut self, now: Instant) {
         self.requests.prune(now);
         self.tokens.prune(now);
@@ -81,36 +92,43 @@ impl KeyWindows {
 /// (a thousand admissions of a busy key) is one entry, with the time of its latest. An entry
 /// leaves the window once that latest is 60 s old: the count is never below the exact one,
 /// and exact when no two came in one millisecond. A log that emptied after a burst gives its
-/// memory back.
+/// memory back (at its key's next request).
 #[derive(Default)]
 struct Log {
-    /// What the entries' milliseconds count from (the first entry's time).
+    /// What the entries' times count from (the first entry's time).
     epoch: Option<Instant>,
-    /// (millisecond since `epoch`, time of its latest, amount), oldest first.
-    entries: VecDeque<(u64, Instant, u64)>,
+    /// (nanoseconds from `epoch` to the latest of the entry's millisecond, amount), oldest
+    /// first: 16 bytes an entry.
+    entries: VecDeque<(u64, u64)>,
     sum: u64,
 }
 
+const NANOS_PER_MS: u64 = 1_000_000;
+
 impl Log {
+    /// Counts `amount` at `now`, which is no earlier than any time counted before.
     fn add(&mut self, now: Instant, amount: u64) {
         let epoch = *self.epoch.get_or_insert(now);
-        let ms =
-            u64::try_from(now.saturating_duration_since(epoch).as_millis()).unwrap_or(u64::MAX);
+        let ns = u64::try_from(now.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX);
         match self.entries.back_mut() {
-            // A time before the latest entry's (taken before the lock by another thread)
-            // counts with it.
-            Some((at, latest, n)) if *at >= ms => {
-                *latest = (*latest).max(now);
+            Some((latest, n)) if *latest / NANOS_PER_MS == ns / NANOS_PER_MS => {
+                *latest = (*latest).max(ns);
                 *n = n.saturating_add(amount);
             }
-            _ => self.entries.push_back((ms, now, amount)),
+            _ => self.entries.push_back((ns, amount)),
         }
         self.sum = self.sum.saturating_add(amount);
     }
 
+    /// When an entry's latest was.
+    fn time(&self, latest: u64) -> Instant {
+        let epoch = self.epoch.unwrap_or_else(Instant::now);
+        epoch + Duration::from_nanos(latest)
+    }
+
     fn prune(&mut self, now: Instant) {
-        while let Some(&(_, latest, n)) = self.entries.front() {
-            if now.saturating_duration_since(latest) < WINDOW {
+        while let Some(&(latest, n)) = self.entries.front() {
+            if now.saturating_duration_since(self.time(latest)) < WINDOW {
                 break;
             }
             self.entries.pop_front();
@@ -124,21 +142,21 @@ impl Log {
 
     /// Time until the oldest entry leaves the window.
     fn reset(&self, now: Instant) -> Duration {
-        self.entries.front().map_or(Duration::ZERO, |(_, t, _)| {
-            (*t + WINDOW).saturating_duration_since(now)
+        self.entries.front().map_or(Duration::ZERO, |(latest, _)| {
+            (self.time(*latest) + WINDOW).saturating_duration_since(now)
         })
     }
 
     /// Time until enough entries leave the window for the sum to drop below `limit`.
     fn reset_below(&self, now: Instant, limit: u64) -> Duration {
         let mut sum = self.sum;
-        for (_, t, n) in &self.entries {
+        for (latest, n) in &self.entries {
             if sum < limit {
                 break;
             }
             sum = sum.saturating_sub(*n);
             if sum < limit {
-                return (*t + WINDOW).saturating_duration_since(now);
+                return (self.time(*latest) + WINDOW).saturating_duration_since(now);
             }
         }
         Duration::ZERO
@@ -192,6 +210,7 @@ impl Limiter {
         let Ok(mut w) = windows.lock() else {
             return (Ok(None), Headroom::default());
         };
+        let now = w.at(now);
         w.prune(now);
         let mut head = Headroom::default();
         let mut refusal = None;
@@ -236,7 +255,8 @@ impl Limiter {
         }
         if let Some(rpm) = key.rpm.map(u64::from) {
             let used = w.requests.sum;
-            head.requests = Some((rpm, rpm.saturating_sub(used), w.requests.reset(now)));
+            let reset = w.requests.reset_header(now, rpm);
+            head.requests = Some((rpm, rpm.saturating_sub(used), reset));
         }
         match refusal {
             Some(r) => (Err(r), head),
@@ -251,6 +271,7 @@ impl Limiter {
         }
         let windows = self.windows(&key.id);
         if let Ok(mut w) = windows.lock() {
+            let now = w.at(now);
             w.prune(now);
             w.tokens.add(now, tokens);
         }
@@ -409,6 +430,22 @@ mod tests {
                 .0
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn a_decision_made_with_an_earlier_clock_reading_counts_at_the_latest_time() {
+        let k = key("rpm = 1\ntpm = 1000000");
+        let l = Limiter::default();
+        let t0 = Instant::now();
+        assert!(l.admit(&k, t0).0.is_ok());
+        // Another request's end, at t0 + 60 s, prunes the first admission; a request that
+        // read the clock just before it takes the lock after it.
+        l.add_tokens(&k, 5, t0 + WINDOW);
+        let late = Duration::from_micros(1);
+        assert!(l.admit(&k, t0 + WINDOW - late).0.is_ok());
+        // Counted at t0 + 60 s: one minute on, it is still in the window.
+        assert!(l.admit(&k, t0 + 2 * WINDOW - late).0.is_err());
+        assert!(l.admit(&k, t0 + 2 * WINDOW).0.is_ok());
     }
 
     #[test]

@@ -146,10 +146,8 @@ impl Conn {
             return Ok(());
         }
         let status = h.status.as_u16();
-        let length = h
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok());
+        // (An invalid one was refused as the upstream's reply was read.)
+        let length = crate::upstream::content_length(&h.headers).ok().flatten();
         let framing =
             if matches!(status, 100..=199 | 204 | 304) || self.asked.method == http::Method::HEAD {
                 Framing::None

@@ -559,7 +559,7 @@ fn read_some(stream: &mut Stream) -> impl Future<Output = std::io::Result<BytesM
 
 /// The body's length from `Content-Length`: identical duplicates (repeated, or in a comma
 /// list) are one length (RFC 9110 §8.6); differing or unreadable ones are a broken reply.
-fn content_length(headers: &http::HeaderMap) -> pingora_error::Result<Option<u64>> {
+pub fn content_length(headers: &http::HeaderMap) -> pingora_error::Result<Option<u64>> {
     let mut length = None;
     for v in headers.get_all(http::header::CONTENT_LENGTH) {
         for part in v.as_bytes().split(|b| *b == b',') {
