@@ -340,7 +340,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     let server = match crate::server::build(shared, upgrade) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("cannot start a listener: {e}");
+            eprintln!("cannot start: {e}");
             store.close();
             return ExitCode::from(2);
         }

@@ -436,6 +436,36 @@ fn serve_exits_with_an_error_when_a_listen_port_is_taken() {
     );
 }
 
+/// A trust store for TLS upstreams that cannot be loaded (here `SSL_CERT_FILE` naming a bundle
+/// whose certificate is no certificate) stops the start with the file named, instead of a
+/// panic in Pingora's connector.
+#[test]
+fn serve_exits_with_an_error_when_the_trust_store_cannot_be_loaded() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let port = free_port();
+    let config =
+        format!("[listeners]\nmain = \"127.0.0.1:{port}\"\n[keys]\nfile = \"keys.toml\"\n");
+    std::fs::write(dir.path().join("c.toml"), config).expect("write");
+    std::fs::write(dir.path().join("keys.toml"), "").expect("write");
+    let bundle = dir.path().join("bundle.pem");
+    std::fs::write(
+        &bundle,
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    )
+    .expect("write");
+    let out = Command::new(bin())
+        .args(["serve", "--config"])
+        .arg(dir.path().join("c.toml"))
+        .env("SSL_CERT_FILE", &bundle)
+        .output()
+        .expect("serve");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("trust store for TLS upstreams"), "{err}");
+    assert!(err.contains(&bundle.display().to_string()), "{err}");
+}
+
 /// Two addresses of the config naming one port (here the demo mock and `main`) stop the start
 /// with the port named, instead of one answering on the other's port: the config is refused
 /// before anything binds.

@@ -13,7 +13,7 @@ use crate::route::Upstream;
 mod h1;
 mod pool;
 pub use h1::{Conn, Request, content_length};
-pub use pool::{Connections, warm_tls};
+pub use pool::{Connections, check_trust_store, warm_tls};
 
 /// Whether a request header stays with the client: what may carry its gateway credential or
 /// session; what says who and where the client is (a client could write any address there, and

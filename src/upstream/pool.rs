@@ -63,6 +63,26 @@ pub fn warm_tls(pools: &[Arc<Pool>]) {
     }
 }
 
+/// Whether the trust store every TLS connector loads (the platform's roots, or the bundle
+/// `SSL_CERT_FILE` names, or the folder `SSL_CERT_DIR` names) can be loaded; why not, if not.
+/// Pingora's proxy makes a connector of its own as it is built, whatever the pools, and
+/// panics on a store it cannot load: the start asks this first.
+pub fn check_trust_store() -> Result<(), String> {
+    let mut store = pingora_core::tls::RootCertStore::empty();
+    pingora_core::tls::load_platform_certs_incl_env_into_store(&mut store).map_err(|e| {
+        let named = ["SSL_CERT_FILE", "SSL_CERT_DIR"]
+            .iter()
+            .filter_map(|v| std::env::var_os(v).map(|p| format!("{v}={}", p.to_string_lossy())))
+            .collect::<Vec<_>>();
+        let source = if named.is_empty() {
+            "the platform's root certificates".to_string()
+        } else {
+            named.join(", ")
+        };
+        format!("the trust store for TLS upstreams cannot be loaded ({source}): {e}")
+    })
+}
+
 /// The upstream connections of one listener's proxy.
 pub struct Connections {
     idle: Arc<Mutex<Idle>>,
