@@ -220,6 +220,12 @@ fn load(path: &Path) -> Result<Live, crate::config::Problems> {
 
 fn serve(path: &Path, upgrade: bool) -> ExitCode {
     hold_hangups();
+    // Pingora's proxies make their TLS connectors as they are built and panic on a trust
+    // store that cannot be loaded: a start that fails, said as such, before anything opens.
+    if let Err(e) = crate::upstream::check_trust_store() {
+        eprintln!("cannot start: {e}");
+        return ExitCode::from(2);
+    }
     let live = match load(path) {
         Ok(l) => Arc::new(l),
         Err(p) => {

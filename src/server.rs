@@ -19,13 +19,9 @@ use crate::route::health::HealthChecker;
 use crate::state::Shared;
 use crate::tls::{CertReloader, ListenerCert};
 
-/// The server, or why it cannot start (a listener's certificate that cannot be loaded, a
-/// trust store for TLS upstreams that cannot).
+/// The server, or why it cannot start (a listener's certificate that cannot be loaded).
 pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
     let config = shared.live.config.clone();
-    // Pingora's proxies make their TLS connectors as they are built and panic on a trust
-    // store that cannot be loaded: a start that fails, said as such.
-    crate::upstream::check_trust_store()?;
     let conf = ServerConf {
         threads: config.threads,
         // One thread per service: a current-thread runtime, no cross-thread wake-ups

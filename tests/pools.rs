@@ -976,3 +976,48 @@ async fn an_upstream_that_sends_early_hints_passes_its_health_check() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A reload that brings the first TLS upstream while the trust store cannot be loaded (the
+/// bundle `SSL_CERT_FILE` names was overwritten since the start) is refused, and the pools in
+/// force stay: the TLS connector it would have made panics on such a store.
+#[tokio::test]
+async fn a_reload_bringing_tls_upstreams_is_refused_while_the_trust_store_cannot_be_loaded() {
+    let pki = common::pki::Pki::new("reload-ca");
+    let bundle = pki.dir.path().join("bundle.pem");
+    std::fs::write(&bundle, pki.ca_pem()).expect("write");
+    let mut g = start_with(Setup {
+        env: vec![("SSL_CERT_FILE".into(), bundle.display().to_string())],
+        ..Setup::default()
+    });
+    assert_eq!(chat_status(&g.main, "echo-1").await, 200);
+    std::fs::write(
+        &bundle,
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    )
+    .expect("write");
+    let path = g.dir.path().join("modelgate.toml");
+    let good = std::fs::read_to_string(&path).expect("config");
+    let dead = g.dead_port();
+    std::fs::write(
+        &path,
+        format!(
+            "{good}\n[[pools]]\nname = \"secure\"\nupstreams = [\"https://127.0.0.1:{dead}\"]\n\
+             [[models]]\nname = \"secure-model\"\npool = \"secure\"\n"
+        ),
+    )
+    .expect("write");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while metric(&g, "modelgate_config_reload_errors_total").await < 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the reload was not refused"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(g.running(), "the gateway went down");
+    assert_eq!(chat_status(&g.main, "echo-1").await, 200);
+    assert_eq!(chat_status(&g.main, "secure-model").await, 404);
+    let err = g.stop_and_stderr();
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains("trust store for TLS upstreams"), "{err}");
+}

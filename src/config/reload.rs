@@ -96,7 +96,14 @@ impl KeysReloader {
         let router =
             crate::route::Router::build_after(&config, Some(&self.live.snapshot().router))?;
         let n = router.ordered.len();
-        crate::upstream::warm_tls(&router.pools);
+        crate::upstream::warm_tls(&router.pools).map_err(|m| {
+            Problems::one(super::Problem::new(
+                &self.config.display().to_string(),
+                None,
+                "pools",
+                m,
+            ))
+        })?;
         self.live.set_router(router);
         self.live.set_console(config.console);
         Ok(n)

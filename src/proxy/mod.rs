@@ -39,7 +39,10 @@ pub struct Gateway {
 
 impl Gateway {
     pub fn new(shared: Arc<Shared>, listener: Listener) -> Gateway {
-        crate::upstream::warm_tls(&shared.live.snapshot().router.pools);
+        // (The start checked the trust store: this fails only if it changed since.)
+        if let Err(e) = crate::upstream::warm_tls(&shared.live.snapshot().router.pools) {
+            tracing::error!("{e}");
+        }
         Gateway {
             shared,
             listener,

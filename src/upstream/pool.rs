@@ -56,11 +56,15 @@ fn needs_tls(pools: &[Arc<Pool>]) -> bool {
 }
 
 /// Makes the TLS connector now if these pools (about to be put in force) have a TLS upstream,
-/// so that no request waits for it on a proxy thread.
-pub fn warm_tls(pools: &[Arc<Pool>]) {
-    if needs_tls(pools) {
+/// so that no request waits for it on a proxy thread; why not, when the trust store it loads
+/// cannot be loaded (the pools are then not to be put in force: Pingora's connector would
+/// panic).
+pub fn warm_tls(pools: &[Arc<Pool>]) -> Result<(), String> {
+    if needs_tls(pools) && TLS.get().is_none() {
+        check_trust_store()?;
         tls();
     }
+    Ok(())
 }
 
 /// Whether the trust store every TLS connector loads (the platform's roots, or the bundle
@@ -79,7 +83,11 @@ pub fn check_trust_store() -> Result<(), String> {
         } else {
             named.join(", ")
         };
-        format!("the trust store for TLS upstreams cannot be loaded ({source}): {e}")
+        let why = e.to_string();
+        format!(
+            "the trust store for TLS upstreams cannot be loaded ({source}): {}",
+            why.trim()
+        )
     })
 }
 
