@@ -417,6 +417,18 @@ fn check(path: &Path) -> ExitCode {
             Err(problems)
         }
     };
+    // The trust store `serve` loads first (the environment's, as the SQLite path is).
+    let trust = crate::upstream::check_trust_store().err().map(|m| {
+        crate::config::Problem::new(&path.display().to_string(), None, "SSL_CERT_FILE", m)
+    });
+    let checked = match (checked, trust) {
+        (checked, None) => checked,
+        (Ok(_), Some(t)) => Err(crate::config::Problems::one(t)),
+        (Err(mut problems), Some(t)) => {
+            problems.push(t);
+            Err(problems)
+        }
+    };
     match checked {
         Ok(live) => {
             println!(

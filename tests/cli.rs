@@ -464,6 +464,17 @@ fn serve_exits_with_an_error_when_the_trust_store_cannot_be_loaded() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.contains("trust store for TLS upstreams"), "{err}");
     assert!(err.contains(&bundle.display().to_string()), "{err}");
+    // `check` names it too: `serve` would not start.
+    let out = Command::new(bin())
+        .args(["check", "--config"])
+        .arg(dir.path().join("c.toml"))
+        .env("SSL_CERT_FILE", &bundle)
+        .output()
+        .expect("check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("SSL_CERT_FILE"), "{err}");
+    assert!(err.contains("trust store for TLS upstreams"), "{err}");
 }
 
 /// Two addresses of the config naming one port (here the demo mock and `main`) stop the start
