@@ -82,7 +82,8 @@ impl Conn {
         asked.method = req.method.clone();
         asked.uri = req.uri.clone();
         asked.version = req.version;
-        // Copied: the session's header is slices of its 4 KiB buffer.
+        // To its own size (it is written with room for 512 bytes or more): thousands of
+        // streams may wait at once.
         let head =
             http_req_header_to_wire(req).map_or_else(Bytes::new, |w| Bytes::from(w.to_vec()));
         let mut conn = Conn::gone(head, asked);
@@ -293,7 +294,11 @@ impl Conn {
                     self.stashed = true;
                     Poll::Pending
                 }
-                Poll::Ready(_) => Poll::Ready(()),
+                // Gone: the connection is not kept for another request.
+                Poll::Ready(_) => {
+                    self.keep = None;
+                    Poll::Ready(())
+                }
             }
         })
     }
@@ -528,5 +533,26 @@ mod tests {
         assert!(text.contains("\r\nConnection: close\r\n"), "{text}");
         assert!(text.ends_with("\r\n\r\ndata: 1\n\n"), "{text:?}");
         Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_client_seen_gone_is_not_kept_for_another_request() {
+        let (mut conn, theirs) = pair();
+        drop(theirs);
+        conn.watch().await;
+        assert!(conn.keep.is_none());
+        assert!(conn.finish().await.is_none());
+        // Bytes of a next request are kept for it, and the connection with them.
+        let (mut conn, mut theirs) = pair();
+        tokio::io::AsyncWriteExt::write_all(&mut theirs, b"GET / HTTP/1.1\r\n")
+            .await
+            .expect("write");
+        let watched = tokio::time::timeout(std::time::Duration::from_millis(200), conn.watch());
+        assert!(
+            watched.await.is_err(),
+            "a next request's bytes are not a close"
+        );
+        assert_eq!(&conn.next[..], b"GET / HTTP/1.1\r\n");
+        assert!(conn.finish().await.is_some());
     }
 }

@@ -46,8 +46,14 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// of its own, unused: it cannot be told not to).
 static TLS: std::sync::OnceLock<TransportConnector> = std::sync::OnceLock::new();
 
-fn tls() -> &'static TransportConnector {
-    TLS.get_or_init(|| TransportConnector::new(None))
+/// The connector, made on first use; why not, when the trust store it loads cannot be loaded
+/// (Pingora's connector would panic on it).
+fn tls() -> Result<&'static TransportConnector, String> {
+    if let Some(made) = TLS.get() {
+        return Ok(made);
+    }
+    check_trust_store()?;
+    Ok(TLS.get_or_init(|| TransportConnector::new(None)))
 }
 
 /// Whether any of these pools has a TLS upstream.
@@ -60,9 +66,8 @@ fn needs_tls(pools: &[Arc<Pool>]) -> bool {
 /// cannot be loaded (the pools are then not to be put in force: Pingora's connector would
 /// panic).
 pub fn warm_tls(pools: &[Arc<Pool>]) -> Result<(), String> {
-    if needs_tls(pools) && TLS.get().is_none() {
-        check_trust_store()?;
-        tls();
+    if needs_tls(pools) {
+        tls()?;
     }
     Ok(())
 }
@@ -179,7 +184,10 @@ impl Connections {
         let stream = if peer.tls() {
             // Boxed: the connector's future is 8.8 KB (a TLS handshake's state); inline it
             // would size the request's future, held for the whole of a stream.
-            Box::pin(tls().new_stream(peer)).await?
+            let connector = tls().map_err(|m| {
+                pingora_error::Error::explain(pingora_error::ErrorType::InvalidCert, m)
+            })?;
+            Box::pin(connector.new_stream(peer)).await?
         } else {
             tcp(peer).await?
         };
