@@ -453,26 +453,27 @@ fn serve_exits_with_an_error_when_the_trust_store_cannot_be_loaded() {
         "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
     )
     .expect("write");
-    let out = Command::new(bin())
-        .args(["serve", "--config"])
-        .arg(dir.path().join("c.toml"))
-        .env("SSL_CERT_FILE", &bundle)
-        .output()
-        .expect("serve");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{err}");
+    // `serve` or `check` with the bundle as the trust store: (exit code, stderr).
+    let with_bundle = |command: &str| {
+        let out = Command::new(bin())
+            .args([command, "--config"])
+            .arg(dir.path().join("c.toml"))
+            .env("SSL_CERT_FILE", &bundle)
+            .output()
+            .expect(command);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = with_bundle("serve");
+    assert_eq!(code, Some(2), "{err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(err.contains("trust store for TLS upstreams"), "{err}");
     assert!(err.contains(&bundle.display().to_string()), "{err}");
     // `check` names it too: `serve` would not start.
-    let out = Command::new(bin())
-        .args(["check", "--config"])
-        .arg(dir.path().join("c.toml"))
-        .env("SSL_CERT_FILE", &bundle)
-        .output()
-        .expect("check");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{err}");
+    let (code, err) = with_bundle("check");
+    assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("SSL_CERT_FILE"), "{err}");
     assert!(err.contains("trust store for TLS upstreams"), "{err}");
 }

@@ -80,16 +80,10 @@ async fn a_client_waiting_for_100_continue_gets_it_and_then_its_reply() {
         String::from_utf8_lossy(&buf[..n])
     );
     s.write_all(&body).await.expect("body");
-    let mut reply = Vec::new();
-    while !String::from_utf8_lossy(&reply).contains("chat.completion") {
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut chunk))
-            .await
-            .expect("reply in time")
-            .expect("read");
-        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&reply));
-        reply.extend_from_slice(&chunk[..n]);
-    }
+    let reply = read_raw_until(&mut s, std::time::Duration::from_secs(5), |r| {
+        String::from_utf8_lossy(r).contains("chat.completion")
+    })
+    .await;
     let reply = String::from_utf8_lossy(&reply).to_ascii_lowercase();
     assert!(reply.contains("200 ok"), "{reply}");
     // The connection stays for the next request (the interim reply turned keep-alive off).

@@ -492,6 +492,15 @@ async fn metric(g: &Gateway, name: &str) -> f64 {
     metric_value(g, name).await
 }
 
+/// Waits up to `secs` for a config reload to be refused (`what` if none is).
+async fn await_reload_refused(g: &Gateway, secs: u64, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while metric(g, "modelgate_config_reload_errors_total").await < 1.0 {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn pools_and_models_reload_from_the_config_file_and_a_bad_file_keeps_them() {
     let g = start();
@@ -516,14 +525,7 @@ async fn pools_and_models_reload_from_the_config_file_and_a_bad_file_keeps_them(
         format!("{added}\n[[models]]\nname = \"broken\"\npool = \"nope\"\n"),
     )
     .expect("write");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    while metric(&g, "modelgate_config_reload_errors_total").await < 1.0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the bad file was not rejected"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    await_reload_refused(&g, 3, "the bad file was not rejected").await;
     assert_eq!(chat_status(&g.direct, "late-model").await, 200);
     assert_eq!(chat_status(&g.direct, "broken").await, 404);
 }
@@ -1006,14 +1008,7 @@ async fn a_reload_bringing_tls_upstreams_is_refused_while_the_trust_store_cannot
         ),
     )
     .expect("write");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while metric(&g, "modelgate_config_reload_errors_total").await < 1.0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the reload was not refused"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    await_reload_refused(&g, 5, "the reload was not refused").await;
     assert!(g.running(), "the gateway went down");
     assert_eq!(chat_status(&g.main, "echo-1").await, 200);
     assert_eq!(chat_status(&g.main, "secure-model").await, 404);

@@ -303,16 +303,10 @@ async fn a_streams_reply_is_framed_for_its_clients_version() {
     s.write_all(format!("{head}{body}").as_bytes())
         .await
         .expect("write");
-    let mut raw = Vec::new();
-    while !raw.ends_with(b"0\r\n\r\n") {
-        let mut buf = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
-            .await
-            .expect("the stream's end")
-            .expect("read");
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&raw));
-        raw.extend_from_slice(&buf[..n]);
-    }
+    let raw = read_raw_until(&mut s, Duration::from_secs(10), |r| {
+        r.ends_with(b"0\r\n\r\n")
+    })
+    .await;
     let text = String::from_utf8_lossy(&raw).to_ascii_lowercase();
     assert!(text.contains("\r\nconnection: keep-alive\r\n"), "{text}");
     let models =

@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -25,8 +26,10 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
-use super::forward::Downstream;
+use super::ctx::Ctx;
+use super::forward::{Client, Downstream};
 use crate::respond::Respond;
+use crate::route::Route;
 
 /// The most bytes of the client's next requests read at once while a stream is on (the watch
 /// for the client's close then stops, as Pingora's session stops once its own watch read a
@@ -103,25 +106,6 @@ impl Conn {
             conn.next = next.map(|n| BytesMut::from(&n[..])).unwrap_or_default();
             conn.keep = Some(settings);
         }
-        conn
-    }
-
-    /// The request's method, target and version.
-    pub(super) fn asked(&self) -> &http::request::Parts {
-        &self.asked
-    }
-
-    /// The client's request header, read again from its bytes (for a try).
-    pub(super) fn request(&self) -> pingora_error::Result<RequestHeader> {
-        parse_request(&self.head)
-    }
-
-    /// Takes the connection out (for the reply's own task), leaving one that is gone. The
-    /// request's header goes: no try is made from here on.
-    pub(super) fn take(&mut self) -> Conn {
-        let (asked, ()) = http::Request::new(()).into_parts();
-        let mut conn = std::mem::replace(self, Conn::gone(Bytes::new(), asked));
-        conn.head = Bytes::new();
         conn
     }
 
@@ -347,6 +331,27 @@ impl Respond for Conn {
     /// The body was read whole before the stream was admitted.
     fn drain_small_body(&mut self) -> impl Future<Output = ()> + Send + '_ {
         std::future::ready(())
+    }
+}
+
+impl Client for Conn {
+    /// The client's request header, read again from its bytes (for a try).
+    fn request(&self) -> pingora_error::Result<RequestHeader> {
+        parse_request(&self.head)
+    }
+
+    fn asked(&self) -> &http::request::Parts {
+        &self.asked
+    }
+
+    /// The connection is taken out for the reply's own task, leaving one that is gone. The
+    /// request's header goes: no try is made from here on.
+    fn relay_apart(&mut self, ctx: &Ctx) -> Option<(Conn, Arc<Route>)> {
+        let route = ctx.route.clone()?;
+        let (asked, ()) = http::Request::new(()).into_parts();
+        let mut conn = std::mem::replace(self, Conn::gone(Bytes::new(), asked));
+        conn.head = Bytes::new();
+        Some((conn, route))
     }
 }
 

@@ -43,7 +43,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use super::Gateway;
 use super::conn::Conn;
 use super::ctx::Ctx;
-use super::forward::{self, TryEnd, Upstreamed};
+use super::forward::{self, Client, TryEnd, Upstreamed};
 use crate::route::balance::InFlight;
 use crate::route::{Pool, Route, Upstream};
 use crate::state::Shared;

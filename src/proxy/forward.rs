@@ -100,21 +100,6 @@ impl Client for Session {
     }
 }
 
-impl Client for Conn {
-    fn request(&self) -> pingora_error::Result<RequestHeader> {
-        Conn::request(self)
-    }
-
-    fn asked(&self) -> &http::request::Parts {
-        Conn::asked(self)
-    }
-
-    fn relay_apart(&mut self, ctx: &Ctx) -> Option<(Conn, std::sync::Arc<crate::route::Route>)> {
-        let route = ctx.route.clone()?;
-        Some((self.take(), route))
-    }
-}
-
 /// Forwards the request in `ctx` and streams the reply: to the route's pool, then, if it
 /// cannot answer, to each fallback model's pool in turn (with that model's upstream name and
 /// price). `Err` means the reply was cut after it began: the client's connection is then

@@ -72,6 +72,27 @@ pub async fn raw_connect(base: &str) -> tokio::net::TcpStream {
         .expect("connect")
 }
 
+/// Reads a `raw_connect` socket until what came satisfies `done`, each read within `within`;
+/// the connection closing first fails the test.
+pub async fn read_raw_until(
+    s: &mut tokio::net::TcpStream,
+    within: Duration,
+    done: impl Fn(&[u8]) -> bool,
+) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    while !done(&got) {
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout(within, s.read(&mut chunk))
+            .await
+            .expect("more of the reply in time")
+            .expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&chunk[..n]);
+    }
+    got
+}
+
 /// A blocking TCP connection to a gateway base URL, each read waiting at most `read_timeout`:
 /// for what an HTTP client's pool hides (a kept-alive connection's idle time, a trickled
 /// header).
