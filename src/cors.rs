@@ -11,7 +11,7 @@ use pingora_http::ResponseHeader;
 const EXPOSE: &str = "x-request-id, retry-after, x-ratelimit-limit-requests, \
      x-ratelimit-remaining-requests, x-ratelimit-reset-requests, x-ratelimit-limit-tokens, \
      x-ratelimit-remaining-tokens, x-ratelimit-reset-tokens, x-ratelimit-limit-concurrency, \
-     x-ratelimit-remaining-concurrency, content-disposition";
+     x-ratelimit-remaining-concurrency, content-disposition, x-upstream-request-id";
 
 #[derive(Debug, Clone)]
 pub struct Cors {

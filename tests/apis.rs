@@ -116,6 +116,7 @@ async fn a_stored_response_is_found_on_the_upstream_that_made_it_by_its_key_only
         extra_config: format!(
             r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "two"
 upstreams = ["http://127.0.0.1:@MOCK@", "http://127.0.0.1:{}"]
 
@@ -233,6 +234,7 @@ async fn messages_take_the_key_from_x_api_key_and_are_metered_plain_and_streamed
     let g = start_with(Setup {
         extra_config: r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "anthropic-like"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 api_key = "sk-ant-pool-credential"

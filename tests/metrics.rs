@@ -72,6 +72,7 @@ async fn a_scrape_after_a_mixed_run_matches_the_requests_made() {
 key_label = true
 
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "mixed"
 upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:@MOCK@"]
 strategy = "round_robin"

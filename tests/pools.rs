@@ -34,6 +34,7 @@ async fn a_dead_upstream_is_skipped_and_the_live_one_answers_every_request() {
     let g = start_with(Setup {
         extra_config: r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "mixed"
 upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:@MOCK@"]
 retry_base_ms = 10
@@ -67,6 +68,7 @@ async fn killing_one_of_two_upstreams_costs_no_client_an_error() {
         extra_config: format!(
             r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "pair"
 upstreams = ["http://127.0.0.1:@MOCK@", "http://127.0.0.1:{}"]
 retry_base_ms = 10
@@ -104,6 +106,7 @@ async fn a_weighted_pool_spreads_requests_by_weight() {
         extra_config: format!(
             r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "weighted"
 strategy = "weighted"
 upstreams = [{{ url = "http://127.0.0.1:@MOCK@", weight = 3 }}, {{ url = "http://127.0.0.1:{}", weight = 1 }}]
@@ -160,6 +163,7 @@ async fn the_health_check_takes_a_dead_upstream_out_and_brings_it_back() {
         extra_config: format!(
             r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "checked"
 upstreams = ["http://127.0.0.1:@MOCK@", "http://127.0.0.1:{port}"]
 health_interval_ms = 100
@@ -202,6 +206,7 @@ async fn a_500_then_recovery_is_retried_with_backoff_and_the_record_counts_the_t
     let g = start_with(Setup {
         extra_config: r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "flaky"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 retry_base_ms = 100
@@ -450,6 +455,7 @@ async fn a_client_that_cancels_makes_the_gateway_close_the_upstream_within_a_sec
         extra_config: format!(
             r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "hanging"
 upstreams = ["http://127.0.0.1:{port}"]
 
@@ -545,6 +551,7 @@ async fn a_hanging_upstream_times_out_and_the_others_take_over() {
         extra_config: format!(
             r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "half-hung"
 upstreams = ["http://127.0.0.1:{port}", "http://127.0.0.1:@MOCK@"]
 first_byte_timeout_ms = 300
@@ -617,6 +624,7 @@ async fn retry_after_is_waited_out_within_the_cap_and_passed_on_beyond_it() {
     let g = start_with(Setup {
         extra_config: r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "limited"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 retry_base_ms = 10
@@ -677,17 +685,20 @@ async fn upstream_connections_are_reused_until_the_pools_keepalive_timeout() {
     let g = start_with(Setup {
         extra_config: r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "kept"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 health_interval_ms = 0
 
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "short"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 health_interval_ms = 0
 keepalive_timeout_ms = 300
 
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "none"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 health_interval_ms = 0
@@ -734,6 +745,7 @@ async fn a_reused_connection_the_upstream_closed_is_replaced_within_the_same_try
     let g = start_with(Setup {
         extra_config: r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "once"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 health_interval_ms = 0
@@ -809,6 +821,7 @@ async fn idle_and_whole_request_timeouts_each_end_their_reply() {
     let g = start_with(Setup {
         extra_config: r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "strict"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 health_interval_ms = 0
@@ -823,6 +836,7 @@ pool = "strict"
 upstream_model = "echo-1"
 
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "strict-retry"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 health_interval_ms = 0

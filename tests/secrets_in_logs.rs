@@ -13,6 +13,7 @@ async fn a_trace_level_session_logs_no_key_and_no_upstream_credential() {
         env: vec![("RUST_LOG".into(), "trace".into())],
         extra_config: r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "anthropic-like"
 upstreams = ["http://127.0.0.1:@MOCK@"]
 api_key = "sk-ant-pool-credential-7788"

@@ -132,11 +132,14 @@ impl Recorder {
         self.wire.lock().expect("lock").clone()
     }
 
-    /// `[[pools]]` and `[[models]]` routing model `recorded` here.
+    /// `[[pools]]` and `[[models]]` routing model `recorded` here. The pool passes `x-kept`
+    /// and `x-secret-hop` on: a header named to pass still stays on its hop when the
+    /// upstream's `Connection` names it.
     fn config(&self) -> String {
         format!(
             "\n[[pools]]\nname = \"recorded\"\nupstreams = [\"http://127.0.0.1:{}\"]\n\
-             api_key = \"{POOL_KEY}\"\nhealth_interval_ms = 0\n\n\
+             api_key = \"{POOL_KEY}\"\nhealth_interval_ms = 0\n\
+             pass_headers = [\"x-kept\", \"x-secret-hop\"]\n\n\
              [[models]]\nname = \"recorded\"\npool = \"recorded\"\nupstream_model = \"echo-1\"\n",
             self.port
         )

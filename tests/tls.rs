@@ -15,6 +15,7 @@ fn tls_pool(port: u16) -> String {
     format!(
         r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "secure"
 upstreams = ["https://127.0.0.1:{port}"]
 api_key = "{POOL_KEY}"

@@ -133,6 +133,7 @@ otlp_endpoint = "http://127.0.0.1:{otlp}"
 service_name = "gateway-under-test"
 
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "mixed"
 upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:@MOCK@"]
 health_interval_ms = 0

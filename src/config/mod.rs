@@ -2,6 +2,7 @@
 //! validate → typed `Config`. Every problem found names file, line and field; loading never
 //! stops at the first one. Relative paths resolve against the config file's folder.
 
+pub mod headers;
 pub mod keys;
 pub mod keys_db;
 pub mod keys_file;
@@ -146,6 +147,8 @@ pub struct PoolConfig {
     pub retry_cap: Duration,
     /// Tries of a request in all, the first included.
     pub max_attempts: u32,
+    /// Upstream reply headers its clients get beyond the default set.
+    pub pass_headers: headers::PassHeaders,
 }
 
 impl Strategy {
@@ -205,6 +208,8 @@ pub struct ModelConfig {
     pub price: Price,
     /// Models whose pools take the request, in order, when this one's cannot answer.
     pub fallbacks: Vec<String>,
+    /// Who `/v1/models` says owns it (`modelgate` unless configured).
+    pub owned_by: String,
 }
 
 #[derive(Debug, Clone)]
@@ -388,6 +393,7 @@ struct RawPool {
     #[serde(default, deserialize_with = "duration_ms")]
     retry_cap_ms: Option<u64>,
     max_attempts: Option<Spanned<u32>>,
+    pass_headers: Option<Spanned<Vec<String>>>,
 }
 
 /// An upstream: its base URL, or `{ url = "…", weight = 2, api_key = "env:…" }`.
@@ -414,6 +420,7 @@ struct RawModel {
     upstream_model: Option<String>,
     price: Option<Spanned<Price>>,
     fallbacks: Option<Spanned<Vec<String>>>,
+    owned_by: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -726,6 +733,18 @@ impl Config {
                     }
                 },
             };
+            let pass_headers = match &rp.pass_headers {
+                None => headers::PassHeaders::default(),
+                Some(names) => headers::PassHeaders::parse(names.get_ref()).unwrap_or_else(|m| {
+                    p.push(Problem::new(
+                        &file,
+                        at(names.span()),
+                        &field("pass_headers"),
+                        m,
+                    ));
+                    headers::PassHeaders::default()
+                }),
+            };
             pools.push(PoolConfig {
                 name,
                 upstreams,
@@ -750,6 +769,7 @@ impl Config {
                 retry_base: ms(rp.retry_base_ms, 200),
                 retry_cap: ms(rp.retry_cap_ms, 5_000),
                 max_attempts: max_attempts.clamp(1, 10),
+                pass_headers,
             });
         }
 
@@ -799,7 +819,23 @@ impl Config {
                     ));
                 }
             }
+            let owned_by = match &rm.owned_by {
+                None => "modelgate".to_string(),
+                Some(o) => {
+                    let v = o.get_ref();
+                    if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+                        p.push(Problem::new(
+                            &file,
+                            at(o.span()),
+                            &format!("models[{i}].owned_by"),
+                            "must be 1 to 256 characters, none of them a control character",
+                        ));
+                    }
+                    v.clone()
+                }
+            };
             models.push(ModelConfig {
+                owned_by,
                 upstream_model: rm.upstream_model.clone().unwrap_or_else(|| name.clone()),
                 name,
                 pool: rm.pool.get_ref().clone(),
@@ -1355,6 +1391,32 @@ price = { prompt = 1.0, completion = 2.0 }
             assert!(s.contains(says) && s.contains("c.toml:"), "{s}");
             assert!(!s.contains("hunter2") && !s.contains("ter2"), "{s}");
         }
+    }
+
+    #[test]
+    fn pass_headers_and_owned_by_are_checked_where_they_are_written() {
+        let text = GOOD
+            .replace(
+                "name = \"local\"\n",
+                "name = \"local\"\npass_headers = [\"openai-processing-ms\", \"set-cookie\"]\n",
+            )
+            .replace("pool = \"local\"\n", "pool = \"local\"\nowned_by = \"\"\n");
+        let s = Config::parse(Path::new("c.toml"), &text)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            s.contains("c.toml:9: pools[0].pass_headers: 'set-cookie'"),
+            "{s}"
+        );
+        assert!(s.contains("models[0].owned_by"), "{s}");
+        let text = GOOD.replace(
+            "name = \"local\"\n",
+            "name = \"local\"\npass_headers = [\"OpenAI-Processing-Ms\", \"x-mock-*\"]\n",
+        );
+        let c = Config::parse(Path::new("c.toml"), &text).expect("valid");
+        let pass = &c.pools[0].pass_headers;
+        assert!(pass.allows("openai-processing-ms") && pass.allows("x-mock-model"));
+        assert_eq!(c.models[0].owned_by, "modelgate");
     }
 
     #[test]

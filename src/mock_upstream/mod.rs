@@ -312,6 +312,9 @@ async fn write_reply(
         header.insert_header("retry-after", secs.to_string())?;
     }
     add_echo_headers(&mut header, echo)?;
+    if ov.provider_headers {
+        request::add_provider_headers(&mut header)?;
+    }
     match reply.body {
         ReplyBody::Full(body) if ov.body_delay_ms > 0 && body.len() > 1 => {
             // Chunked, so that the header and the first byte go out (a chunk is flushed; a

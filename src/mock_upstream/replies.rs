@@ -478,6 +478,7 @@ mod tests {
             html: false,
             close_delimited: false,
             body_delay_ms: 0,
+            provider_headers: false,
         }
     }
 

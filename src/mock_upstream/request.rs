@@ -56,6 +56,10 @@ pub(super) struct Overrides {
     /// header and first byte, then the rest N ms later, as from an upstream that stalls
     /// mid-reply.
     pub(super) body_delay_ms: u64,
+    /// `x-mock-provider-headers`: the reply carries what a hosted provider says about itself
+    /// (`server`, `via`, cookies, org and project ids, its own request id, `alt-svc`, CORS
+    /// and rate-limit headers), as OpenAI's and Anthropic's replies do.
+    pub(super) provider_headers: bool,
 }
 
 impl Overrides {
@@ -87,6 +91,7 @@ impl Overrides {
             body_delay_ms: header_parse::<u64>(headers, "x-mock-body-delay-ms")
                 .unwrap_or(0)
                 .min(MAX_DELAY_MS),
+            provider_headers: header_flag(headers, "x-mock-provider-headers"),
         }
     }
 }
@@ -266,6 +271,40 @@ fn header_value(bytes: &[u8]) -> HeaderValue {
         .collect();
     HeaderValue::from_bytes(cleaned.trim_ascii()).unwrap_or(HeaderValue::from_static(""))
 }
+
+/// What a hosted provider's reply says about the provider (`x-mock-provider-headers`), from
+/// OpenAI's and Anthropic's replies as their APIs document and send them; the request id
+/// counts up so that each reply's is its own.
+pub(super) fn add_provider_headers(header: &mut ResponseHeader) -> pingora_error::Result<()> {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    header.insert_header("x-request-id", format!("req_mock{n:012}"))?;
+    header.append_header("request-id", format!("req_mock_anthropic{n:012}"))?;
+    for (name, value) in PROVIDER_HEADERS {
+        header.append_header(*name, *value)?;
+    }
+    Ok(())
+}
+
+/// The provider's self-description a mock reply carries besides its request id.
+pub(super) const PROVIDER_HEADERS: &[(&str, &str)] = &[
+    ("openai-organization", "org-mock"),
+    ("openai-project", "proj_mock"),
+    ("openai-processing-ms", "7"),
+    ("openai-version", "2020-10-01"),
+    ("anthropic-organization-id", "mock-org-id"),
+    ("set-cookie", "__cf_bm=mock; path=/; HttpOnly; Secure"),
+    ("set-cookie", "modelgate_session=from-upstream; Path=/"),
+    ("server", "mock-upstream"),
+    ("via", "1.1 mock-edge"),
+    ("alt-svc", "h3=\":443\"; ma=86400"),
+    ("cf-ray", "mock-ray"),
+    ("access-control-allow-origin", "*"),
+    ("access-control-allow-credentials", "true"),
+    ("x-ratelimit-limit-requests", "10000"),
+    ("anthropic-ratelimit-requests-limit", "4000"),
+    ("strict-transport-security", "max-age=31536000"),
+];
 
 pub(super) fn add_echo_headers(
     header: &mut ResponseHeader,

@@ -11,7 +11,7 @@ use crate::route::{Route, Router};
 fn object(r: &Route, created: i64, shape: ErrorShape) -> Value {
     match shape {
         ErrorShape::OpenAi => {
-            json!({"id": r.model.name, "object": "model", "created": created, "owned_by": r.pool.name})
+            json!({"id": r.model.name, "object": "model", "created": created, "owned_by": r.model.owned_by})
         }
         ErrorShape::Anthropic => {
             let created_at = time::OffsetDateTime::from_unix_timestamp(created)

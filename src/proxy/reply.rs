@@ -6,6 +6,7 @@ use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_http::ResponseHeader;
 
 use super::ctx::{Ctx, Outcome};
+use crate::config::headers::PassHeaders;
 use crate::error::GatewayError;
 use crate::meter::Meter;
 
@@ -24,23 +25,76 @@ fn hop_by_hop(name: &str) -> Option<&'static str> {
     })
 }
 
-/// The upstream's reply as the gateway's own to its client (RFC 9110 §7.6.1): its framing
-/// (the gateway frames the body for this client: chunks for HTTP/1.1, the close for HTTP/1.0,
-/// which knows no chunks), its connection's options and every header its `Connection` names
-/// stay on the upstream's hop; and it is an HTTP/1.1 reply whatever the upstream spoke.
-fn drop_hop_by_hop(resp: &mut ResponseHeader) {
+/// The upstream's reply header as the gateway's own to its client (RFC 9110 §7.6.1). It keeps
+/// what describes the content (`content-*`, caching validators, `retry-after`) and the headers
+/// the pool names in `pass_headers`; what the upstream says about itself (`server`, `via`,
+/// cookies, org and project ids, `alt-svc`, its CORS: CORS is the gateway's) stays with the
+/// gateway, as do its framing, its connection's options and every header its `Connection`
+/// names. The provider's own request id goes on as `x-upstream-request-id`. It is an HTTP/1.1
+/// reply whatever the upstream spoke.
+fn keep_for_client(resp: &mut ResponseHeader, pass: &PassHeaders) -> pingora_error::Result<()> {
     resp.set_version(http::Version::HTTP_11);
     let hop = crate::upstream::HopHeaders::of(&resp.headers, hop_by_hop);
-    for name in hop.names() {
-        resp.remove_header(name);
+    let mut upstream_id: Option<(usize, http::HeaderValue)> = None;
+    let mut dropped: Vec<http::HeaderName> = Vec::new();
+    for (name, value) in &resp.headers {
+        let n = name.as_str();
+        if let Some(rank) = REQUEST_IDS.iter().position(|id| *id == n) {
+            if upstream_id.as_ref().is_none_or(|(r, _)| rank < *r) {
+                upstream_id = Some((rank, value.clone()));
+            }
+        }
+        let kept = (kept_by_default(n) || pass.allows(n)) && !hop.names().any(|h| h == n);
+        if !kept && dropped.last() != Some(name) {
+            dropped.push(name.clone());
+        }
     }
+    for name in dropped {
+        resp.remove_header(&name);
+    }
+    if let Some((_, id)) = upstream_id {
+        resp.insert_header("x-upstream-request-id", id)?;
+    }
+    Ok(())
+}
+
+/// Where providers put their own id of a request, most specific first: OpenAI's and most
+/// OpenAI-compatible servers', Anthropic's, Bedrock's, Azure's.
+const REQUEST_IDS: [&str; 5] = [
+    "x-request-id",
+    "request-id",
+    "x-amzn-requestid",
+    "apim-request-id",
+    "x-ms-request-id",
+];
+
+/// An upstream reply header the client gets without the pool naming it: what describes the
+/// content itself. Hop-by-hop headers among these are still dropped (`keep_for_client`).
+fn kept_by_default(name: &str) -> bool {
+    matches!(
+        name,
+        "content-type"
+            | "content-length"
+            | "content-encoding"
+            | "content-disposition"
+            | "content-language"
+            | "content-range"
+            | "cache-control"
+            | "etag"
+            | "last-modified"
+            | "retry-after"
+    )
 }
 
 /// Upstream 401/403 mean the gateway's own credential failed: the client gets 502
 /// `upstream_error` instead of a misleading auth error. That is an error returned here, before
 /// the client's header is written, so `fail_to_proxy` answers it whole — also when the
 /// upstream's refusal has no body. Every reply gets `x-request-id`.
-pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_error::Result<()> {
+pub fn on_upstream_header(
+    ctx: &mut Ctx,
+    resp: &mut ResponseHeader,
+    pass: &PassHeaders,
+) -> pingora_error::Result<()> {
     match resp.status.as_u16() {
         401 => {
             return Err(Error::explain(
@@ -58,19 +112,10 @@ pub fn on_upstream_header(ctx: &mut Ctx, resp: &mut ResponseHeader) -> pingora_e
         }
         _ => {}
     }
-    drop_hop_by_hop(resp);
-    resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     // The upstream's rate-limit headers describe the pool's account, not the client's key:
-    // the key's own (if it has limits) replace them.
-    let theirs: Vec<http::HeaderName> = resp
-        .headers
-        .keys()
-        .filter(|k| k.as_str().starts_with("x-ratelimit-"))
-        .cloned()
-        .collect();
-    for name in theirs {
-        resp.remove_header(&name);
-    }
+    // they are not kept, and the key's own (if it has limits) are written.
+    keep_for_client(resp, pass)?;
+    resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     super::respond::reply_headers(ctx, resp)?;
     ctx.outcome = Outcome::Upstream(resp.status.as_u16());
     if !ctx.outcome.succeeded() {

@@ -290,12 +290,14 @@ grace_period_seconds = {grace}
 mock_upstream = "127.0.0.1:{mock}"
 
 [[pools]]
+pass_headers = ["x-mock-*"]   # the mock's echo of what it was sent, which tests read
 name = "local"
 upstreams = ["http://127.0.0.1:{mock}"]
 api_key = "{POOL_KEY}"
 read_timeout_ms = {read_timeout}
 
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "dead"
 upstreams = ["http://127.0.0.1:{dead}"]
 connect_timeout_ms = 2000
@@ -677,6 +679,7 @@ pub async fn metric_value(g: &Gateway, prefix: &str) -> f64 {
 /// A pool of two upstreams that refuse connections (health checks off), for `all-dead-model`.
 pub const ALL_DEAD_POOL: &str = r#"
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "all-dead"
 upstreams = ["http://127.0.0.1:@DEAD@", "http://127.0.0.1:1"]
 health_interval_ms = 0

@@ -167,6 +167,7 @@ mock_upstream = "127.0.0.1:{ports['mock']}"
 allow_origins = ["http://127.0.0.1:{ports['app']}"]
 
 [[pools]]
+pass_headers = ["x-mock-*"]
 name = "local"
 upstreams = ["http://127.0.0.1:{ports['mock']}"]
 {models}"""
