@@ -1,10 +1,13 @@
-//! Builds the Pingora server: the `main` and `direct` API listeners sharing one live state, the
-//! `admin` listener, and in the demo the mock upstream in the same process.
+//! Builds the Pingora server: the `main` and `direct` API listeners as one service (one runtime
+//! for both, one live state), the `admin` listener, and in the demo the mock upstream in the
+//! same process.
 
 use std::sync::Arc;
 
-use pingora_core::server::Server;
+use pingora_core::apps::ServerApp;
+use pingora_core::protocols::Stream;
 use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::{Server, ShutdownWatch};
 use pingora_core::services::listening::Service;
 use pingora_proxy::http_proxy;
 
@@ -53,6 +56,8 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
         }
     }
     let mut certs = Vec::new();
+    let mut apps = ApiListeners { apps: Vec::new() };
+    let mut svc_listeners = Vec::new();
     for (listener, addr, tls) in [
         (
             Listener::Main,
@@ -65,22 +70,40 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
             &config.listeners.direct_tls,
         ),
     ] {
-        if let Some(addr) = addr {
-            let name = format!("modelgate {}", listener.name());
-            let mut proxy = http_proxy(
-                &server.configuration,
-                Gateway::new(shared.clone(), listener),
-            );
-            // An idle HTTP/2 connection is closed as an idle HTTP/1.1 one is.
-            let mut options = pingora_core::apps::HttpServerOptions::default();
-            options.h2_idle_timeout = Some(config.keepalive_timeout);
-            proxy.server_options = Some(options);
-            let app = HeaderDeadline {
-                inner: Arc::new(proxy),
-                limit: config.client_header_timeout,
-                listener: listener.name(),
-            };
-            let mut svc = Service::new(name, app);
+        let Some(addr) = addr else { continue };
+        let mut proxy = http_proxy(
+            &server.configuration,
+            Gateway::new(shared.clone(), listener),
+        );
+        // An idle HTTP/2 connection is closed as an idle HTTP/1.1 one is.
+        let mut options = pingora_core::apps::HttpServerOptions::default();
+        options.h2_idle_timeout = Some(config.keepalive_timeout);
+        proxy.server_options = Some(options);
+        let app = Arc::new(HeaderDeadline {
+            inner: Arc::new(proxy),
+            limit: config.client_header_timeout,
+            listener: listener.name(),
+        });
+        let bound = addr
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| format!("listener {}: {addr}: {e}", listener.name()))?;
+        apps.apps.push((bound, app));
+        match tls {
+            None => svc_listeners.push((addr.clone(), None)),
+            Some(files) => {
+                // The config stage loaded this pair already; it can only fail here if the
+                // files changed in between.
+                let cert = ListenerCert::new(listener.name(), files.clone())?;
+                svc_listeners.push((addr.clone(), Some(cert.settings())));
+                certs.push(cert);
+            }
+        }
+    }
+    if !apps.apps.is_empty() {
+        // Both API listeners are one service, so one runtime of `threads` threads serves
+        // whichever listener gets the traffic.
+        let mut svc = Service::new("modelgate api".to_string(), apps);
+        for (addr, tls) in svc_listeners {
             match tls {
                 // No L4 read buffer: Pingora reads a request's header into a buffer of its
                 // own, and the 64 KiB one under it (its first page written by every request)
@@ -89,19 +112,13 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
                 // either: `listener::Deadlined` gathers a reply's small writes itself, in a
                 // buffer held only until they are out.
                 None => svc.add_listener(
-                    pingora_core::listeners::ListenerConfig::tcp(addr)
+                    pingora_core::listeners::ListenerConfig::tcp(&addr)
                         .l4_buffer(pingora_core::listeners::L4BufferSettings::unbuffered()),
                 ),
-                Some(files) => {
-                    // The config stage loaded this pair already; it can only fail here if the
-                    // files changed in between.
-                    let cert = ListenerCert::new(listener.name(), files.clone())?;
-                    svc.add_tls_with_settings(addr, None, cert.settings());
-                    certs.push(cert);
-                }
+                Some(settings) => svc.add_tls_with_settings(&addr, None, settings),
             }
-            server.add_service(svc);
         }
+        server.add_service(svc);
     }
     if !certs.is_empty() {
         server.add_service(pingora_core::services::background::background_service(
@@ -129,4 +146,93 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
         server.add_service(admin::service(addr, shared.clone()));
     }
     Ok(server)
+}
+
+/// The API listeners' apps, each with the address its listener is bound to: a connection goes
+/// to the app of the listener that accepted it.
+struct ApiListeners<A> {
+    apps: Vec<(std::net::SocketAddr, Arc<A>)>,
+}
+
+impl<A> ApiListeners<A> {
+    /// The app for a connection accepted on `local` (the first when there is one, or when the
+    /// address is unknown).
+    fn app_for(&self, local: impl FnOnce() -> Option<std::net::SocketAddr>) -> Option<&Arc<A>> {
+        if self.apps.len() > 1 {
+            if let Some(local) = local() {
+                let found = self.apps.iter().find(|(b, _)| accepted_on(b, &local));
+                if let Some((_, app)) = found {
+                    return Some(app);
+                }
+            }
+        }
+        self.apps.first().map(|(_, app)| app)
+    }
+}
+
+/// Whether a connection whose local address is `local` was accepted by a listener bound to
+/// `bound`: the same port, and the same address or an unspecified one (`0.0.0.0`, `[::]`,
+/// whose IPv4 connections have mapped addresses). Config refuses two listeners one port could
+/// serve both of, so at most one listener matches.
+fn accepted_on(bound: &std::net::SocketAddr, local: &std::net::SocketAddr) -> bool {
+    bound.port() == local.port()
+        && (bound.ip().is_unspecified() || bound.ip().to_canonical() == local.ip().to_canonical())
+}
+
+#[async_trait::async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for ApiListeners<A> {
+    async fn process_new(
+        self: &Arc<Self>,
+        stream: Stream,
+        shutdown: &ShutdownWatch,
+    ) -> Option<Stream> {
+        let local = || {
+            let digest = stream.get_socket_digest()?;
+            digest.local_addr()?.as_inet().copied()
+        };
+        let app = self.app_for(local)?.clone();
+        ServerApp::process_new(&app, stream, shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        for (_, app) in &self.apps {
+            app.cleanup().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_goes_to_the_listener_that_accepted_it() {
+        let a = |s: &str| s.parse::<std::net::SocketAddr>().expect("addr");
+        for (bound, local, accepted) in [
+            ("127.0.0.1:8080", "127.0.0.1:8080", true),
+            ("127.0.0.1:8080", "127.0.0.1:8081", false),
+            ("127.0.0.1:8080", "10.0.0.1:8080", false),
+            ("0.0.0.0:8080", "10.0.0.1:8080", true),
+            ("[::]:8080", "[::ffff:10.0.0.1]:8080", true),
+            ("[::]:8080", "[::1]:8080", true),
+            ("127.0.0.1:8080", "[::ffff:127.0.0.1]:8080", true),
+            ("[::1]:8080", "127.0.0.1:8080", false),
+        ] {
+            assert_eq!(
+                accepted_on(&a(bound), &a(local)),
+                accepted,
+                "{bound} {local}"
+            );
+        }
+        let apps = ApiListeners {
+            apps: vec![
+                (a("127.0.0.1:8080"), Arc::new("main")),
+                (a("0.0.0.0:8081"), Arc::new("direct")),
+            ],
+        };
+        let pick = |local: Option<&str>| **apps.app_for(|| local.map(a)).expect("an app");
+        assert_eq!(pick(Some("127.0.0.1:8080")), "main");
+        assert_eq!(pick(Some("10.1.2.3:8081")), "direct");
+        assert_eq!(pick(None), "main");
+    }
 }

@@ -1078,7 +1078,7 @@ impl Config {
                 }
             }
         };
-        let threads_default = default_threads(listeners.main.is_some(), listeners.direct.is_some());
+        let threads_default = default_threads();
         let config = Config {
             path: path.to_path_buf(),
             listeners,
@@ -1325,13 +1325,10 @@ fn parse_upstream_url(url: &str) -> Result<UpstreamConfig, String> {
     })
 }
 
-/// Each API listener is a Pingora service with its own runtime of `threads` threads: by
-/// default the cores are shared out between the listeners that are on (one each at least), so
-/// the process does not run more busy threads than cores.
-fn default_threads(main: bool, direct: bool) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let listeners = usize::from(main) + usize::from(direct);
-    (cores / listeners.max(1)).max(1)
+/// Both API listeners are one Pingora service with one runtime of `threads` threads: by
+/// default one a core, whichever listener gets the traffic.
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 #[cfg(test)]
