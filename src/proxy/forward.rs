@@ -26,6 +26,7 @@ use crate::lifecycle::{Lifecycle, cut};
 use crate::respond::Respond;
 use crate::route::balance::{InFlight, backoff};
 use crate::route::body as route_body;
+use crate::route::retry::{self, Next, Standing, Tried};
 use crate::route::{Pool, Upstream};
 use crate::upstream;
 
@@ -174,14 +175,10 @@ async fn try_pool(
         ctx.upstream = i;
         ctx.attempts += 1;
         let inflight = up.health.enter();
-        let last = attempt == pool.cfg.max_attempts;
         let started = Instant::now();
         let span = ctx.trace.as_ref().map(|t| t.next_try());
         let tried_once = try_once(&gw.connections, session, ctx, pool, up, life, span).await;
         let try_ended = Instant::now();
-        // A plain request past its whole deadline gets no further try: this one was its last
-        // (a retryable reply passes on as the last try's does).
-        let last = last || time_left(ctx, pool, try_ended) == Some(Duration::ZERO);
         ctx.upstream_time += try_ended.saturating_duration_since(started);
         let outcome = outcome(&tried_once);
         if let Some(m) = crate::metrics::get() {
@@ -191,7 +188,14 @@ async fn try_pool(
         if !replied {
             note_try(ctx, span, started, pool, up, outcome);
         }
-        match tried_once {
+        let tried_as = match &tried_once {
+            Try::Reply(_, resp) => Tried::Replied {
+                status: resp.status.as_u16(),
+                retry_after: retry_after(resp),
+            },
+            _ => Tried::Failed,
+        };
+        let upstream = match tried_once {
             Try::ClientGone => return gone(ctx),
             Try::ShuttingDown => return shutting_down(session, ctx).await,
             Try::OutOfTime(e) => {
@@ -202,22 +206,10 @@ async fn try_pool(
                 pool.transport_failed(up);
                 tracing::debug!(request_id = %ctx.request_id, upstream = %up.cfg.url, "try {attempt} failed: {e:?}");
                 last_error = Some(e);
-                tried.push(i);
-                if last {
-                    break;
-                }
-                if pool.has_healthy(&[]) {
-                    match wait(session, ctx, pool, attempt + 1, None, life).await {
-                        Waited::Done => {}
-                        Waited::ClientGone => return gone(ctx),
-                        Waited::ShuttingDown => return shutting_down(session, ctx).await,
-                    }
-                }
+                None
             }
             Try::Reply(upstream, resp) => {
-                let status = resp.status.as_u16();
-                let retryable = status == 429 || (status >= 500 && status != 501);
-                if status >= 500 {
+                if resp.status.as_u16() >= 500 {
                     if !counted_5xx {
                         pool.server_error(up);
                         counted_5xx = true;
@@ -225,29 +217,23 @@ async fn try_pool(
                 } else {
                     up.health.answered();
                 }
-                if retryable && (!last || more) {
-                    let retry_after = retry_after(&resp);
-                    tried.push(i);
-                    // Another upstream can take it now; only the same one must be waited for.
-                    let others = pool.has_healthy(&tried);
-                    let too_long = retry_after.is_some_and(|ra| ra > pool.cfg.retry_cap);
-                    if last || (!others && too_long) {
-                        if more {
-                            drop(upstream);
-                            return PoolEnd::CannotAnswer(GatewayError::UpstreamError(format!(
-                                "the upstream answered {status}"
-                            )));
-                        }
-                    } else {
-                        drop(upstream);
-                        let ra = if others { None } else { retry_after };
-                        match wait(session, ctx, pool, attempt + 1, ra, life).await {
-                            Waited::Done => continue,
-                            Waited::ClientGone => return gone(ctx),
-                            Waited::ShuttingDown => return shutting_down(session, ctx).await,
-                        }
-                    }
-                }
+                Some((upstream, resp))
+            }
+        };
+        if tried_as.retryable() {
+            tried.push(i);
+        }
+        let standing = Standing {
+            attempt,
+            max_attempts: pool.cfg.max_attempts,
+            time_left: time_left(ctx, pool, try_ended),
+            others_healthy: pool.has_healthy(&tried),
+            any_healthy: pool.has_healthy(&[]),
+            fallback: more,
+            retry_cap: pool.cfg.retry_cap,
+        };
+        let retry_after = match (retry::next(tried_as, &standing), upstream) {
+            (Next::PassOn, Some((upstream, resp))) => {
                 let end = TryEnd {
                     span,
                     started,
@@ -259,6 +245,20 @@ async fn try_pool(
                     stream_reply(gw, session, ctx, to, upstream, resp, end).await,
                 );
             }
+            (Next::NextRoute | Next::PassOn, None) => break,
+            (Next::NextRoute, Some((_, resp))) => {
+                return PoolEnd::CannotAnswer(GatewayError::UpstreamError(format!(
+                    "the upstream answered {}",
+                    resp.status.as_u16()
+                )));
+            }
+            (Next::Again, _) => continue,
+            (Next::Wait { retry_after }, _) => retry_after,
+        };
+        match wait(session, ctx, pool, attempt + 1, retry_after, life).await {
+            Waited::Done => {}
+            Waited::ClientGone => return gone(ctx),
+            Waited::ShuttingDown => return shutting_down(session, ctx).await,
         }
     }
     PoolEnd::CannotAnswer(

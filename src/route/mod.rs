@@ -9,6 +9,7 @@ pub mod health;
 mod path_props;
 #[cfg(test)]
 mod props;
+pub mod retry;
 pub mod stored;
 
 use std::collections::HashMap;
