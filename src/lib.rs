@@ -10,6 +10,7 @@ pub mod client;
 pub mod config;
 pub mod cors;
 pub mod error;
+pub mod http1;
 pub mod lifecycle;
 pub mod limit;
 pub mod listener;

@@ -22,34 +22,10 @@ pub fn frame_unknown_length(
     h: &mut ResponseHeader,
 ) -> pingora_error::Result<()> {
     let bodiless = matches!(h.status.as_u16(), 204 | 304) || req.method == http::Method::HEAD;
-    if !framed(&h.headers) && !bodiless && req.version == http::Version::HTTP_11 {
+    if !crate::http1::framing::framed(&h.headers) && !bodiless && req.version == http::Version::HTTP_11 {
         h.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
     }
     Ok(())
-}
-
-/// Whether a reply's body has a known end: a length, or chunks. Else its end is the close of
-/// the connection, which a cut looks like too.
-pub fn framed(headers: &http::HeaderMap) -> bool {
-    headers.contains_key(http::header::CONTENT_LENGTH)
-        || headers
-            .get(http::header::TRANSFER_ENCODING)
-            .is_some_and(|v| {
-                v.as_bytes()
-                    .windows(7)
-                    .any(|w| w.eq_ignore_ascii_case(b"chunked"))
-            })
-}
-
-/// Whether a message's body goes chunked: its last transfer coding is `chunked` (RFC 9112
-/// §6.3; what Pingora checks too). A transfer coding that ends otherwise ends with the close.
-pub fn chunked(headers: &http::HeaderMap) -> bool {
-    headers
-        .get_all(http::header::TRANSFER_ENCODING)
-        .iter()
-        .next_back()
-        .and_then(|v| v.as_bytes().rsplit(|b| *b == b',').next())
-        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// What bounds every write of a reply to one client: a client that takes nothing for `limit`

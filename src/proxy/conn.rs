@@ -27,6 +27,7 @@ use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
 use super::ctx::Ctx;
+use crate::http1::writer::{BodyWriter, Framing, Parts};
 use super::forward::{Client, Downstream};
 use crate::respond::Respond;
 use crate::route::Route;
@@ -58,20 +59,7 @@ pub(super) struct Conn {
     /// The request's method, target and version (for the record and the reply's framing).
     asked: http::request::Parts,
     /// How the reply's body goes, once its header is out.
-    body: Option<Framing>,
-}
-
-/// How a reply's body is written.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Framing {
-    /// No body (HEAD, 204, 304).
-    None,
-    /// In chunks.
-    Chunked,
-    /// As it is, this many bytes more: what would go past them is not written.
-    Length(u64),
-    /// As it is, to the close.
-    Close,
+    body: Option<BodyWriter>,
 }
 
 impl Conn {
@@ -130,20 +118,12 @@ impl Conn {
             tracing::warn!("a second reply header for one request: not written");
             return Ok(());
         }
-        let status = h.status.as_u16();
-        // (An invalid one was refused as the upstream's reply was read.)
-        let length = crate::upstream::content_length(&h.headers).ok().flatten();
-        let framing =
-            if matches!(status, 100..=199 | 204 | 304) || self.asked.method == http::Method::HEAD {
-                Framing::None
-            } else if crate::respond::chunked(&h.headers) {
-                Framing::Chunked
-            } else if let Some(n) = length {
-                Framing::Length(n)
-            } else {
-                self.keep = None;
-                Framing::Close
-            };
+        // (An invalid length was refused as the upstream's reply was read.)
+        let head = self.asked.method == http::Method::HEAD;
+        let framing = Framing::of_reply(head, h.status.as_u16(), &h.headers);
+        if framing == Framing::Close {
+            self.keep = None;
+        }
         h.insert_header(
             http::header::DATE,
             pingora_core::protocols::http::date::get_cached_date(),
@@ -166,7 +146,7 @@ impl Conn {
         written.await.map_err(|e| {
             Error::because(ErrorType::WriteError, "writing the reply's header", e).into_down()
         })?;
-        self.body = Some(framing);
+        self.body = Some(BodyWriter::new(framing));
         Ok(())
     }
 
@@ -177,35 +157,18 @@ impl Conn {
     /// length gets no more than its length, and one that ends short of it is cut (`Err`, and
     /// the connection is not kept), as Pingora's session does.
     async fn write(&mut self, piece: Option<Bytes>, done: bool) -> pingora_error::Result<()> {
-        let mut piece = piece.filter(|p| !p.is_empty());
-        let mut short = false;
-        let chunked = match &mut self.body {
-            Some(Framing::Chunked) => true,
-            Some(Framing::Close) => false,
-            Some(Framing::Length(left)) => {
-                if let Some(p) = &mut piece {
-                    let fits = usize::try_from(*left).map_or(p.len(), |l| l.min(p.len()));
-                    p.truncate(fits);
-                    *left -= fits as u64;
-                }
-                short = done && *left > 0;
-                piece = piece.filter(|p| !p.is_empty());
-                false
-            }
-            Some(Framing::None) => return Ok(()),
-            None => {
-                return Err(Error::explain(
-                    ErrorType::WriteError,
-                    "a reply's body before its header",
-                )
-                .into_down());
-            }
+        let Some(body) = &mut self.body else {
+            return Err(
+                Error::explain(ErrorType::WriteError, "a reply's body before its header")
+                    .into_down(),
+            );
         };
+        let (parts, short) = body.piece(piece, done);
         if short {
             self.keep = None;
         }
-        if piece.is_some() || (done && chunked) {
-            self.send(piece.as_deref(), done, chunked).await?;
+        if let Some(parts) = parts {
+            self.send(&parts).await?;
         }
         if short {
             return Err(Error::explain(
@@ -217,37 +180,16 @@ impl Conn {
         Ok(())
     }
 
-    /// Sends a piece of the body (a chunk, when `chunked`, the last one when `done`) and
-    /// flushes it.
-    async fn send(
-        &mut self,
-        piece: Option<&[u8]>,
-        done: bool,
-        chunked: bool,
-    ) -> pingora_error::Result<()> {
-        // The size line, on the stack: at most 16 hex digits and its CRLF.
-        let mut line = [0u8; 18];
-        let size = match (piece, chunked) {
-            (Some(p), true) => {
-                let mut rest = &mut line[..];
-                let _ = std::io::Write::write_fmt(&mut rest, format_args!("{:X}\r\n", p.len()));
-                18 - rest.len()
-            }
-            _ => 0,
-        };
-        let end: &[u8] = match (piece, done, chunked) {
-            (_, _, false) => b"",
-            (Some(_), true, true) => b"\r\n0\r\n\r\n",
-            (Some(_), false, true) => b"\r\n",
-            (None, _, true) => b"0\r\n\r\n",
-        };
-        let mut parts = [
-            io::IoSlice::new(&line[..size]),
-            io::IoSlice::new(piece.unwrap_or_default()),
-            io::IoSlice::new(end),
+    /// Sends a piece of the body's parts (a chunk's size line, the piece, its end) as one
+    /// vectored write, and flushes them.
+    async fn send(&mut self, parts: &Parts) -> pingora_error::Result<()> {
+        let mut slices = [
+            io::IoSlice::new(parts.size_line()),
+            io::IoSlice::new(parts.data.as_deref().unwrap_or_default()),
+            io::IoSlice::new(parts.end),
         ];
         let written = async {
-            let mut left = &mut parts[..];
+            let mut left = &mut slices[..];
             while left.iter().any(|p| !p.is_empty()) {
                 let n = self.stream.write_vectored(left).await?;
                 if n == 0 {
@@ -261,6 +203,7 @@ impl Conn {
             Error::because(ErrorType::WriteError, "writing the reply's body", e).into_down()
         })
     }
+
     /// Resolves when the client closes the connection (or it fails). Bytes of a next request
     /// are kept for it, and the watch then stops.
     fn watch(&mut self) -> impl Future<Output = ()> + Send + '_ {

@@ -504,7 +504,7 @@ async fn pass_on(
     mut resp: Box<ResponseHeader>,
 ) -> Result<(Upstreamed, Box<ResponseHeader>), pingora_error::Result<()>> {
     // Whether the upstream's body has a known end (before the header is edited).
-    let framed = crate::respond::framed(&resp.headers);
+    let framed = crate::http1::framing::framed(&resp.headers);
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp, &pool.cfg.pass_headers) {
         if let Some(g) = reply::classify_failure(&e) {
             let _ = respond::failure(session, ctx, &g).await;

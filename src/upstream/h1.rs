@@ -290,11 +290,11 @@ impl Conn {
             return Ok(Some(header));
         }
         // Checked whatever the body (a bodiless reply's length passes on to the client).
-        let length = content_length(&header.headers)?;
+        let length = crate::http1::framing::content_length(&header.headers)?;
         self.body = if self.head || matches!(status, 101 | 204 | 304) {
             Body::Done
         } else if te {
-            if crate::respond::chunked(&header.headers) {
+            if crate::http1::framing::chunked(&header.headers) {
                 Body::Chunked(Chunk::Size)
             } else {
                 Body::Close
@@ -527,10 +527,16 @@ impl Conn {
         }
     }
 
+    /// Whether the connection can carry another request: the reply read exactly whole (no
+    /// byte of it, or past it, left over), and neither side said close.
+    pub fn keeps_connection(&self) -> bool {
+        self.keepalive && self.body == Body::Done && self.left.is_empty()
+    }
+
     /// The connection and where it goes back to, when it can carry another request: the
     /// reply read exactly whole, and neither side said close.
     pub(super) fn reusable(self) -> Result<(Stream, super::pool::Home), Stream> {
-        if self.keepalive && self.body == Body::Done && self.left.is_empty() {
+        if self.keeps_connection() {
             Ok((self.stream, self.home))
         } else {
             Err(self.stream)
@@ -555,36 +561,6 @@ fn read_some(stream: &mut Stream) -> impl Future<Output = std::io::Result<BytesM
             Poll::Ready(Ok(())) => Poll::Ready(Ok(BytesMut::from(read.filled()))),
         }
     })
-}
-
-/// The body's length from `Content-Length`: identical duplicates (repeated, or in a comma
-/// list) are one length (RFC 9110 §8.6); differing or unreadable ones are a broken reply.
-pub fn content_length(headers: &http::HeaderMap) -> pingora_error::Result<Option<u64>> {
-    let mut length = None;
-    for v in headers.get_all(http::header::CONTENT_LENGTH) {
-        for part in v.as_bytes().split(|b| *b == b',') {
-            let part = part.trim_ascii();
-            let n = (!part.is_empty() && part.iter().all(u8::is_ascii_digit))
-                .then(|| std::str::from_utf8(part).ok()?.parse::<u64>().ok())
-                .flatten();
-            match (n, length) {
-                (None, _) => {
-                    return Error::e_explain(
-                        ErrorType::InvalidHTTPHeader,
-                        "invalid Content-Length",
-                    );
-                }
-                (Some(n), Some(l)) if n != l => {
-                    return Error::e_explain(
-                        ErrorType::InvalidHTTPHeader,
-                        "conflicting Content-Length values",
-                    );
-                }
-                (Some(n), _) => length = Some(n),
-            }
-        }
-    }
-    Ok(length)
 }
 
 /// Whether the upstream keeps the connection open after this reply: HTTP/1.1 unless it says

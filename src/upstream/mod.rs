@@ -12,7 +12,7 @@ use crate::route::Upstream;
 
 mod h1;
 mod pool;
-pub use h1::{Conn, Request, content_length};
+pub use h1::{Conn, Request};
 pub use pool::{Connections, check_trust_store, warm_tls};
 
 /// Whether a request header stays with the client: what may carry its gateway credential or
