@@ -1,10 +1,11 @@
-//! RFC 9112 section 6 (message body length), as a table, for the upstream reply decoder: each
-//! row a reply, the request's method, and what the RFC says of it (the body it holds and
-//! whether the connection may carry another request, or that it is no whole reply). Each row
-//! is checked against the RFC oracle (fuzz/oracle/rfc9112.rs, which the fuzz targets use) and
-//! against the decoder, with the reply in one read, cut in two at every byte, and one byte a
-//! read. The rows are from the RFC's own rules, in its order (§6.3 items 1-7), §7.1 (chunked)
-//! and §9.3 (persistence).
+//! RFC 9112 section 6 (message body length), as tables, in both directions. The upstream
+//! reply decoder: each row a reply, the request's method, and what the RFC says of it (the
+//! body it holds and whether the connection may carry another request, or that it is no whole
+//! reply), checked against the RFC oracle (fuzz/oracle/rfc9112.rs, which the fuzz targets use)
+//! and against the decoder, with the reply in one read, cut in two at every byte, and one byte
+//! a read. The reply writer: each row a reply's status and fields and its body's pieces, the
+//! bytes written read back by the oracle. The rows are from the RFC's own rules, in its order
+//! (§6.3 items 1-7), §7.1 (chunked) and §9.3 (persistence).
 
 #[path = "../fuzz/oracle/decode.rs"]
 mod decode;
@@ -12,6 +13,8 @@ mod decode;
 mod rfc9112;
 #[path = "../fuzz/oracle/script_io.rs"]
 mod script_io;
+#[path = "../fuzz/oracle/write.rs"]
+mod write;
 
 use rfc9112::{Framed, Verdict};
 
@@ -300,6 +303,91 @@ fn the_upstream_decoder_frames_each_reply_as_the_rfc_says_however_it_is_read() {
             if let Framed::Whole { .. } = want.framed {
                 assert!(got.is_ok(), "{:?} in {n} reads: {got:?}", row.0);
             }
+        }
+    }
+}
+
+/// (HEAD, status, framing fields, body pieces with their `done`)
+type WriterRow = (
+    bool,
+    u16,
+    &'static [(&'static str, &'static str)],
+    &'static [(&'static str, bool)],
+);
+
+const WRITER_ROWS: &[WriterRow] = &[
+    // §6.3 (1): nothing after HEAD, 204, 304, whatever the body given.
+    (true, 200, &[("content-length", "5")], &[("hello", true)]),
+    (false, 204, &[], &[("ignored", true)]),
+    (
+        false,
+        304,
+        &[("transfer-encoding", "chunked")],
+        &[("ignored", true)],
+    ),
+    // (3) chunks: pieces of any size, empty ones, an end with or without a last piece.
+    (
+        false,
+        200,
+        &[("transfer-encoding", "chunked")],
+        &[("hello", false), ("", false), (", world", true)],
+    ),
+    (
+        false,
+        200,
+        &[("transfer-encoding", "chunked")],
+        &[("data: {}\n\n", false)],
+    ),
+    (false, 200, &[("transfer-encoding", "chunked")], &[]),
+    (
+        false,
+        200,
+        &[
+            ("transfer-encoding", "gzip, chunked"),
+            ("content-length", "3"),
+        ],
+        &[("gz!", true)],
+    ),
+    // (3) not chunked last: to the close.
+    (
+        false,
+        200,
+        &[("transfer-encoding", "chunked, gzip")],
+        &[("raw", true)],
+    ),
+    // (6) a length: no more than it, and short of it is a cut.
+    (
+        false,
+        200,
+        &[("content-length", "5")],
+        &[("hel", false), ("lo and more", true)],
+    ),
+    (
+        false,
+        200,
+        &[("content-length", "5"), ("content-length", "5")],
+        &[("hello", true)],
+    ),
+    (false, 200, &[("content-length", "5")], &[("hel", true)]),
+    (false, 200, &[("content-length", "0")], &[]),
+    // (7) neither: to the close.
+    (
+        false,
+        502,
+        &[("content-type", "text/plain")],
+        &[("upstream", false), (" gone", true)],
+    ),
+];
+
+#[test]
+fn the_reply_writer_frames_each_body_as_the_rfc_reads_it() {
+    for (head, status, fields, pieces) in WRITER_ROWS {
+        let pieces: Vec<(Vec<u8>, bool)> = pieces
+            .iter()
+            .map(|(p, done)| (p.as_bytes().to_vec(), *done))
+            .collect();
+        if let Some(d) = write::disagreement(*head, *status, fields, &pieces) {
+            panic!("{status} {fields:?}: {d}");
         }
     }
 }
