@@ -3,7 +3,8 @@
 //! stealing, a large upstream keep-alive pool, no compression module). What modelgate adds
 //! over it is the gateway's own cost.
 //!
-//! `cargo run --release --example bare_pingora -- LISTEN_ADDR UPSTREAM_ADDR`
+//! `cargo run --release --example bare_pingora -- LISTEN_ADDR UPSTREAM_ADDR [THREADS]`
+//! (THREADS: 1 by default; more, with work stealing, as modelgate runs them)
 
 use async_trait::async_trait;
 use pingora_core::modules::http::HttpModules;
@@ -36,16 +37,24 @@ impl ProxyHttp for Bare {
 fn main() {
     let mut args = std::env::args().skip(1);
     let (Some(listen), Some(upstream)) = (args.next(), args.next()) else {
-        eprintln!("usage: bare_pingora LISTEN_ADDR UPSTREAM_ADDR");
+        eprintln!("usage: bare_pingora LISTEN_ADDR UPSTREAM_ADDR [THREADS]");
         std::process::exit(2);
     };
     let Ok(upstream) = upstream.parse() else {
         eprintln!("UPSTREAM_ADDR must be ip:port");
         std::process::exit(2);
     };
+    let threads = match args.next().map(|t| t.parse::<usize>()) {
+        None => 1,
+        Some(Ok(n)) if n > 0 => n,
+        Some(_) => {
+            eprintln!("THREADS must be a number from 1");
+            std::process::exit(2);
+        }
+    };
     let conf = ServerConf {
-        threads: 1,
-        work_stealing: false,
+        threads,
+        work_stealing: threads > 1,
         upstream_keepalive_pool_size: 4096,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),

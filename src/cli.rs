@@ -68,6 +68,9 @@ enum Command {
         /// Private key (PEM) for --tls-cert.
         #[arg(long, requires = "tls_cert")]
         tls_key: Option<String>,
+        /// Worker threads (a benchmark of a proxy on several cores needs a mock as wide).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+        threads: u16,
     },
 }
 
@@ -134,6 +137,7 @@ pub fn run() -> ExitCode {
             delay_ms,
             tls_cert,
             tls_key,
+            threads,
         } => {
             let tls = tls_cert.zip(tls_key);
             mock_upstream::run_standalone(
@@ -143,6 +147,7 @@ pub fn run() -> ExitCode {
                     delay_ms,
                     tls,
                 },
+                threads.into(),
             );
         }
     }

@@ -110,8 +110,10 @@ pub fn service(listen: &str, opts: MockOptions) -> pingora_error::Result<Service
 /// `modelgate mock-upstream --listen ADDR`). Blocks forever.
 ///
 /// Unlike Pingora's defaults (5 minute grace period), SIGTERM stops the mock within ~1 s.
-pub fn run_standalone(listen: &str, opts: MockOptions) -> ! {
+pub fn run_standalone(listen: &str, opts: MockOptions, threads: usize) -> ! {
     let conf = ServerConf {
+        threads,
+        work_stealing: threads > 1,
         grace_period_seconds: Some(0),
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
