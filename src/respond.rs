@@ -22,7 +22,10 @@ pub fn frame_unknown_length(
     h: &mut ResponseHeader,
 ) -> pingora_error::Result<()> {
     let bodiless = matches!(h.status.as_u16(), 204 | 304) || req.method == http::Method::HEAD;
-    if !crate::http1::framing::framed(&h.headers) && !bodiless && req.version == http::Version::HTTP_11 {
+    if !crate::http1::framing::framed(&h.headers)
+        && !bodiless
+        && req.version == http::Version::HTTP_11
+    {
         h.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
     }
     Ok(())

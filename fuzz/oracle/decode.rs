@@ -33,7 +33,9 @@ pub fn decode(pieces: Vec<Vec<u8>>, head: bool) -> Result<Decoded, String> {
         req.insert_header("host", "x").map_err(|e| e.to_string())?;
         let req = Request::of(&req).map_err(|e| e.to_string())?;
         conn.send(&req, b"").await.map_err(|e| e.to_string())?;
-        conn.read_final_header().await.map_err(|e| e.to_string())?;
+        conn.read_final_header(None)
+            .await
+            .map_err(|e| e.to_string())?;
         let status = conn.response_header().map_or(0, |h| h.status.as_u16());
         let mut body = Vec::new();
         while let Some(piece) = conn.read_response_body().await.map_err(|e| e.to_string())? {

@@ -1,5 +1,7 @@
-//! A pool's `pass_headers`: the upstream reply headers its clients get beyond the default set.
-//! Checked here (names, and the ones that can never pass); the reply stage asks `allows`.
+//! What of an upstream's reply header reaches clients: the fields that describe the content,
+//! the provider's request id (renamed by the reply stage), and a pool's `pass_headers`. The
+//! names are checked here (and the ones that can never pass refused); the upstream decoder
+//! keeps only these (and the framing fields it reads) as it parses a reply.
 
 /// Names (lower case) and name prefixes (`x-foo-*`) a pool passes to its clients.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -12,6 +14,12 @@ impl PassHeaders {
     /// Whether the upstream's header `name` (lower case, as `http` keeps names) is named.
     pub fn allows(&self, name: &str) -> bool {
         self.exact.iter().any(|n| n == name) || self.prefixes.iter().any(|p| name.starts_with(&**p))
+    }
+
+    /// Whether a reply field named `name` (lower case) is kept for the client: by default,
+    /// as the provider's request id, or named by the pool.
+    pub fn keeps(&self, name: &str) -> bool {
+        kept_by_default(name) || REQUEST_IDS.contains(&name) || self.allows(name)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -45,6 +53,34 @@ impl PassHeaders {
         }
         Ok(pass)
     }
+}
+
+/// Where providers put their own id of a request, most specific first: OpenAI's and most
+/// OpenAI-compatible servers', Anthropic's, Bedrock's, Azure's.
+pub const REQUEST_IDS: [&str; 5] = [
+    "x-request-id",
+    "request-id",
+    "x-amzn-requestid",
+    "apim-request-id",
+    "x-ms-request-id",
+];
+
+/// An upstream reply field the client gets without the pool naming it: what describes the
+/// content itself. (Hop-by-hop fields are dropped whatever names them.)
+pub fn kept_by_default(name: &str) -> bool {
+    matches!(
+        name,
+        "content-type"
+            | "content-length"
+            | "content-encoding"
+            | "content-disposition"
+            | "content-language"
+            | "content-range"
+            | "cache-control"
+            | "etag"
+            | "last-modified"
+            | "retry-after"
+    )
 }
 
 /// Why a header (or any header starting with `stem`, for a prefix) can never be passed from

@@ -27,8 +27,8 @@ use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
 use super::ctx::Ctx;
-use crate::http1::writer::{BodyWriter, Framing, Parts};
 use super::forward::{Client, Downstream};
+use crate::http1::writer::{BodyWriter, Framing, Parts};
 use crate::respond::Respond;
 use crate::route::Route;
 

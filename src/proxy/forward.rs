@@ -415,7 +415,8 @@ async fn try_once(
         Err(e) => return Try::Failed(GatewayError::Internal(format!("upstream request: {e}"))),
     };
     let body = &ctx.body;
-    let exchange = connections.exchange(&peer, |client| ask(client, &req, body));
+    let keep = &pool.cfg.pass_headers;
+    let exchange = connections.exchange(&peer, |client| ask(client, &req, body, keep));
     // A plain reply's whole deadline (`request_timeout`) caps the wait for its header too.
     let left =
         time_left(ctx, pool, Instant::now()).filter(|left| *left < pool.cfg.first_byte_timeout);
@@ -453,14 +454,16 @@ async fn try_once(
     }
 }
 
-/// Sends the request on `client` and reads the reply's header, past any informational ones.
+/// Sends the request on `client` and reads the reply's header, past any informational ones,
+/// with only the fields a client of the pool may get (and those that frame the reply).
 async fn ask(
     mut client: Box<upstream::Conn>,
     req: &upstream::Request,
     body: &Bytes,
+    keep: &crate::config::headers::PassHeaders,
 ) -> pingora_error::Result<Box<upstream::Conn>> {
     client.send(req, body).await?;
-    client.read_final_header().await?;
+    client.read_final_header(Some(keep)).await?;
     Ok(client)
 }
 

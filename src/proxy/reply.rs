@@ -6,7 +6,7 @@ use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_http::ResponseHeader;
 
 use super::ctx::{Ctx, Outcome};
-use crate::config::headers::PassHeaders;
+use crate::config::headers::{PassHeaders, REQUEST_IDS};
 use crate::error::GatewayError;
 use crate::meter::Meter;
 
@@ -44,7 +44,7 @@ fn keep_for_client(resp: &mut ResponseHeader, pass: &PassHeaders) -> pingora_err
                 upstream_id = Some((rank, value.clone()));
             }
         }
-        let kept = (kept_by_default(n) || pass.allows(n)) && !hop.names().any(|h| h == n);
+        let kept = pass.keeps(n) && !REQUEST_IDS.contains(&n) && !hop.names().any(|h| h == n);
         if !kept && dropped.last() != Some(name) {
             dropped.push(name.clone());
         }
@@ -56,34 +56,6 @@ fn keep_for_client(resp: &mut ResponseHeader, pass: &PassHeaders) -> pingora_err
         resp.insert_header("x-upstream-request-id", id)?;
     }
     Ok(())
-}
-
-/// Where providers put their own id of a request, most specific first: OpenAI's and most
-/// OpenAI-compatible servers', Anthropic's, Bedrock's, Azure's.
-const REQUEST_IDS: [&str; 5] = [
-    "x-request-id",
-    "request-id",
-    "x-amzn-requestid",
-    "apim-request-id",
-    "x-ms-request-id",
-];
-
-/// An upstream reply header the client gets without the pool naming it: what describes the
-/// content itself. Hop-by-hop headers among these are still dropped (`keep_for_client`).
-fn kept_by_default(name: &str) -> bool {
-    matches!(
-        name,
-        "content-type"
-            | "content-length"
-            | "content-encoding"
-            | "content-disposition"
-            | "content-language"
-            | "content-range"
-            | "cache-control"
-            | "etag"
-            | "last-modified"
-            | "retry-after"
-    )
 }
 
 /// Upstream 401/403 mean the gateway's own credential failed: the client gets 502

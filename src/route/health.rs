@@ -157,7 +157,7 @@ async fn ask(
     req: &upstream::Request,
 ) -> pingora_error::Result<Box<crate::upstream::Conn>> {
     client.send(req, &[]).await?;
-    client.read_final_header().await?;
+    client.read_final_header(None).await?;
     while client.read_response_body().await?.is_some() {}
     Ok(client)
 }

@@ -24,6 +24,8 @@ use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType, OrErr, RetryType};
 use pingora_http::{IntoCaseHeaderName, RequestHeader, ResponseHeader};
 use pingora_timeout::fast_timeout::fast_timeout;
+
+use crate::config::headers::PassHeaders;
 use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
 /// Pingora's error type for broken chunked framing.
@@ -168,9 +170,16 @@ impl Conn {
     /// Reads the reply's header past any informational ones (`100`, `102`, `103`…: they say
     /// nothing a client of the API or a health check needs, and a client gets one reply); `101
     /// Switching Protocols` is final. At most `MAX_INFORMATIONAL` are read before it.
-    pub async fn read_final_header(&mut self) -> pingora_error::Result<()> {
+    ///
+    /// With `keep`, the final header holds only the fields it keeps and those that frame the
+    /// reply (`content-length`, `transfer-encoding`, `connection`): the others are never
+    /// copied into it (the cheapest way to not pass them on).
+    pub async fn read_final_header(
+        &mut self,
+        keep: Option<&PassHeaders>,
+    ) -> pingora_error::Result<()> {
         for _ in 0..MAX_INFORMATIONAL {
-            self.read_response_header().await?;
+            self.read_response_header(keep).await?;
             let status = self.header.as_ref().map(|r| r.status.as_u16());
             if !matches!(status, Some(100 | 102..=199)) {
                 return Ok(());
@@ -184,11 +193,14 @@ impl Conn {
 
     /// Reads one reply header: an informational one (1xx; the caller reads on) or the final
     /// one, which says how the body is framed.
-    pub async fn read_response_header(&mut self) -> pingora_error::Result<()> {
+    pub async fn read_response_header(
+        &mut self,
+        keep: Option<&PassHeaders>,
+    ) -> pingora_error::Result<()> {
         self.header = None;
         loop {
             if !self.left.is_empty() {
-                if let Some(header) = self.parse_header()? {
+                if let Some(header) = self.parse_header(keep)? {
                     self.header = Some(header);
                     return Ok(());
                 }
@@ -235,7 +247,10 @@ impl Conn {
     }
 
     /// Parses a header from what was read: `None` while it is not whole.
-    fn parse_header(&mut self) -> pingora_error::Result<Option<Box<ResponseHeader>>> {
+    fn parse_header(
+        &mut self,
+        keep: Option<&PassHeaders>,
+    ) -> pingora_error::Result<Option<Box<ResponseHeader>>> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut headers);
         // What Pingora's parser lets through in replies: a space before a header's colon, and
@@ -268,6 +283,7 @@ impl Conn {
         let spans: Vec<_> = resp
             .headers
             .iter()
+            .filter(|h| keep.is_none_or(|k| kept(k, h.name)))
             .map(|h| (at(h.name.as_bytes()), at(h.value)))
             .collect();
         let read = self.left.split_to(end).freeze();
@@ -563,6 +579,22 @@ fn read_some(stream: &mut Stream) -> impl Future<Output = std::io::Result<BytesM
     })
 }
 
+/// Whether a reply field named `name` (in any case) is kept: `keep` keeps it, or it frames the
+/// reply.
+fn kept(keep: &PassHeaders, name: &str) -> bool {
+    let mut buf = [0u8; 64];
+    let lower = match buf.get_mut(..name.len()) {
+        Some(b) => {
+            b.copy_from_slice(name.as_bytes());
+            b.make_ascii_lowercase();
+            std::str::from_utf8(b).unwrap_or_default()
+        }
+        // A name this long is no framing field, nor one kept by default.
+        None => return keep.keeps(&name.to_ascii_lowercase()),
+    };
+    matches!(lower, "content-length" | "transfer-encoding" | "connection") || keep.keeps(lower)
+}
+
 /// Whether the upstream keeps the connection open after this reply: HTTP/1.1 unless it says
 /// close; HTTP/1.0 only when it says keep-alive.
 fn keeps_alive(header: &ResponseHeader) -> bool {
@@ -637,7 +669,7 @@ mod tests {
         req.insert_header("content-length", "2").expect("cl");
         conn.send(&Request::of(&req)?, b"{}").await?;
         loop {
-            conn.read_response_header().await?;
+            conn.read_response_header(None).await?;
             let s = conn.response_header().map_or(0, |h| h.status.as_u16());
             if !(100..200).contains(&s) {
                 break;
@@ -771,7 +803,7 @@ mod tests {
         c.send(&Request::of(&req).expect("wire"), b"")
             .await
             .expect("send");
-        c.read_response_header().await.expect("header");
+        c.read_response_header(None).await.expect("header");
         let header = c.take_response_header().expect("header");
         assert_eq!(header.status, 200);
         assert_eq!(
