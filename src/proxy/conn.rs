@@ -14,23 +14,27 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
+use async_trait::async_trait;
 use bytes::{BufMut, Bytes, BytesMut};
 use pingora_core::apps::{HttpPersistentSettings, ReusedHttpStream};
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::protocols::http::v1::client::http_req_header_to_wire;
-use pingora_core::protocols::{Shutdown, Stream};
+use pingora_core::protocols::raw_connect::ProxyDigest;
+use pingora_core::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl, Stream,
+    TimingDigest, UniqueID, UniqueIDType,
+};
 use pingora_error::{Error, ErrorType};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_timeout::fast_timeout::fast_timeout;
-use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use super::ctx::Ctx;
-use super::forward::{Client, Downstream};
+use super::forward::Client;
+use super::relay::Downstream;
 use crate::http1::writer::{BodyWriter, Framing, Parts};
 use crate::respond::Respond;
-use crate::route::Route;
 
 /// The most bytes of the client's next requests read at once while a stream is on (the watch
 /// for the client's close then stops, as Pingora's session stops once its own watch read a
@@ -100,7 +104,7 @@ impl Conn {
     /// A connection that is gone: it reads a close, and every write fails.
     fn gone(head: Bytes, asked: http::request::Parts) -> Conn {
         Conn {
-            stream: Box::new(super::detach::Gone),
+            stream: Box::new(Gone),
             next: BytesMut::new(),
             stashed: false,
             keep: None,
@@ -204,6 +208,11 @@ impl Conn {
         })
     }
 
+    /// Lets go of the request's header: its reply is on its way, and no try is made from here.
+    pub(super) fn forget_request(&mut self) {
+        self.head = Bytes::new();
+    }
+
     /// Resolves when the client closes the connection (or it fails). Bytes of a next request
     /// are kept for it, and the watch then stops.
     fn watch(&mut self) -> impl Future<Output = ()> + Send + '_ {
@@ -286,16 +295,6 @@ impl Client for Conn {
     fn asked(&self) -> &http::request::Parts {
         &self.asked
     }
-
-    /// The connection is taken out for the reply's own task, leaving one that is gone. The
-    /// request's header goes: no try is made from here on.
-    fn relay_apart(&mut self, ctx: &Ctx) -> Option<(Conn, Arc<Route>)> {
-        let route = ctx.route.clone()?;
-        let (asked, ()) = http::Request::new(()).into_parts();
-        let mut conn = std::mem::replace(self, Conn::gone(Bytes::new(), asked));
-        conn.head = Bytes::new();
-        Some((conn, route))
-    }
 }
 
 impl Downstream for Conn {
@@ -362,6 +361,75 @@ fn parse_request(wire: &[u8]) -> pingora_error::Result<RequestHeader> {
     Ok(req)
 }
 
+/// The client session left in Pingora's request once its stream went on elsewhere, and the
+/// connection of a stream's `Conn` that has none (taken, or lost): no socket.
+#[derive(Debug)]
+pub(super) struct Gone;
+
+impl AsyncRead for Gone {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        _buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Gone {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        _buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(io::ErrorKind::NotConnected.into()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[async_trait]
+impl Shutdown for Gone {
+    async fn shutdown(&mut self) {}
+}
+
+impl UniqueID for Gone {
+    fn id(&self) -> UniqueIDType {
+        -1
+    }
+}
+
+impl Ssl for Gone {}
+
+impl GetTimingDigest for Gone {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        Vec::new()
+    }
+}
+
+impl GetProxyDigest for Gone {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        None
+    }
+}
+
+impl GetSocketDigest for Gone {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        None
+    }
+
+    fn set_socket_digest(&mut self, _digest: SocketDigest) {}
+}
+
+#[async_trait]
+impl Peek for Gone {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,7 +470,7 @@ mod tests {
         let (asked, ()) = http::Request::new(()).into_parts();
         let mut conn = Conn::gone(Bytes::new(), asked);
         conn.stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
-        let mut session = ServerSession::new_http1(Box::new(super::super::detach::Gone));
+        let mut session = ServerSession::new_http1(Box::new(Gone));
         session.set_keepalive(Some(60));
         conn.keep = Some(HttpPersistentSettings::for_session(&session));
         (conn, theirs)

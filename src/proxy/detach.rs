@@ -12,8 +12,8 @@
 //!
 //! Once a stream's success header is in, what its relay needs (the client's connection, the
 //! upstream connection, the request's `Ctx`) moves to a task of its own: what the tries held
-//! is freed while the stream runs. The task relays the reply (`forward::relay_body`, as a
-//! reply that stays inline is relayed), notes the try's end, writes the record
+//! is freed while the stream runs. The task relays the reply (`relay`, as a reply that stays
+//! inline is relayed), notes the try's end, writes the record
 //! (`proxy::end`, as Pingora's `logging` does for every other request) and, when the
 //! connection can carry another request, serves the connection's next requests from there
 //! (`listener::resume`).
@@ -23,29 +23,16 @@
 //! record. HTTP/2 streams stay inline: Pingora's HTTP/2 connection owns their sessions.
 
 use std::future::Future;
-use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
-use async_trait::async_trait;
 use pingora_core::apps::ReusedHttpStream;
 use pingora_core::protocols::http::ServerSession;
-use pingora_core::protocols::raw_connect::ProxyDigest;
-use pingora_core::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
-    TimingDigest, UniqueID, UniqueIDType,
-};
-use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::Gateway;
 use super::conn::Conn;
 use super::ctx::Ctx;
-use super::forward::{self, Client, TryEnd, Upstreamed};
-use crate::route::balance::InFlight;
-use crate::route::{Pool, Route, Upstream};
+use super::forward::{self, Client, Forwarded, Reply};
 use crate::state::Shared;
 use crate::upstream::Connections;
 /// Whether an admitted request goes on in a task of its own from here on, before its
@@ -76,7 +63,7 @@ pub(super) fn spawn_early(gw: &Gateway, session: &mut Session, ctx: &mut Ctx) {
 /// The client's session, taken out of Pingora's request: what is left there is a session on
 /// `Gone`.
 fn take_client(session: &mut Session) -> Box<ServerSession> {
-    let gone = Box::new(ServerSession::new_http1(Box::new(Gone)));
+    let gone = Box::new(ServerSession::new_http1(Box::new(super::conn::Gone)));
     std::mem::replace(&mut session.downstream_session, gone)
 }
 
@@ -115,11 +102,14 @@ impl Exchange {
             mut ctx,
         } = self;
         let mut conn = Box::pin(Conn::of(downstream)).await;
-        let sent = forward::run(&gw, &mut conn, &mut ctx).await;
-        if ctx.detached {
-            // The relay's task has the reply, the connection and the record.
-            return None;
-        }
+        let sent = match forward::run(&gw, &mut conn, &mut ctx).await {
+            Forwarded::Reply(reply) => {
+                // The relay's task has the reply, the connection and the record.
+                spawn(&gw, conn, ctx, reply);
+                return None;
+            }
+            Forwarded::Done(sent) => sent,
+        };
         match sent {
             // Boxed, as the relay's are: the record would make the task's future as large for
             // all its tries.
@@ -143,47 +133,19 @@ impl Exchange {
     }
 }
 
-/// Moves the request's reply, its client's connection and its state to a task of their own,
-/// with the upstream's count of requests in flight (`inflight`, the try's), which ends with
-/// the reply.
-pub(super) fn spawn(
-    gw: &Gateway,
-    conn: Conn,
-    ctx: &mut Ctx,
-    (route, inflight): (Arc<Route>, InFlight<'_>),
-    upstream: Upstreamed,
-    resp: Box<ResponseHeader>,
-    end: TryEnd,
-) {
-    inflight.keep();
+/// Moves the request's reply, its client's connection and its state to a task of their own:
+/// what the tries held is freed while the reply runs. The request's header goes: no try is
+/// made from here on.
+fn spawn(gw: &Gateway, mut conn: Conn, ctx: Box<Ctx>, reply: Reply) {
+    conn.forget_request();
     let relay = Relay {
         shared: gw.shared.clone(),
         connections: gw.connections.clone(),
         conn,
-        counted: Counted {
-            route,
-            upstream: ctx.upstream,
-        },
-        ctx: ctx.hand_off(),
-        upstream,
-        resp,
-        end,
+        ctx,
+        reply,
     };
     go_on(relay.run());
-}
-
-/// A request counted in flight on an upstream of a route, until this drops.
-struct Counted {
-    route: Arc<Route>,
-    upstream: usize,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        if let Some(up) = self.route.pool.upstreams.get(self.upstream) {
-            up.health.end_kept();
-        }
-    }
 }
 
 /// What a stream's own task owns.
@@ -191,11 +153,8 @@ struct Relay {
     shared: Arc<Shared>,
     connections: Arc<Connections>,
     conn: Conn,
-    counted: Counted,
     ctx: Box<Ctx>,
-    upstream: Upstreamed,
-    resp: Box<ResponseHeader>,
-    end: TryEnd,
+    reply: Reply,
 }
 
 impl Relay {
@@ -206,26 +165,10 @@ impl Relay {
             shared,
             connections,
             mut conn,
-            counted,
             mut ctx,
-            upstream,
-            resp,
-            end,
+            reply,
         } = self;
-        let pool = &counted.route.pool;
-        let sent = match pool.upstreams.get(counted.upstream) {
-            Some(up) => {
-                let sent = relay(&connections, &mut conn, &mut ctx, pool, up, upstream, resp);
-                let sent = sent.await;
-                end.note(&mut ctx, pool, up);
-                sent
-            }
-            None => Err(pingora_error::Error::explain(
-                pingora_error::ErrorType::InternalError,
-                "the reply's upstream is not in its pool",
-            )),
-        };
-        drop(counted);
+        let sent = super::relay_reply(&connections, &mut conn, &mut ctx, reply).await;
         // As Pingora ends a request whose filter failed (`fail_to_proxy`, its error line,
         // `logging`), or one that was answered (`logging`, then the connection kept alive).
         let failed = sent.err();
@@ -253,87 +196,3 @@ impl Relay {
         Box::pin(conn.finish()).await
     }
 }
-
-/// Writes the reply's header, then relays the body. The header's write is boxed: a task's
-/// future is as large as its largest step, and stays that large for the whole stream.
-async fn relay(
-    connections: &Connections,
-    conn: &mut Conn,
-    ctx: &mut Ctx,
-    pool: &Pool,
-    up: &Upstream,
-    upstream: Upstreamed,
-    resp: Box<ResponseHeader>,
-) -> pingora_error::Result<()> {
-    Box::pin(forward::write_header(ctx, conn, resp)).await?;
-    forward::relay_body(connections, conn, ctx, pool, up, upstream).await
-}
-
-/// The client session left in Pingora's request once its stream went on elsewhere, and the
-/// connection of a stream's `Conn` that has none (taken, or lost): no socket.
-#[derive(Debug)]
-pub(super) struct Gone;
-
-impl AsyncRead for Gone {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        _buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl AsyncWrite for Gone {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-        _buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Poll::Ready(Err(io::ErrorKind::NotConnected.into()))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-#[async_trait]
-impl Shutdown for Gone {
-    async fn shutdown(&mut self) {}
-}
-
-impl UniqueID for Gone {
-    fn id(&self) -> UniqueIDType {
-        -1
-    }
-}
-
-impl Ssl for Gone {}
-
-impl GetTimingDigest for Gone {
-    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        Vec::new()
-    }
-}
-
-impl GetProxyDigest for Gone {
-    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
-        None
-    }
-}
-
-impl GetSocketDigest for Gone {
-    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
-        None
-    }
-
-    fn set_socket_digest(&mut self, _digest: SocketDigest) {}
-}
-
-#[async_trait]
-impl Peek for Gone {}

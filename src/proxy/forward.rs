@@ -1,26 +1,23 @@
 //! The one forwarding path: every admitted request, whatever its body's size or framing, goes
 //! upstream through here. Per try: pick an upstream of the pool, connect, send the (already
-//! read) body, wait for the reply header. Connect failures, resets and timeouts before the
-//! reply, 429 and 5xx are tried again (on another upstream when the pool has one) after the
-//! pool's backoff, up to `max_attempts`; nothing is retried once a byte of the reply has gone
-//! to the client. A client that goes away is noticed at once on every wait, and the upstream
-//! request is dropped with it. The reply streams back through `reply` (metering), under the
-//! idle and whole-request deadlines; a reply cut midway ends without its final chunk, so the
-//! client can tell.
+//! read) body, wait for the reply header; then `route::retry` says what comes next (connect
+//! failures, resets and timeouts before the reply, 429 and 5xx are tried again, on another
+//! upstream when the pool has one, after the pool's backoff, up to `max_attempts`). A client
+//! that goes away is noticed at once on every wait, and the upstream request is dropped with
+//! it. A success's checked header comes back to the caller, which relays it (`relay`, here or
+//! in a stream's own task): nothing is retried once a byte of the reply has gone to the
+//! client.
 
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use futures_util::FutureExt;
-use pingora_core::protocols::http::ServerSession;
-use pingora_error::{Error, ErrorType};
+use bytes::Bytes;
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 use pingora_timeout::fast_timeout::fast_timeout;
 
-use super::conn::Conn;
 use super::ctx::{Ctx, Outcome};
-use super::{Gateway, detach, reply, respond};
+use super::relay::{self, Counted, Downstream, Upstreamed};
+use super::{Gateway, reply, respond};
 use crate::error::GatewayError;
 use crate::lifecycle::{Lifecycle, cut};
 use crate::respond::Respond;
@@ -45,18 +42,6 @@ enum Try {
     ShuttingDown,
 }
 
-/// The upstream connection a reply is read from (it knows where it goes back to).
-pub(super) struct Upstreamed {
-    client: Box<upstream::Conn>,
-}
-
-impl Upstreamed {
-    /// Returns the connection for reuse once its reply was read whole.
-    async fn release(self, connections: &upstream::Connections) {
-        connections.release(self.client).await;
-    }
-}
-
 /// How a wait between tries ended.
 enum Waited {
     Done,
@@ -64,10 +49,30 @@ enum Waited {
     ShuttingDown,
 }
 
+/// How forwarding a request ended.
+pub(super) enum Forwarded {
+    /// The client has its answer (an error, an upstream's error reply passed on) or went
+    /// away: `Err` if the reply was cut after it began.
+    Done(pingora_error::Result<()>),
+    /// A success's header, checked: the caller writes it and relays the body.
+    Reply(Reply),
+}
+
+/// A success to relay: the upstream connection its body comes on, its header (as the client
+/// gets it), its upstream counted in flight until the relay ends, and its try to note then.
+pub(super) struct Reply {
+    pub upstream: Upstreamed,
+    pub resp: Box<ResponseHeader>,
+    pub counted: Counted,
+    pub end: TryEnd,
+}
+
 /// How a pool's tries ended.
 enum PoolEnd {
     /// The client has its reply (or went away): `Err` if the reply was cut.
     Done(pingora_error::Result<()>),
+    /// A success, to relay.
+    Reply(Reply),
     /// No upstream of the pool could answer: the error to give if no fallback can either.
     CannotAnswer(GatewayError),
 }
@@ -81,10 +86,6 @@ pub(super) trait Client: Respond + Downstream {
 
     /// The request's method, target and version.
     fn asked(&self) -> &http::request::Parts;
-
-    /// The connection a stream's reply goes on in a task of its own (`detach`), with the
-    /// route it goes on from; `None`: the reply is relayed here.
-    fn relay_apart(&mut self, ctx: &Ctx) -> Option<(Conn, std::sync::Arc<crate::route::Route>)>;
 }
 
 impl Client for Session {
@@ -95,23 +96,16 @@ impl Client for Session {
     fn asked(&self) -> &http::request::Parts {
         self.req_header()
     }
-
-    fn relay_apart(&mut self, _: &Ctx) -> Option<(Conn, std::sync::Arc<crate::route::Route>)> {
-        None
-    }
 }
 
-/// Forwards the request in `ctx` and streams the reply: to the route's pool, then, if it
-/// cannot answer, to each fallback model's pool in turn (with that model's upstream name and
-/// price). `Err` means the reply was cut after it began: the client's connection is then
-/// dropped (by Pingora, or by the stream's own task) instead of ending the body cleanly.
-pub(super) async fn run(
-    gw: &Gateway,
-    session: &mut impl Client,
-    ctx: &mut Ctx,
-) -> pingora_error::Result<()> {
+/// Forwards the request in `ctx`: to the route's pool, then, if it cannot answer, to each
+/// fallback model's pool in turn (with that model's upstream name and price). A success comes
+/// back to relay; anything else is answered here. `Done(Err)` means a reply was cut after it
+/// began: the client's connection is then dropped (by Pingora, or by the stream's own task)
+/// instead of ending the body cleanly.
+pub(super) async fn run(gw: &Gateway, session: &mut impl Client, ctx: &mut Ctx) -> Forwarded {
     let Some(route) = ctx.route.clone() else {
-        return Ok(());
+        return Forwarded::Done(Ok(()));
     };
     let fallbacks = ctx.fallbacks.take();
     let routes = fallbacks.as_ref().map_or(&[][..], |f| &f.routes[..]);
@@ -136,13 +130,14 @@ pub(super) async fn run(
         ctx.route = Some(next.clone());
         let more = n < routes.len();
         match try_pool(gw, session, ctx, &next.pool, more).await {
-            PoolEnd::Done(result) => return result,
+            PoolEnd::Done(result) => return Forwarded::Done(result),
+            PoolEnd::Reply(reply) => return Forwarded::Reply(reply),
             PoolEnd::CannotAnswer(e) => error = Some(e),
         }
     }
     let e = error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(route.pool.name.clone()));
     let _ = respond::failure(session, ctx, &e).await;
-    Ok(())
+    Forwarded::Done(Ok(()))
 }
 
 /// Tries the pool's upstreams. Unless `more` (a fallback follows), the last try's reply is
@@ -241,9 +236,7 @@ async fn try_pool(
                     outcome,
                 };
                 let to = (pool, up, inflight);
-                return PoolEnd::Done(
-                    stream_reply(gw, session, ctx, to, upstream, resp, end).await,
-                );
+                return accept(gw, session, ctx, to, upstream, resp, end).await;
             }
             (Next::NextRoute | Next::PassOn, None) => break,
             (Next::NextRoute, Some((_, resp))) => {
@@ -365,16 +358,6 @@ fn outcome(tried: &Try) -> &'static str {
     }
 }
 
-/// Resolves when the client closes its connection (its request body was read whole, so the
-/// only thing left to read is the close). Never resolves otherwise.
-async fn client_gone(session: &mut ServerSession) {
-    if session.read_body_or_idle(true).await.is_err() {
-        return;
-    }
-    // Bytes of a next request (pipelining) are not a close: keep waiting on the rest.
-    std::future::pending::<()>().await
-}
-
 /// `Retry-After` in seconds (the HTTP-date form is not used by model servers).
 fn retry_after(resp: &ResponseHeader) -> Option<Duration> {
     let v = resp.headers.get(http::header::RETRY_AFTER)?.to_str().ok()?;
@@ -467,10 +450,10 @@ async fn ask(
     Ok(client)
 }
 
-/// Passes the reply on, metered. Errors before the header reached the client are answered in
-/// the contract's shape; after it, the reply is cut (`Err`). A stream to an HTTP/1 client goes
-/// on in a task of its own (`detach`), which notes the try's end and writes the record.
-async fn stream_reply(
+/// The reply's header checked: an error reply is answered or passed on here (`Done`); a
+/// success goes back to the caller to relay (`Reply`), its upstream counted in flight until
+/// the relay ends.
+async fn accept(
     gw: &Gateway,
     session: &mut impl Client,
     ctx: &mut Ctx,
@@ -478,22 +461,30 @@ async fn stream_reply(
     upstream: Upstreamed,
     resp: Box<ResponseHeader>,
     end: TryEnd,
-) -> pingora_error::Result<()> {
-    let sent = match pass_on(gw, session, ctx, pool, upstream, resp).await {
-        Err(sent) => sent,
-        Ok((upstream, resp)) => match session.relay_apart(ctx) {
-            Some((conn, route)) => {
-                detach::spawn(gw, conn, ctx, (route, inflight), upstream, resp, end);
-                return Ok(());
-            }
-            None => match write_header(ctx, session, resp).await {
-                Ok(()) => relay_body(&gw.connections, session, ctx, pool, up, upstream).await,
-                Err(e) => Err(e),
-            },
-        },
-    };
-    end.note(ctx, pool, up);
-    sent
+) -> PoolEnd {
+    match pass_on(gw, session, ctx, pool, upstream, resp).await {
+        Err(sent) => {
+            end.note(ctx, pool, up);
+            PoolEnd::Done(sent)
+        }
+        Ok((upstream, resp)) => {
+            let Some(route) = ctx.route.clone() else {
+                end.note(ctx, pool, up);
+                return PoolEnd::CannotAnswer(GatewayError::Internal("no route".into()));
+            };
+            inflight.keep();
+            let counted = Counted {
+                route,
+                upstream: ctx.upstream,
+            };
+            PoolEnd::Reply(Reply {
+                upstream,
+                resp,
+                counted,
+                end,
+            })
+        }
+    }
 }
 
 /// The reply's header checked: `Ok` with a success to relay, or `Err` with how the request
@@ -516,7 +507,7 @@ async fn pass_on(
     }
     if !ctx.outcome.succeeded() {
         // Boxed: the error path's future is no part of a reply that succeeds.
-        let passed = pass_error(&gw.connections, session, ctx, pool, upstream, resp);
+        let passed = relay::pass_error(&gw.connections, session, ctx, pool, upstream, resp);
         return Err(Box::pin(passed).await);
     }
     ctx.accepted = true;
@@ -527,299 +518,4 @@ async fn pass_on(
     }
     crate::respond::frame_unknown_length(session.asked(), &mut resp).map_err(Err)?;
     Ok((upstream, resp))
-}
-
-/// Writes a success's header to the client (within the client's send timeout and the
-/// shutdown's cut, as every write).
-pub(super) async fn write_header(
-    ctx: &mut Ctx,
-    session: &mut impl Respond,
-    resp: Box<ResponseHeader>,
-) -> pingora_error::Result<()> {
-    let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let header = session.write_header(resp, false);
-    write(ctx, life.as_deref(), header).await
-}
-
-/// Where a relayed reply's body goes: the client's session, which frames it, or a detached
-/// stream's own connection (`Conn`), which frames it as the session would.
-pub(super) trait Downstream: Send {
-    /// Writes a piece of the body (`None`: nothing new); `done` ends the body.
-    fn body(
-        &mut self,
-        piece: Option<Bytes>,
-        done: bool,
-    ) -> impl std::future::Future<Output = pingora_error::Result<()>> + Send + '_;
-
-    /// Resolves when the client closes its connection (its request was read whole, so the
-    /// only thing left to read is the close). Never resolves otherwise.
-    fn gone(&mut self) -> impl std::future::Future<Output = ()> + Send + '_;
-}
-
-impl Downstream for Session {
-    fn body(
-        &mut self,
-        piece: Option<Bytes>,
-        done: bool,
-    ) -> impl std::future::Future<Output = pingora_error::Result<()>> + Send + '_ {
-        self.as_downstream_mut()
-            .write_response_body(piece.unwrap_or_default(), done)
-    }
-
-    fn gone(&mut self) -> impl std::future::Future<Output = ()> + Send + '_ {
-        client_gone(self.as_downstream_mut())
-    }
-}
-
-/// Relays a success's body, its header written: as it comes, metered, under the idle and
-/// whole-request deadlines. A failure cuts the reply (`Err`).
-pub(super) async fn relay_body<D: Downstream>(
-    connections: &upstream::Connections,
-    session: &mut D,
-    ctx: &mut Ctx,
-    pool: &Pool,
-    up: &Upstream,
-    mut upstream: Upstreamed,
-) -> pingora_error::Result<()> {
-    let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    // A stream may go quiet for `idle_timeout` between events; a plain reply must be whole
-    // within `request_timeout` of the start.
-    let deadline = (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout);
-    loop {
-        // One clock read per piece: the idle limit, capped by what is left of the whole deadline.
-        let limit = deadline.map_or(pool.cfg.idle_timeout, |d| {
-            d.saturating_duration_since(Instant::now())
-                .min(pool.cfg.idle_timeout)
-        });
-        let read = fast_timeout(limit, upstream.client.read_response_body());
-        // The upstream's piece first: when one is already there, the client's connection is not
-        // polled (a read that would only say EAGAIN) and the shutdown signal not looked at; a
-        // client that left is still noticed while the upstream is quiet, or by the next write.
-        let chunk = tokio::select! {
-            biased;
-            r = read => r,
-            () = session.gone() => {
-                ctx.outcome = Outcome::ClientGone;
-                return Err(Error::explain(ErrorType::ConnectionClosed, "client went away").into_down());
-            }
-            () = cut(life.as_deref()) => return Err(shut(ctx)),
-        };
-        let mut chunk = match chunk {
-            Ok(Ok(c)) => c,
-            Ok(Err(e)) => {
-                pool.transport_failed(up);
-                ctx.outcome = Outcome::UpstreamFailed(502);
-                return Err(e.into_up());
-            }
-            Err(_) => {
-                ctx.outcome = Outcome::UpstreamFailed(504);
-                return Err(Error::explain(
-                    ErrorType::ReadTimedout,
-                    "the upstream's reply stalled past its deadline",
-                )
-                .into_up());
-            }
-        };
-        let mut done = chunk.is_none() || upstream.client.response_done();
-        reply::on_body(ctx, &mut chunk, done);
-        // The pieces the upstream has already sent go out in one write (one send, one wake of
-        // the client), as Pingora's own proxy loop does; a piece still on its way is not
-        // waited for. Each is metered as it is taken.
-        let mut failed = None;
-        let mut out = Coalesced::new(chunk);
-        while !done && out.len() < COALESCE_MAX {
-            let Some(next) = upstream.client.read_response_body().now_or_never() else {
-                break;
-            };
-            match next {
-                Ok(mut c) => {
-                    done = c.is_none() || upstream.client.response_done();
-                    reply::on_body(ctx, &mut c, done);
-                    out.push(c);
-                }
-                Err(e) => {
-                    failed = Some(e);
-                    break;
-                }
-            }
-        }
-        let piece = out.take();
-        if piece.is_some() || done {
-            let piece = session.body(piece, done);
-            write(ctx, life.as_deref(), piece).await?;
-        }
-        if let Some(e) = failed {
-            pool.transport_failed(up);
-            ctx.outcome = Outcome::UpstreamFailed(502);
-            return Err(e.into_up());
-        }
-        if done {
-            break;
-        }
-    }
-    upstream.release(connections).await;
-    Ok(())
-}
-
-/// Writes to the client (the reply's header or a piece of its body). A client that does not
-/// read holds the write for at most `client_send_timeout_ms` (then the reply ends as the
-/// client's: 499); the shutdown ends it all the same. Either failure names the outcome.
-/// (Not an `async fn`: that would hold `write` twice.)
-fn write<'a, T>(
-    ctx: &'a mut Ctx,
-    life: Option<&'a Lifecycle>,
-    write: impl std::future::Future<Output = pingora_error::Result<T>> + 'a,
-) -> impl std::future::Future<Output = pingora_error::Result<T>> + 'a {
-    use futures_util::TryFutureExt;
-    let bound = crate::respond::Bound {
-        limit: ctx.send_timeout,
-        life,
-    };
-    crate::respond::bounded(bound, write)
-        .inspect_err(move |e| ctx.outcome = Outcome::of_failed_write(e))
-}
-
-/// A reply the shutdown ended: its record says 503, and the client's connection is cut.
-fn shut(ctx: &mut Ctx) -> Box<Error> {
-    ctx.outcome = Outcome::UpstreamFailed(GatewayError::ShuttingDown.status());
-    crate::respond::shutdown_cut()
-}
-
-/// The most reply bytes gathered into one write to the client.
-const COALESCE_MAX: usize = 64 * 1024;
-
-/// Reply pieces gathered for one write: the first kept as it is (no copy when it is alone).
-struct Coalesced {
-    first: Option<Bytes>,
-    more: Option<BytesMut>,
-}
-
-impl Coalesced {
-    fn new(first: Option<Bytes>) -> Coalesced {
-        Coalesced { first, more: None }
-    }
-
-    fn len(&self) -> usize {
-        match &self.more {
-            Some(m) => m.len(),
-            None => self.first.as_ref().map_or(0, Bytes::len),
-        }
-    }
-
-    fn push(&mut self, piece: Option<Bytes>) {
-        let Some(piece) = piece.filter(|p| !p.is_empty()) else {
-            return;
-        };
-        if self.first.as_ref().is_none_or(Bytes::is_empty) && self.more.is_none() {
-            self.first = Some(piece);
-            return;
-        }
-        let more = self.more.get_or_insert_with(|| {
-            let first = self.first.take().unwrap_or_default();
-            let mut m = BytesMut::with_capacity(first.len() + piece.len() * 4);
-            m.extend_from_slice(&first);
-            m
-        });
-        more.extend_from_slice(&piece);
-    }
-
-    fn take(self) -> Option<Bytes> {
-        match self.more {
-            Some(m) => Some(m.freeze()),
-            None => self.first,
-        }
-    }
-}
-
-/// The most of an upstream's error body the gateway reads to check its shape.
-const ERROR_BODY_MAX: usize = 1024 * 1024;
-
-/// An upstream's error reply (status kept): a JSON body passes unchanged; an empty or non-JSON
-/// one is wrapped in the contract's error shape, so clients always get `{"error": …}`.
-async fn pass_error(
-    connections: &upstream::Connections,
-    session: &mut impl Respond,
-    ctx: &mut Ctx,
-    pool: &Pool,
-    mut upstream: Upstreamed,
-    mut resp: Box<ResponseHeader>,
-) -> pingora_error::Result<()> {
-    let status = resp.status.as_u16();
-    let mut body = Vec::new();
-    let read = async {
-        while let Some(chunk) = upstream.client.read_response_body().await? {
-            body.extend_from_slice(&chunk);
-            if body.len() > ERROR_BODY_MAX || upstream.client.response_done() {
-                break;
-            }
-        }
-        Ok::<(), Box<Error>>(())
-    };
-    // An upstream that sends its error header and then stalls holds the request for at most
-    // the idle limit; the shutdown's cut ends the wait at once. No reply has begun then: the
-    // client is told the gateway is shutting down, as while it waits for the header.
-    let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let read = tokio::select! {
-        r = fast_timeout(pool.cfg.idle_timeout, read) => r,
-        () = cut(life.as_deref()) => {
-            let _ = respond::failure(session, ctx, &GatewayError::ShuttingDown).await;
-            return Ok(());
-        }
-    };
-    let whole = match read {
-        Ok(Ok(())) => body.len() <= ERROR_BODY_MAX,
-        _ => false,
-    };
-    let json = !body.is_empty() && serde_json::from_slice::<serde_json::Value>(&body).is_ok();
-    let body = if whole && json {
-        bytes::Bytes::from(body)
-    } else {
-        let text = String::from_utf8_lossy(&body[..body.len().min(200)])
-            .trim()
-            .to_string();
-        let message = if text.is_empty() {
-            format!("The upstream answered {status} with no body.")
-        } else {
-            format!("The upstream answered {status}: {text}")
-        };
-        resp.insert_header(http::header::CONTENT_TYPE, "application/json")?;
-        let e = GatewayError::UpstreamReply(status, message);
-        bytes::Bytes::from(e.body_in(ctx.shape, &ctx.request_id))
-    };
-    resp.remove_header(&http::header::TRANSFER_ENCODING);
-    resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-    let header = session.write_header(resp, false);
-    write(ctx, life.as_deref(), header).await?;
-    // Up to 1 MiB.
-    write(ctx, life.as_deref(), session.write_body(Some(body), true)).await?;
-    if whole && upstream.client.response_done() {
-        upstream.release(connections).await;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn coalesced_pieces_are_the_same_bytes_in_order_and_one_piece_is_not_copied() {
-        let one = Bytes::from_static(b"data: {\"a\":1}\n\n");
-        let alone = Coalesced::new(Some(one.clone())).take().expect("piece");
-        assert_eq!(alone.as_ptr(), one.as_ptr());
-
-        let mut out = Coalesced::new(None);
-        out.push(None);
-        out.push(Some(Bytes::new()));
-        assert_eq!(out.len(), 0);
-        out.push(Some(one.clone()));
-        out.push(None);
-        out.push(Some(Bytes::from_static(b"data: [DONE]\n\n")));
-        assert_eq!(out.len(), one.len() + 14);
-        assert_eq!(
-            out.take().expect("pieces"),
-            Bytes::from_static(b"data: {\"a\":1}\n\ndata: [DONE]\n\n")
-        );
-        assert_eq!(Coalesced::new(None).take(), None);
-    }
 }

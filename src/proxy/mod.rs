@@ -11,6 +11,7 @@ mod detach;
 mod forward;
 mod models;
 pub mod record;
+mod relay;
 pub mod reply;
 pub mod respond;
 
@@ -106,7 +107,12 @@ impl Gateway {
                 Ok(true)
             }
             Ok(()) => {
-                forward::run(self, session, ctx).await?;
+                match forward::run(self, session, ctx).await {
+                    forward::Forwarded::Done(sent) => sent?,
+                    forward::Forwarded::Reply(r) => {
+                        relay_reply(&self.connections, session, ctx, r).await?;
+                    }
+                }
                 Ok(true)
             }
             Err(Stop::Answered) => Ok(true),
@@ -372,6 +378,31 @@ impl ProxyHttp for Gateway {
         }
         end(&self.shared, session.req_header(), e, ctx).await;
     }
+}
+
+/// Writes a success's header and relays its body where the request is (Pingora's request, or
+/// a stream's own task), then notes its try's end.
+async fn relay_reply<D: Respond + relay::Downstream>(
+    connections: &crate::upstream::Connections,
+    client: &mut D,
+    ctx: &mut Ctx,
+    r: forward::Reply,
+) -> pingora_error::Result<()> {
+    let forward::Reply {
+        upstream,
+        resp,
+        counted,
+        end,
+    } = r;
+    let Some((pool, up)) = counted.at() else {
+        return Err(Error::explain(
+            pingora_error::ErrorType::InternalError,
+            "the reply's upstream is not in its pool",
+        ));
+    };
+    let sent = relay::reply(connections, client, ctx, (pool, up), upstream, resp).await;
+    end.note(ctx, pool, up);
+    sent
 }
 
 /// Answers a request that failed (as Pingora's `fail_to_proxy`), noting how it ended; the
