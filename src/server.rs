@@ -171,12 +171,14 @@ impl<A> ApiListeners<A> {
 }
 
 /// Whether a connection whose local address is `local` was accepted by a listener bound to
-/// `bound`: the same port, and the same address or an unspecified one (`0.0.0.0`, `[::]`,
-/// whose IPv4 connections have mapped addresses). Config refuses two listeners one port could
-/// serve both of, so at most one listener matches.
+/// `bound`: the same port, and the same address or an unspecified one that covers it
+/// (`0.0.0.0` IPv4 only; `[::]` every address, its IPv4 ones mapped). Config refuses two
+/// listeners one port could serve both of, and port 0 with both on, so at most one matches.
 fn accepted_on(bound: &std::net::SocketAddr, local: &std::net::SocketAddr) -> bool {
-    bound.port() == local.port()
-        && (bound.ip().is_unspecified() || bound.ip().to_canonical() == local.ip().to_canonical())
+    let (b, l) = (bound.ip().to_canonical(), local.ip().to_canonical());
+    // `0.0.0.0` takes IPv4 only; `[::]`, dual-stack as Pingora binds it, every address.
+    let covers = b.is_unspecified() && (b.is_ipv6() || l.is_ipv4());
+    bound.port() == local.port() && (b == l || covers)
 }
 
 #[async_trait::async_trait]
@@ -217,6 +219,8 @@ mod tests {
             ("[::]:8080", "[::1]:8080", true),
             ("127.0.0.1:8080", "[::ffff:127.0.0.1]:8080", true),
             ("[::1]:8080", "127.0.0.1:8080", false),
+            ("0.0.0.0:8080", "[::1]:8080", false),
+            ("0.0.0.0:8080", "[2001:db8::1]:8080", false),
         ] {
             assert_eq!(
                 accepted_on(&a(bound), &a(local)),

@@ -4,7 +4,8 @@
 //! the body ends, what it holds, whether the connection may be used again; and a reply the
 //! RFC does not frame (cut short, broken) is never read as whole.
 //!
-//! Input: a flags byte (bit 0: HEAD), a byte that picks the read sizes, the reply.
+//! Input: a flags byte (bit 0: HEAD; bit 1: read as forwarding reads it, keeping only the
+//! fields a client may get), a byte that picks the read sizes, the reply.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -40,9 +41,13 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let head = flags & 1 == 1;
+    let keep = (flags & 2 == 2).then(|| {
+        let names = ["openai-*".to_string(), "x-mock-*".to_string()];
+        modelgate::config::headers::PassHeaders::parse(&names).expect("valid names")
+    });
     let want = rfc9112::reply(reply, head);
-    let got = decode::decode(split(reply, *seed), head);
-    if let Some(d) = decode::disagreement(&want, &got) {
+    let got = decode::decode(split(reply, *seed), head, keep.as_ref());
+    if let Some(d) = decode::disagreement(&want, &got, *seed == 0) {
         panic!("{d}\nreply: {:?}\nhead: {head}", reply.escape_ascii().to_string());
     }
 });

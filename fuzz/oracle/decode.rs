@@ -1,6 +1,7 @@
 //! Runs the gateway's upstream reply decoder (`modelgate::upstream::Conn`) on a reply split
 //! into the given reads, and checks what it read against the RFC 9112 oracle.
 
+use modelgate::config::headers::PassHeaders;
 use modelgate::upstream::{Conn, Request};
 use pingora_core::protocols::Stream;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -18,8 +19,13 @@ pub struct Decoded {
     pub reusable: bool,
 }
 
-/// The reply in `pieces` (one a read, then the close), to a HEAD request or a GET.
-pub fn decode(pieces: Vec<Vec<u8>>, head: bool) -> Result<Decoded, String> {
+/// The reply in `pieces` (one a read, then the close), to a HEAD request or a GET; with
+/// `keep`, as forwarding reads it (only the fields a client may get copied into its header).
+pub fn decode(
+    pieces: Vec<Vec<u8>>,
+    head: bool,
+    keep: Option<&PassHeaders>,
+) -> Result<Decoded, String> {
     let stream: Stream = Box::new(ScriptIo::new(pieces));
     let peer = HttpPeer::new("127.0.0.1:9", false, String::new());
     let mut conn = Conn::new(stream, &peer);
@@ -33,7 +39,7 @@ pub fn decode(pieces: Vec<Vec<u8>>, head: bool) -> Result<Decoded, String> {
         req.insert_header("host", "x").map_err(|e| e.to_string())?;
         let req = Request::of(&req).map_err(|e| e.to_string())?;
         conn.send(&req, b"").await.map_err(|e| e.to_string())?;
-        conn.read_final_header(None)
+        conn.read_final_header(keep)
             .await
             .map_err(|e| e.to_string())?;
         let status = conn.response_header().map_or(0, |h| h.status.as_u16());
@@ -49,8 +55,13 @@ pub fn decode(pieces: Vec<Vec<u8>>, head: bool) -> Result<Decoded, String> {
     })
 }
 
-/// `None` when the decoder read `reply` as the RFC frames it, else what differs.
-pub fn disagreement(want: &Verdict, got: &Result<Decoded, String>) -> Option<String> {
+/// `None` when the decoder read `reply` as the RFC frames it, else what differs. `one_read`:
+/// the reply came in one read, so bytes after it were read with it.
+pub fn disagreement(
+    want: &Verdict,
+    got: &Result<Decoded, String>,
+    one_read: bool,
+) -> Option<String> {
     match (&want.framed, got) {
         (
             Framed::Whole {
@@ -70,11 +81,15 @@ pub fn disagreement(want: &Verdict, got: &Result<Decoded, String>) -> Option<Str
                 ));
             }
             // Bytes past the reply: whether they were read before the decoder was done
-            // depends on the splits; only a reply that ends the bytes is judged on reuse.
+            // depends on the splits. Read with the reply, they make the connection unfit
+            // for another request (its next reply would be read from them).
             match reusable {
                 Some(r) if *trailing == 0 && *r != g.reusable => {
                     Some(format!("kept the connection: {}, the RFC: {r}", g.reusable))
                 }
+                _ if *trailing > 0 && one_read && g.reusable => Some(format!(
+                    "kept the connection with {trailing} bytes after the reply read"
+                )),
                 _ => None,
             }
         }

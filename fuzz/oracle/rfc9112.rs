@@ -175,7 +175,8 @@ fn body(rest: &[u8], h: &Header, head: bool, mut may_fail: bool) -> Verdict {
         if !has_te && length.is_err() {
             may_fail = true;
         }
-        let reusable = h.status != 101 && h.persistent();
+        // Transfer-Encoding in an HTTP/1.0 reply: faulty framing, closed after (§6.1).
+        let reusable = h.status != 101 && h.persistent() && (h.v11 || !has_te);
         return whole(Vec::new(), Some(reusable), rest.len(), may_fail);
     }
     if has_te {
@@ -269,18 +270,20 @@ enum Chunked {
     Invalid,
 }
 
-/// §7.1: `*chunk last-chunk trailer-section CRLF`. A line may end with a lone LF (§2.2: a
-/// recipient MAY take it as a line's end; the decoder does).
+/// §7.1: `*chunk last-chunk trailer-section CRLF`. Its lines end with CRLF; one that ends
+/// with a lone LF is lenient (§2.2 lets a recipient take it for the start-line and fields
+/// only; the decoder takes it here too). The decoder's line limits count a line's CR, and
+/// two bytes for every trailer line: near them, a refusal is allowed.
 fn chunked(bytes: &[u8]) -> Chunked {
     let mut at = 0;
     let mut body = Vec::new();
     let mut lenient = false;
     loop {
         let Some((line, next)) = next_line(bytes, at) else {
-            lenient |= bytes.len() - at > MAX_CHUNK_LINE;
+            lenient |= bytes.len() - at >= MAX_CHUNK_LINE - 1;
             return Chunked::Cut { lenient };
         };
-        lenient |= line.len() > MAX_CHUNK_LINE;
+        lenient |= next - at >= MAX_CHUNK_LINE || lone_lf(bytes, next);
         let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
         if digits == 0 {
             return Chunked::Invalid;
@@ -308,11 +311,12 @@ fn chunked(bytes: &[u8]) -> Chunked {
             let start = at;
             loop {
                 let Some((line, next)) = next_line(bytes, at) else {
-                    lenient |= bytes.len() - start > MAX_TRAILERS;
+                    lenient |= (bytes.len() - start) * 2 >= MAX_TRAILERS;
                     return Chunked::Cut { lenient };
                 };
+                lenient |= lone_lf(bytes, next);
                 at = next;
-                if at - start >= MAX_TRAILERS {
+                if (at - start) * 2 >= MAX_TRAILERS {
                     lenient = true;
                 }
                 if line.is_empty() {
@@ -348,7 +352,10 @@ fn chunked(bytes: &[u8]) -> Chunked {
                 return Chunked::Invalid;
             }
             Some((l, _)) if !l.is_empty() => return Chunked::Invalid,
-            Some((_, next)) => at = next,
+            Some((_, next)) => {
+                lenient |= lone_lf(bytes, next);
+                at = next;
+            }
         }
     }
 }
@@ -361,6 +368,11 @@ fn next_line(bytes: &[u8], at: usize) -> Option<(&[u8], usize)> {
         line = &line[..line.len() - 1];
     }
     Some((line, at + lf + 1))
+}
+
+/// Whether the line that ends before `next` ends with a lone LF.
+fn lone_lf(bytes: &[u8], next: usize) -> bool {
+    next < 2 || bytes[next - 2] != b'\r'
 }
 
 enum Ext {

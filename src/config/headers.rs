@@ -115,7 +115,7 @@ fn never_passed(stem: &str, prefix: bool) -> Option<&'static str> {
     if OWN.iter().any(|h| hits(h)) {
         return Some("the gateway writes it itself");
     }
-    if hits("set-cookie") {
+    if hits("set-cookie") || hits("set-cookie2") {
         return Some("an upstream's cookies would be set on the gateway's origin");
     }
     None
@@ -149,6 +149,7 @@ mod tests {
             "x-ratelimit-*",
             "access-control-allow-origin",
             "set-cookie",
+            "Set-Cookie2",
             "set-*",
             "*",
             "x-*",

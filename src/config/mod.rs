@@ -589,6 +589,24 @@ impl Config {
                 *slot = Some(v.get_ref().clone());
             }
         }
+        // Both API listeners are one service, which tells their connections apart by the
+        // address each was accepted on: a port the system picks is no address to tell by.
+        if let (Some(m), Some(d)) = (&raw.listeners.main, &raw.listeners.direct) {
+            for (field, v) in [("listeners.main", m), ("listeners.direct", d)] {
+                if v.get_ref()
+                    .parse::<std::net::SocketAddr>()
+                    .is_ok_and(|a| a.port() == 0)
+                {
+                    p.push(Problem::new(
+                        &file,
+                        at(v.span()),
+                        field,
+                        "port 0 is for one API listener alone: with both on, each needs its \
+                         own port",
+                    ));
+                }
+            }
+        }
         let tls = raw.listeners.tls.as_ref();
         for (name, raw_files, on, slot) in [
             (
@@ -1414,6 +1432,19 @@ price = { prompt = 1.0, completion = 2.0 }
         let pass = &c.pools[0].pass_headers;
         assert!(pass.allows("openai-processing-ms") && pass.allows("x-mock-model"));
         assert_eq!(c.models[0].owned_by, "modelgate");
+    }
+
+    #[test]
+    fn port_0_is_refused_for_an_api_listener_beside_the_other() {
+        let text = GOOD.replace("127.0.0.1:8081", "127.0.0.1:0");
+        let s = Config::parse(Path::new("c.toml"), &text)
+            .expect_err("refused")
+            .to_string();
+        assert!(s.contains("c.toml:4: listeners.direct: port 0"), "{s}");
+        let alone = GOOD
+            .replace("direct = \"127.0.0.1:8081\"\n", "")
+            .replace("127.0.0.1:8080", "127.0.0.1:0");
+        Config::parse(Path::new("c.toml"), &alone).expect("one listener may take port 0");
     }
 
     #[test]

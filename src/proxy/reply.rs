@@ -30,9 +30,14 @@ fn hop_by_hop(name: &str) -> Option<&'static str> {
 /// the pool names in `pass_headers`; what the upstream says about itself (`server`, `via`,
 /// cookies, org and project ids, `alt-svc`, its CORS: CORS is the gateway's) stays with the
 /// gateway, as do its framing, its connection's options and every header its `Connection`
-/// names. The provider's own request id goes on as `x-upstream-request-id`. It is an HTTP/1.1
+/// names. The provider's own request id goes on as `x-upstream-request-id` (not the gateway's
+/// own, which some servers echo). It is an HTTP/1.1
 /// reply whatever the upstream spoke.
-fn keep_for_client(resp: &mut ResponseHeader, pass: &PassHeaders) -> pingora_error::Result<()> {
+fn keep_for_client(
+    resp: &mut ResponseHeader,
+    pass: &PassHeaders,
+    ours: &str,
+) -> pingora_error::Result<()> {
     resp.set_version(http::Version::HTTP_11);
     let hop = crate::upstream::HopHeaders::of(&resp.headers, hop_by_hop);
     let mut upstream_id: Option<(usize, http::HeaderValue)> = None;
@@ -40,7 +45,9 @@ fn keep_for_client(resp: &mut ResponseHeader, pass: &PassHeaders) -> pingora_err
     for (name, value) in &resp.headers {
         let n = name.as_str();
         if let Some(rank) = REQUEST_IDS.iter().position(|id| *id == n) {
-            if upstream_id.as_ref().is_none_or(|(r, _)| rank < *r) {
+            // A server that echoes the `x-request-id` it was sent gives back the gateway's.
+            let echoed = value.as_bytes() == ours.as_bytes();
+            if !echoed && upstream_id.as_ref().is_none_or(|(r, _)| rank < *r) {
                 upstream_id = Some((rank, value.clone()));
             }
         }
@@ -86,7 +93,7 @@ pub fn on_upstream_header(
     }
     // The upstream's rate-limit headers describe the pool's account, not the client's key:
     // they are not kept, and the key's own (if it has limits) are written.
-    keep_for_client(resp, pass)?;
+    keep_for_client(resp, pass, &ctx.request_id)?;
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     super::respond::reply_headers(ctx, resp)?;
     ctx.outcome = Outcome::Upstream(resp.status.as_u16());
