@@ -88,6 +88,20 @@ const ROWS: &[Row] = &[
         Some((200, "x", Some(true))),
         false,
     ),
+    // Empty list elements do not count (RFC 9110 §5.6.1): chunked is still the last coding.
+    // (The first, from the h1_reply fuzz target: fuzz/corpus/h1_reply/crash-te-empty-list-element.)
+    (
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked,\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        false,
+        Some((200, "ok", Some(true))),
+        false,
+    ),
+    (
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nTransfer-Encoding: ,\r\n\r\n1\r\nx\r\n0\r\n\r\n",
+        false,
+        Some((200, "x", Some(true))),
+        false,
+    ),
     // (3) chunked not last: the body runs to the close.
     (
         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n5\r\nhello",

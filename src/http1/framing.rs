@@ -32,14 +32,17 @@ pub fn content_length(headers: &http::HeaderMap) -> pingora_error::Result<Option
 }
 
 /// Whether a message's body goes chunked: its last transfer coding is `chunked` (RFC 9112
-/// §6.3; what Pingora checks too). A transfer coding that ends otherwise ends with the close.
+/// §6.3). The codings are one list over every `Transfer-Encoding` line, whose empty elements
+/// do not count (RFC 9110 §5.6.1): `chunked,` ends with `chunked`. A list that ends otherwise
+/// ends with the close.
 pub fn chunked(headers: &http::HeaderMap) -> bool {
     headers
         .get_all(http::header::TRANSFER_ENCODING)
         .iter()
-        .next_back()
-        .and_then(|v| v.as_bytes().rsplit(|b| *b == b',').next())
-        .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"))
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .map(<[u8]>::trim_ascii)
+        .rfind(|coding| !coding.is_empty())
+        .is_some_and(|last| last.eq_ignore_ascii_case(b"chunked"))
 }
 
 /// Whether a message's body has a known end: a length, or chunks. Else its end is the close of
