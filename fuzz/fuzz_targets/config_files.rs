@@ -8,7 +8,9 @@ use modelgate::config::Config;
 use modelgate::config::keys::KeyTable;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else { return };
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
     let _ = KeyTable::parse("keys.toml", text);
     let _ = Config::parse_lenient(Path::new("/nonexistent/modelgate.toml"), text);
 });

@@ -48,6 +48,9 @@ fuzz_target!(|data: &[u8]| {
     let want = rfc9112::reply(reply, head);
     let got = decode::decode(split(reply, *seed), head, keep.as_ref());
     if let Some(d) = decode::disagreement(&want, &got, *seed == 0) {
-        panic!("{d}\nreply: {:?}\nhead: {head}", reply.escape_ascii().to_string());
+        panic!(
+            "{d}\nreply: {:?}\nhead: {head}",
+            reply.escape_ascii().to_string()
+        );
     }
 });

@@ -21,7 +21,9 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 
 fuzz_target!(|data: &[u8]| {
     let body = Bytes::copy_from_slice(data);
-    let Ok(probe) = runtime().block_on(probe_multipart(&body, BOUNDARY)) else { return };
+    let Ok(probe) = runtime().block_on(probe_multipart(&body, BOUNDARY)) else {
+        return;
+    };
     let out = for_upstream(&body, &probe, Some("whisper-up"), false);
     let again = runtime()
         .block_on(probe_multipart(&out, BOUNDARY))

@@ -22,7 +22,9 @@ fn run(mode: u8, input: &[u8], sizes: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     let (mut at, mut i) = (0, 0);
     while at < input.len() {
-        let size = sizes.get(i % sizes.len().max(1)).map_or(7, |s| usize::from(s % 64) + 1);
+        let size = sizes
+            .get(i % sizes.len().max(1))
+            .map_or(7, |s| usize::from(s % 64) + 1);
         let end = (at + size).min(input.len());
         out.extend_from_slice(&m.feed(Bytes::copy_from_slice(&input[at..end]), end == input.len()));
         at = end;
@@ -34,7 +36,9 @@ fn run(mode: u8, input: &[u8], sizes: &[u8]) -> Vec<u8> {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&mode, rest)) = data.split_first() else { return };
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
     let split = rest.len().min(16);
     let (sizes, input) = rest.split_at(split);
     let out = run(mode, input, sizes);

@@ -6,7 +6,9 @@ use libfuzzer_sys::fuzz_target;
 use modelgate::web::usage_api::parse_query;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(query) = std::str::from_utf8(data) else { return };
+    let Ok(query) = std::str::from_utf8(data) else {
+        return;
+    };
     let now_ms = 1_795_000_000_000;
     for csv in [false, true] {
         let _ = parse_query(Some(query), Some("key"), now_ms, csv);
