@@ -325,7 +325,7 @@ impl ProxyHttp for Gateway {
     }
 
     /// No response compression: the reply goes through as the upstream sent it. (No module
-    /// at all: `forward::relay_body` writes to the client's session directly, past where
+    /// at all: `relay::relay_body` writes to the client's session directly, past where
     /// Pingora would run them, while a reply's header goes through Pingora's `Session`, which
     /// runs them: a module added here would see headers and not bodies.)
     fn init_downstream_modules(&self, _modules: &mut HttpModules) {}
