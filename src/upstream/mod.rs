@@ -10,10 +10,9 @@ use pingora_http::RequestHeader;
 use crate::config::{PoolConfig, UpstreamConfig};
 use crate::route::Upstream;
 
-mod h1;
 mod pool;
-pub use h1::{Conn, Request};
-pub use pool::{Connections, check_trust_store, warm_tls};
+pub use crate::http1::client::Request;
+pub use pool::{Conn, Connections, check_trust_store, warm_tls};
 
 /// Whether a request header stays with the client: what may carry its gateway credential or
 /// session; what says who and where the client is (a client could write any address there, and

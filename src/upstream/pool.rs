@@ -25,8 +25,38 @@ use pingora_error::{Error, ErrorType, RetryType};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
 
-use super::Conn;
+use crate::http1::client;
 use crate::route::Pool;
+
+/// An exchange on an upstream connection (`http1::client::Conn`, whose methods it has), and
+/// where the connection goes back to once its reply was read whole.
+pub struct Conn {
+    exchange: client::Conn,
+    home: Home,
+}
+
+impl Conn {
+    pub fn new(stream: Stream, peer: &HttpPeer) -> Conn {
+        Conn {
+            exchange: client::Conn::new(stream, peer),
+            home: Home::of(peer),
+        }
+    }
+}
+
+impl std::ops::Deref for Conn {
+    type Target = client::Conn;
+
+    fn deref(&self) -> &client::Conn {
+        &self.exchange
+    }
+}
+
+impl std::ops::DerefMut for Conn {
+    fn deref_mut(&mut self) -> &mut client::Conn {
+        &mut self.exchange
+    }
+}
 
 /// The longest a connection's release (keeping it, or shutting it down) may take.
 const RELEASE_LIMIT: Duration = Duration::from_secs(1);
@@ -120,13 +150,13 @@ fn key(peer: &HttpPeer) -> Key {
 
 /// Where a connection goes back to: its peer, and how long it may wait there for its next
 /// request (the pool's `keepalive_timeout`; none or zero: it is closed).
-pub(super) struct Home {
+struct Home {
     key: Key,
     idle: Option<Duration>,
 }
 
 impl Home {
-    pub(super) fn of(peer: &HttpPeer) -> Home {
+    fn of(peer: &HttpPeer) -> Home {
         Home {
             key: key(peer),
             idle: peer.options.idle_timeout.filter(|idle| !idle.is_zero()),
@@ -201,17 +231,18 @@ impl Connections {
     /// pool's `keepalive_timeout`); one that cannot be reused, or with a zero timeout, is
     /// closed.
     pub async fn release(&self, client: Box<Conn>) {
-        match client.reusable() {
-            Ok((
-                stream,
+        let Conn { exchange, home } = *client;
+        match (exchange.into_stream(), home) {
+            (
+                Ok(stream),
                 Home {
                     key,
                     idle: Some(idle),
                 },
-            )) => self.put(key, stream, idle),
+            ) => self.put(key, stream, idle),
             // Shut down, which on TLS writes a close_notify: an upstream that reads nothing
             // must not hold the request's end for it.
-            Ok((mut stream, _)) | Err(mut stream) => {
+            (Ok(mut stream), _) | (Err(mut stream), _) => {
                 let _ = fast_timeout(RELEASE_LIMIT, Shutdown::shutdown(&mut *stream)).await;
             }
         }

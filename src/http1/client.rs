@@ -80,8 +80,6 @@ pub struct Conn {
     keepalive: bool,
     /// Body bytes read so far (for error messages).
     received: usize,
-    /// Where the connection goes back to once its reply is read whole.
-    pub(super) home: super::pool::Home,
 }
 
 /// How far the reply's body is read, by its framing.
@@ -123,7 +121,6 @@ impl Conn {
             body: Body::Unread,
             keepalive: false,
             received: 0,
-            home: super::pool::Home::of(peer),
         }
     }
 
@@ -306,11 +303,11 @@ impl Conn {
             return Ok(Some(header));
         }
         // Checked whatever the body (a bodiless reply's length passes on to the client).
-        let length = crate::http1::framing::content_length(&header.headers)?;
+        let length = super::framing::content_length(&header.headers)?;
         self.body = if self.head || matches!(status, 101 | 204 | 304) {
             Body::Done
         } else if te {
-            if crate::http1::framing::chunked(&header.headers) {
+            if super::framing::chunked(&header.headers) {
                 Body::Chunked(Chunk::Size)
             } else {
                 Body::Close
@@ -549,11 +546,10 @@ impl Conn {
         self.keepalive && self.body == Body::Done && self.left.is_empty()
     }
 
-    /// The connection and where it goes back to, when it can carry another request: the
-    /// reply read exactly whole, and neither side said close.
-    pub(super) fn reusable(self) -> Result<(Stream, super::pool::Home), Stream> {
+    /// The connection, `Ok` when it can carry another request (`keeps_connection`).
+    pub fn into_stream(self) -> Result<Stream, Stream> {
         if self.keeps_connection() {
-            Ok((self.stream, self.home))
+            Ok(self.stream)
         } else {
             Err(self.stream)
         }
@@ -691,7 +687,7 @@ mod tests {
             let body = exchange(&mut c, "POST").await.expect("exchange");
             assert_eq!(body, b"hello, world", "split at {split}");
             assert!(c.response_done());
-            assert!(c.reusable().is_ok(), "split at {split}");
+            assert!(c.into_stream().is_ok(), "split at {split}");
             server.abort();
         }
     }
@@ -702,7 +698,7 @@ mod tests {
             HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 3\r\n\r\nabc";
         let (mut c, server) = conn(&[reply], false).await;
         assert_eq!(exchange(&mut c, "POST").await.expect("length"), b"abc");
-        assert!(c.reusable().is_ok());
+        assert!(c.into_stream().is_ok());
         let got = server.await.expect("server");
         assert!(got.starts_with(b"POST /v1/x HTTP/1.1\r\n"), "{got:?}");
         assert!(got.ends_with(b"\r\n\r\n{}"), "{got:?}");
@@ -713,13 +709,13 @@ mod tests {
             b"until the close"
         );
         assert!(
-            c.reusable().is_err(),
+            c.into_stream().is_err(),
             "a close-delimited reply's connection is done"
         );
 
         let (mut c, s) = conn(&[b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n"], false).await;
         assert_eq!(exchange(&mut c, "HEAD").await.expect("head"), b"");
-        assert!(c.reusable().is_ok());
+        assert!(c.into_stream().is_ok());
         s.abort();
 
         let (mut c, s) = conn(
@@ -728,13 +724,13 @@ mod tests {
         )
         .await;
         assert_eq!(exchange(&mut c, "POST").await.expect("204"), b"");
-        assert!(c.reusable().is_err(), "the upstream said close");
+        assert!(c.into_stream().is_err(), "the upstream said close");
         s.abort();
 
         // More than the length: the connection is not reused.
         let (mut c, s) = conn(&[b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nab"], false).await;
         assert_eq!(exchange(&mut c, "POST").await.expect("over"), b"a");
-        assert!(c.reusable().is_err());
+        assert!(c.into_stream().is_err());
         s.abort();
     }
 
@@ -816,7 +812,7 @@ mod tests {
             Some(&b"ok"[..])
         );
         assert_eq!(c.read_response_body().await.expect("end"), None);
-        assert!(c.reusable().is_ok());
+        assert!(c.into_stream().is_ok());
         s.abort();
     }
 }
