@@ -117,6 +117,31 @@ async fn an_upstream_error_passed_on_keeps_retry_after_and_loses_the_rest() {
     assert!(err["error"].is_object(), "{err}");
 }
 
+/// A server that echoes the `x-request-id` it was sent (the gateway's) has said nothing of its
+/// own: there is no `x-upstream-request-id`, and Anthropic's `request-id` is taken if it sent one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_echoes_the_gateways_request_id_gives_no_upstream_id() {
+    let g = start_with(Setup::default());
+    let body = chat_body("echo-1", false);
+    let echo = [("x-mock-echo-request-id", "1")];
+    let resp = send(&g.main, "/v1/chat/completions", Some(KEY), &body, &echo).await;
+    assert_eq!(resp.status(), 200);
+    assert!(
+        !resp.headers().contains_key("x-upstream-request-id"),
+        "{:?}",
+        resp.headers()
+    );
+    let both = [
+        ("x-mock-echo-request-id", "1"),
+        ("x-mock-provider-headers", "1"),
+    ];
+    let resp = send(&g.main, "/v1/chat/completions", Some(KEY), &body, &both).await;
+    let theirs = resp.headers()["x-upstream-request-id"]
+        .to_str()
+        .expect("ascii");
+    assert!(theirs.starts_with("req_mock_anthropic"), "{theirs}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_passes_the_headers_it_names_and_models_show_their_owner() {
     let g = start_with(Setup {

@@ -317,6 +317,9 @@ async fn write_reply(
     if ov.provider_headers {
         request::add_provider_headers(&mut header)?;
     }
+    if let Some(id) = &ov.echoed_request_id {
+        header.insert_header("x-request-id", id.clone())?;
+    }
     match reply.body {
         ReplyBody::Full(body) if ov.body_delay_ms > 0 && body.len() > 1 => {
             // Chunked, so that the header and the first byte go out (a chunk is flushed; a

@@ -479,6 +479,7 @@ mod tests {
             close_delimited: false,
             body_delay_ms: 0,
             provider_headers: false,
+            echoed_request_id: None,
         }
     }
 

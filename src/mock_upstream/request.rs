@@ -60,6 +60,9 @@ pub(super) struct Overrides {
     /// (`server`, `via`, cookies, org and project ids, its own request id, `alt-svc`, CORS
     /// and rate-limit headers), as OpenAI's and Anthropic's replies do.
     pub(super) provider_headers: bool,
+    /// `x-mock-echo-request-id`: the reply's `x-request-id` is the one the request carried,
+    /// as some OpenAI-compatible servers answer.
+    pub(super) echoed_request_id: Option<HeaderValue>,
 }
 
 impl Overrides {
@@ -92,6 +95,9 @@ impl Overrides {
                 .unwrap_or(0)
                 .min(MAX_DELAY_MS),
             provider_headers: header_flag(headers, "x-mock-provider-headers"),
+            echoed_request_id: header_flag(headers, "x-mock-echo-request-id")
+                .then(|| headers.get("x-request-id").cloned())
+                .flatten(),
         }
     }
 }
