@@ -218,16 +218,23 @@ async fn try_pool(
         if tried_as.retryable() {
             tried.push(i);
         }
-        let standing = Standing {
-            attempt,
-            max_attempts: pool.cfg.max_attempts,
-            time_left: time_left(ctx, pool, try_ended),
-            others_healthy: pool.has_healthy(&tried),
-            any_healthy: pool.has_healthy(&[]),
-            fallback: more,
-            retry_cap: pool.cfg.retry_cap,
+        // A reply no try could change (a success, a client's error) passes on without the
+        // pool's health being looked over for it.
+        let next = if tried_as.retryable() {
+            let standing = Standing {
+                attempt,
+                max_attempts: pool.cfg.max_attempts,
+                time_left: time_left(ctx, pool, try_ended),
+                others_healthy: pool.has_healthy(&tried),
+                any_healthy: pool.has_healthy(&[]),
+                fallback: more,
+                retry_cap: pool.cfg.retry_cap,
+            };
+            retry::next(tried_as, &standing)
+        } else {
+            Next::PassOn
         };
-        let retry_after = match (retry::next(tried_as, &standing), upstream) {
+        let retry_after = match (next, upstream) {
             (Next::PassOn, Some((upstream, resp))) => {
                 let end = TryEnd {
                     span,
