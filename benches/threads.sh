@@ -122,7 +122,14 @@ printf '  threads = %-3s                  %10.0f req/s   default ÷ threads = co
 # Both listeners at once (half the connections each), the default config: their total
 # against one listener alone, and how many of its threads were busy (over a tenth of the run
 # on CPU).
-task_ticks() { for t in /proc/"$1"/task/*; do awk -v t="${t##*/}" '{print t, $14 + $15}' "$t/stat"; done; }
+# Each thread's CPU ticks, with whether it is a proxy thread (Pingora names the service's
+# runtime threads after it, "modelgate api").
+task_ticks() {
+  for t in /proc/"$1"/task/*; do
+    kind=other; [[ "$(cat "$t/comm")" == "modelgate api"* ]] && kind=proxy
+    awk -v t="${t##*/}" -v k="$kind" '{print t, k, $14 + $15}' "$t/stat"
+  done
+}
 both=()
 for _ in $(seq "$ROUNDS"); do
   task_ticks "$DEFAULT_PID" > "$TMP/ticks.before"
@@ -135,10 +142,12 @@ for _ in $(seq "$ROUNDS"); do
 done
 busy=$(python3 - "$TMP/ticks.before" "$TMP/ticks.after" "$DURATION" <<'PY'
 import sys
-before = dict(l.split() for l in open(sys.argv[1]))
-after = dict(l.split() for l in open(sys.argv[2]))
+def read(path):
+    return {t: (k, int(v)) for t, k, v in (l.split() for l in open(path))}
+before, after = read(sys.argv[1]), read(sys.argv[2])
 ticks = float(sys.argv[3]) * 100
-print(sum(1 for t, v in after.items() if int(v) - int(before.get(t, 0)) > ticks / 10))
+busy = [k for t, (k, v) in after.items() if v - before.get(t, (k, 0))[1] > ticks / 10]
+print(f"{busy.count('proxy')} proxy + {busy.count('other')} other")
 PY
 )
 bothm=$(median "${both[@]}")
