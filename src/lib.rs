@@ -13,7 +13,6 @@ pub mod error;
 pub mod http1;
 pub mod lifecycle;
 pub mod limit;
-pub mod listener;
 pub mod meter;
 pub mod metrics;
 pub mod mock_upstream;

@@ -1,16 +1,17 @@
-//! Writing the gateway's own replies (errors, model lists, pages, usage data) to the client:
-//! always with `x-request-id`, a content type and an exact length. The proxy and the web stage
-//! both answer through here; `decorate` adds what a caller's reply carries besides (rate-limit
-//! headers, a page's security headers).
-
-use std::future::Future;
+//! The writer: every byte of a reply goes to the client through here (`header`, `body`), the
+//! gateway's own replies (errors, model lists, pages, usage data: `send`, `error`, always with
+//! `x-request-id`, a content type and an exact length) and the upstream's relayed alike. Each
+//! write is bounded (the client's send timeout, the shutdown's cut), and each notes in the
+//! request's [`Sent`] what reached the client: the reply's status, its bytes, whether it went
+//! whole, and who cut it when a write failed. That record is what the request's final status
+//! is settled from (`proxy::outcome`); nothing else writes it. `decorate` adds what a caller's
+//! reply carries besides (rate-limit headers, a page's security headers).
 
 use bytes::Bytes;
-use futures_util::FutureExt;
 use pingora_http::ResponseHeader;
-use pingora_proxy::Session;
 
 use crate::error::{ErrorShape, GatewayError};
+use crate::http1::Downstream;
 use crate::lifecycle::Lifecycle;
 
 /// A reply whose length is not known up front goes chunked to an HTTP/1.1 client, so a reply
@@ -126,81 +127,113 @@ pub fn is_shutdown_cut(e: &pingora_error::Error) -> bool {
     e.etype() == &pingora_error::ErrorType::Custom(SHUT_DOWN)
 }
 
-/// The status a reply whose write failed is recorded with: 503 for the shutdown's cut, else
-/// 499 (the client left, or took nothing within `client_send_timeout_ms`).
-pub fn failed_write_status(e: &pingora_error::Error) -> u16 {
-    if is_shutdown_cut(e) {
-        GatewayError::ShuttingDown.status()
-    } else {
-        499
+/// What went to one request's client, as the writes here saw it. Only the writer changes it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sent {
+    /// The reply's status, once its header was written.
+    pub status: Option<u16>,
+    /// The reply's body bytes written.
+    pub bytes: u64,
+    /// The reply's end was written: the client has all of it.
+    pub whole: bool,
+    /// A write failed: who cut the reply.
+    pub cut: Option<Cut>,
+}
+
+/// Who cut a reply whose write failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// The client left, or took nothing within `client_send_timeout_ms`.
+    Client,
+    /// The shutdown's grace period was over.
+    Shutdown,
+}
+
+impl Cut {
+    /// Who cut a write that failed with `e`.
+    pub fn of(e: &pingora_error::Error) -> Cut {
+        if is_shutdown_cut(e) {
+            Cut::Shutdown
+        } else {
+            Cut::Client
+        }
     }
 }
 
-/// A client the gateway's own replies are written to: Pingora's session, or a stream's own
-/// connection once it left Pingora's request (`proxy::conn::Conn`).
-pub trait Respond: Send {
-    /// The request is a HEAD: its reply's header says what GET's body would be, and no body
-    /// follows (HTTP/2 would send one as DATA frames, which a client must refuse).
-    fn head_only(&self) -> bool;
-
-    /// A reply's header went out already.
-    fn replied(&self) -> bool;
-
-    /// Writes a reply's header (`end`: no body follows; a stream's own connection knows that
-    /// from the request's method and the reply's status).
-    fn write_header(
-        &mut self,
-        h: Box<ResponseHeader>,
-        end: bool,
-    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_;
-
-    /// Writes a piece of a reply's body (`end`: the last).
-    fn write_body(
-        &mut self,
-        body: Option<Bytes>,
-        end: bool,
-    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_;
-
-    /// Before a refusal: what is left of a small request body is read, so the connection
-    /// stays usable (Pingora closes it otherwise); a large one is left and the connection
-    /// closes after the reply.
-    fn drain_small_body(&mut self) -> impl Future<Output = ()> + Send + '_;
-}
-
-impl Respond for Session {
-    fn head_only(&self) -> bool {
-        self.req_header().method == http::Method::HEAD
+impl Sent {
+    /// A reply's header began (its status known); false once nothing more may be written.
+    pub fn began(&self) -> bool {
+        self.status.is_some() || self.cut.is_some()
     }
 
-    fn replied(&self) -> bool {
-        self.response_written().is_some()
-    }
-
-    fn write_header(
+    fn wrote(
         &mut self,
-        h: Box<ResponseHeader>,
+        status: Option<u16>,
+        bytes: usize,
         end: bool,
-    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_ {
-        self.write_response_header(h, end)
-    }
-
-    fn write_body(
-        &mut self,
-        body: Option<Bytes>,
-        end: bool,
-    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_ {
-        self.write_response_body(body, end)
-    }
-
-    fn drain_small_body(&mut self) -> impl Future<Output = ()> + Send + '_ {
-        drain_small_body(self)
+        r: &pingora_error::Result<()>,
+    ) {
+        match r {
+            Ok(()) => {
+                if status.is_some() {
+                    self.status = status;
+                }
+                self.bytes += bytes as u64;
+                self.whole |= end;
+            }
+            Err(e) => {
+                self.cut.get_or_insert(Cut::of(e));
+            }
+        }
     }
 }
 
+/// One request's reply as the gateway writes it: whom it answers, what bounds each write, and
+/// the record of what was sent.
+pub struct Writing<'a> {
+    pub request_id: &'a str,
+    pub bound: Bound<'a>,
+    pub sent: &'a mut Sent,
+}
+
+/// Writes a reply's header (`end`: no body follows), noting it in `sent`. (Not an `async fn`:
+/// that would hold the write twice.)
+pub fn header<'a, D: Downstream + ?Sized>(
+    client: &'a mut D,
+    sent: &'a mut Sent,
+    bound: Bound<'a>,
+    h: Box<ResponseHeader>,
+    end: bool,
+) -> impl std::future::Future<Output = pingora_error::Result<()>> + Send + 'a {
+    use futures_util::FutureExt;
+    let status = h.status.as_u16();
+    bounded(bound, client.write_header(h, end)).map(move |r| {
+        sent.wrote(Some(status), 0, end, &r);
+        r
+    })
+}
+
+/// Writes a piece of a reply's body (`None`: nothing new; `end`: the last), noting it in
+/// `sent`.
+pub fn body<'a, D: Downstream + ?Sized>(
+    client: &'a mut D,
+    sent: &'a mut Sent,
+    bound: Bound<'a>,
+    piece: Option<Bytes>,
+    end: bool,
+) -> impl std::future::Future<Output = pingora_error::Result<()>> + Send + 'a {
+    use futures_util::FutureExt;
+    let len = piece.as_ref().map_or(0, Bytes::len);
+    bounded(bound, client.write_body(piece, end)).map(move |r| {
+        sent.wrote(None, len, end, &r);
+        r
+    })
+}
+
+/// Sends a reply of the gateway's own, whole: `status`, `body` of `content_type`.
 pub async fn send(
-    session: &mut impl Respond,
-    request_id: &str,
-    bound: Bound<'_>,
+    session: &mut impl Downstream,
+    w: Writing<'_>,
     status: u16,
     content_type: &str,
     body: Bytes,
@@ -209,17 +242,14 @@ pub async fn send(
     let mut h = ResponseHeader::build(status, Some(6))?;
     h.insert_header("content-type", content_type)?;
     h.insert_header("content-length", body.len().to_string())?;
-    h.insert_header("x-request-id", request_id)?;
+    h.insert_header("x-request-id", w.request_id)?;
     decorate(&mut h)?;
     let head_only = session.head_only();
-    bounded(bound, async {
-        session.write_header(Box::new(h), head_only).await?;
-        if !head_only {
-            session.write_body(Some(body), true).await?;
-        }
-        Ok(())
-    })
-    .await
+    header(session, w.sent, w.bound, Box::new(h), head_only).await?;
+    if !head_only {
+        self::body(session, w.sent, w.bound, Some(body), true).await?;
+    }
+    Ok(())
 }
 
 /// A refusal in the error shape of the request's API. If the request body has not been read,
@@ -227,9 +257,8 @@ pub async fn send(
 /// a large one is left and the connection closes after the reply. A rate-limit refusal
 /// carries `Retry-After`.
 pub async fn error(
-    session: &mut impl Respond,
-    request_id: &str,
-    bound: Bound<'_>,
+    session: &mut impl Downstream,
+    w: Writing<'_>,
     e: &GatewayError,
     shape: ErrorShape,
     decorate: impl FnOnce(&mut ResponseHeader) -> pingora_error::Result<()>,
@@ -250,59 +279,15 @@ pub async fn error(
         GatewayError::MethodNotAllowed(allow) => Some(*allow),
         _ => None,
     };
-    let body = Bytes::from(e.body_in(shape, request_id));
-    send(
-        session,
-        request_id,
-        bound,
-        e.status(),
-        "application/json",
-        body,
-        |h| {
-            if let Some(secs) = retry_after {
-                h.insert_header("retry-after", secs.to_string())?;
-            }
-            if let Some(allow) = allow {
-                h.insert_header("allow", allow)?;
-            }
-            decorate(h)
-        },
-    )
+    let body = Bytes::from(e.body_in(shape, w.request_id));
+    send(session, w, e.status(), "application/json", body, |h| {
+        if let Some(secs) = retry_after {
+            h.insert_header("retry-after", secs.to_string())?;
+        }
+        if let Some(allow) = allow {
+            h.insert_header("allow", allow)?;
+        }
+        decorate(h)
+    })
     .await
-}
-
-/// How long a refused request's small body is waited for before its answer goes.
-const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
-
-async fn drain_small_body(session: &mut Session) {
-    if session.is_body_done() {
-        return;
-    }
-    // A client waiting for `100 Continue` sends its body only once it has that (or gives up
-    // waiting): waiting for it would hold the answer back until then. What such a client sent
-    // without waiting (RFC 9110 allows it) is read as far as it has come, so that closing the
-    // connection does not reset the answer.
-    if crate::proxy::body::expects_continue(session) {
-        for _ in 0..16 {
-            match session.read_request_body().now_or_never() {
-                Some(Ok(Some(_))) => {}
-                _ => break,
-            }
-        }
-        return;
-    }
-    let small = session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-        .is_some_and(|n| n <= 64 * 1024);
-    if small {
-        // A failed or slow drain only means the connection will not be reused: a client
-        // trickling its body does not hold the answer (nor a shutdown) for long.
-        let drained = tokio::time::timeout(DRAIN_LIMIT, session.drain_request_body()).await;
-        if !matches!(drained, Ok(Ok(()))) {
-            session.as_downstream_mut().set_keepalive(None);
-        }
-    }
 }

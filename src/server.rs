@@ -13,8 +13,8 @@ use pingora_proxy::http_proxy;
 
 use crate::admin;
 use crate::config::reload::KeysReloader;
+use crate::http1::listener::{HeaderDeadline, Hooks};
 use crate::lifecycle::Drain;
-use crate::listener::HeaderDeadline;
 use crate::mock_upstream;
 use crate::proxy::Gateway;
 use crate::proxy::ctx::Listener;
@@ -83,6 +83,10 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
             inner: Arc::new(proxy),
             limit: config.client_header_timeout,
             listener: listener.name(),
+            hooks: Hooks {
+                request_started: crate::alloc::request_started,
+                unparseable: crate::proxy::unparseable_reply,
+            },
         });
         let bound = addr
             .parse::<std::net::SocketAddr>()
@@ -109,7 +113,7 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
                 // own, and the 64 KiB one under it (its first page written by every request)
                 // stayed for the connection's life, a kept-alive one's and a stream's too. TLS
                 // keeps it: the TLS layer reads in records of its size. No L4 write buffer
-                // either: `listener::Deadlined` gathers a reply's small writes itself, in a
+                // either: `http1::listener::Deadlined` gathers a reply's small writes itself, in a
                 // buffer held only until they are out.
                 None => svc.add_listener(
                     pingora_core::listeners::ListenerConfig::tcp(&addr)

@@ -87,16 +87,9 @@ pub fn unreadable(
     }
 }
 
-/// The client sent `Expect: 100-continue`: it holds its body back until a `100 Continue`.
-/// Never an HTTP/1.0 client, which knows no interim replies and sends its body at once (RFC
-/// 9110 §10.1.1: the expectation is ignored).
+/// The client sent `Expect: 100-continue` (see `http1::downstream::expects_continue`).
 pub fn expects_continue(session: &Session) -> bool {
-    let req = session.req_header();
-    req.version != http::Version::HTTP_10
-        && req
-            .headers
-            .get(http::header::EXPECT)
-            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+    crate::http1::downstream::expects_continue(session.req_header())
 }
 
 /// After a refusal answered before the body was read (a 401, a 413 over the length limit…):

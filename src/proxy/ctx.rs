@@ -38,8 +38,9 @@ pub struct Ctx {
     /// The whole body as it will be sent upstream.
     pub body: Bytes,
     pub stream: bool,
-    /// How the request ended: its status for the record and metrics.
-    pub outcome: Outcome,
+    /// What went to the client, as the writer recorded it (`respond::Sent`): what the
+    /// request's final status is settled from (`outcome::settle`).
+    pub sent: crate::respond::Sent,
     pub meter: Meter,
     /// Time to the first content byte sent to the client.
     pub ttft_ms: Option<u64>,
@@ -116,7 +117,7 @@ impl Ctx {
             fallbacks: None,
             body: Bytes::new(),
             stream: false,
-            outcome: Outcome::Pending,
+            sent: crate::respond::Sent::default(),
             meter: Meter::None,
             ttft_ms: None,
             proxied: false,
@@ -147,6 +148,41 @@ impl Ctx {
             life: self.life.as_ref().map(crate::lifecycle::InFlight::get),
         }
     }
+
+    /// What every reply of this request carries besides `x-request-id`.
+    pub fn decor(&self) -> Decor<'_> {
+        Decor {
+            trace: self.trace.as_ref(),
+            headroom: &self.headroom,
+            cors: self.cors.as_ref(),
+        }
+    }
+
+    /// This request's reply as the writer writes it, and what its replies carry besides
+    /// (`respond::reply_headers`).
+    pub fn writing(&mut self) -> (crate::respond::Writing<'_>, Decor<'_>) {
+        let writing = crate::respond::Writing {
+            request_id: &self.request_id,
+            bound: crate::respond::Bound {
+                limit: self.send_timeout,
+                life: self.life.as_ref().map(crate::lifecycle::InFlight::get),
+            },
+            sent: &mut self.sent,
+        };
+        let decor = Decor {
+            trace: self.trace.as_ref(),
+            headroom: &self.headroom,
+            cors: self.cors.as_ref(),
+        };
+        (writing, decor)
+    }
+}
+
+/// What every reply of a request carries besides `x-request-id` (see `respond::reply_headers`).
+pub struct Decor<'a> {
+    pub trace: Option<&'a crate::telemetry::Trace>,
+    pub headroom: &'a Headroom,
+    pub cors: Option<&'a http::HeaderValue>,
 }
 
 /// What it takes to send the request to a fallback model's pool instead: its routes, and the
@@ -156,61 +192,6 @@ pub struct Fallbacks {
     pub body: Bytes,
     pub probe: crate::route::body::Probe,
     pub ask_usage: bool,
-}
-
-/// How a request ended, for its usage record and metrics. One owner: it changes only through
-/// these states, and `logging` reads it once.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Outcome {
-    #[default]
-    Pending,
-    /// The gateway's own reply (a refusal, the model list, a usage page): its status.
-    Answered(u16),
-    /// The upstream's reply, passed on: its status.
-    Upstream(u16),
-    /// The client went away before its reply was complete (499).
-    ClientGone,
-    /// The upstream failed before or during the reply: the status the client got (502, 504).
-    UpstreamFailed(u16),
-}
-
-impl Outcome {
-    pub fn status(self) -> u16 {
-        match self {
-            Outcome::Pending => 0,
-            Outcome::Answered(s) | Outcome::Upstream(s) | Outcome::UpstreamFailed(s) => s,
-            Outcome::ClientGone => 499,
-        }
-    }
-
-    pub fn succeeded(self) -> bool {
-        (200..300).contains(&self.status())
-    }
-
-    /// A write to the client that failed: the shutdown's cut (503), or the client's doing.
-    pub fn of_failed_write(e: &pingora_error::Error) -> Outcome {
-        match crate::respond::failed_write_status(e) {
-            499 => Outcome::ClientGone,
-            status => Outcome::UpstreamFailed(status),
-        }
-    }
-
-    /// An error ended the request. One that had not failed yet was cut: by the shutdown (503),
-    /// the client (499) or the upstream (502). A failure already named stays as it was.
-    pub fn cut(self, e: &pingora_error::Error) -> Outcome {
-        match self {
-            Outcome::Pending | Outcome::Upstream(200..=299) | Outcome::Answered(200..=299) => {
-                if crate::respond::is_shutdown_cut(e) {
-                    Outcome::UpstreamFailed(crate::error::GatewayError::ShuttingDown.status())
-                } else if e.esource() == &pingora_error::ErrorSource::Downstream {
-                    Outcome::ClientGone
-                } else {
-                    Outcome::UpstreamFailed(502)
-                }
-            }
-            other => other,
-        }
-    }
 }
 
 /// `req_` + 16 hex of a per-process random prefix + 12 hex of a counter: unique, sortable
@@ -225,8 +206,6 @@ pub fn next_request_id() -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::Outcome;
-
     #[test]
     fn request_ids_are_req_and_28_hex_digits_each_new() {
         let (a, b) = (super::next_request_id(), super::next_request_id());
@@ -242,23 +221,5 @@ mod tests {
         let n = |id: &str| u64::from_str_radix(&id[id.len() - 12..], 16).expect("hex");
         assert_eq!(n(&b), n(&a) + 1);
         assert_eq!(a[..20], b[..20]);
-    }
-
-    #[test]
-    fn a_cut_names_who_cut_unless_a_failure_is_already_named() {
-        use pingora_error::{Error, ErrorType};
-        let client = Error::explain(ErrorType::WriteError, "gone").into_down();
-        let upstream = Error::explain(ErrorType::ReadError, "cut").into_up();
-        let shutdown = crate::respond::shutdown_cut();
-        assert_eq!(Outcome::Pending.cut(&client), Outcome::ClientGone);
-        assert_eq!(Outcome::Upstream(200).cut(&client).status(), 499);
-        assert_eq!(Outcome::Upstream(200).cut(&upstream).status(), 502);
-        assert_eq!(Outcome::Answered(200).cut(&upstream).status(), 502);
-        assert_eq!(Outcome::Answered(200).cut(&shutdown).status(), 503);
-        assert_eq!(Outcome::Upstream(200).cut(&shutdown).status(), 503);
-        assert_eq!(Outcome::Upstream(429).cut(&client).status(), 429);
-        assert_eq!(Outcome::UpstreamFailed(504).cut(&client).status(), 504);
-        assert_eq!(Outcome::Answered(401).cut(&shutdown).status(), 401);
-        assert!(!Outcome::Pending.succeeded() && Outcome::Upstream(204).succeeded());
     }
 }

@@ -16,7 +16,7 @@
 //! inline is relayed), notes the try's end, writes the record
 //! (`proxy::end`, as Pingora's `logging` does for every other request) and, when the
 //! connection can carry another request, serves the connection's next requests from there
-//! (`listener::resume`).
+//! (`http1::listener::resume`).
 //!
 //! What is left in Pingora's request is a session on `Gone` (no socket: it reads nothing,
 //! writes nowhere, and is never kept alive) and a `Ctx` marked `detached`, whose end writes no
@@ -30,9 +30,9 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_proxy::Session;
 
 use super::Gateway;
-use super::conn::Conn;
 use super::ctx::Ctx;
-use super::forward::{self, Client, Forwarded, Reply};
+use super::forward::{self, Forwarded, Reply};
+use crate::http1::conn::{Conn, Gone};
 use crate::state::Shared;
 use crate::upstream::Connections;
 /// Whether an admitted request goes on in a task of its own from here on, before its
@@ -63,12 +63,12 @@ pub(super) fn spawn_early(gw: &Gateway, session: &mut Session, ctx: &mut Ctx) {
 /// The client's session, taken out of Pingora's request: what is left there is a session on
 /// `Gone`.
 fn take_client(session: &mut Session) -> Box<ServerSession> {
-    let gone = Box::new(ServerSession::new_http1(Box::new(super::conn::Gone)));
+    let gone = Box::new(ServerSession::new_http1(Box::new(Gone::default())));
     std::mem::replace(&mut session.downstream_session, gone)
 }
 
 /// Runs a request's part in a task of its own, then, when its connection can carry another
-/// request, serves the connection's next requests from there (`listener::resume`). The part
+/// request, serves the connection's next requests from there (`http1::listener::resume`). The part
 /// and the next requests are each boxed, the part before the spawn, and the part is freed
 /// before the next requests are served: tokio moves a task's future whole as it spawns it (and
 /// writes its stage whole as it ends), and a task's cell is as large as its future for the
@@ -78,7 +78,7 @@ fn go_on(part: impl Future<Output = Option<ReusedHttpStream>> + Send + 'static) 
     let part = Box::pin(part);
     tokio::spawn(async move {
         if let Some(reused) = part.await {
-            Box::pin(crate::listener::resume(reused)).await;
+            Box::pin(crate::http1::listener::resume(reused)).await;
         }
     });
 }
@@ -110,27 +110,28 @@ impl Exchange {
             }
             Forwarded::Done(sent) => sent,
         };
-        match sent {
-            // Boxed, as the relay's are: the record would make the task's future as large for
-            // all its tries.
-            Ok(()) => {
-                Box::pin(super::end(&gw.shared, conn.asked(), None, &mut ctx)).await;
-                drop(ctx);
-                Box::pin(conn.finish()).await
-            }
-            Err(e) => {
-                let status = Box::pin(super::answer_failure(&mut conn, &e, &mut ctx)).await;
-                if !super::quiet_failure(&ctx, &e) {
-                    tracing::error!(
-                        request_id = %ctx.request_id,
-                        "the stream failed: {e}, status: {status}"
-                    );
-                }
-                Box::pin(super::end(&gw.shared, conn.asked(), Some(&e), &mut ctx)).await;
-                None
-            }
-        }
+        // Boxed, as the relay's are: the record would make the task's future as large for
+        // all its tries.
+        Box::pin(end_here(&gw.shared, conn, ctx, sent)).await
     }
+}
+
+/// Ends the request in its own task as Pingora ends one (`finish`: the failure answered, its
+/// line, the record), then hands the connection on when it can carry another request (kept
+/// alive, not after a failure).
+async fn end_here(
+    shared: &Shared,
+    mut conn: Conn,
+    mut ctx: Box<Ctx>,
+    sent: pingora_error::Result<()>,
+) -> Option<ReusedHttpStream> {
+    let failed = sent.err();
+    super::finish(shared, &mut conn, failed.as_deref(), &mut ctx).await;
+    drop(ctx);
+    if failed.is_some() {
+        return None;
+    }
+    Box::pin(conn.finish()).await
 }
 
 /// Moves the request's reply, its client's connection and its state to a task of their own:
@@ -169,30 +170,6 @@ impl Relay {
             reply,
         } = self;
         let sent = super::relay_reply(&connections, &mut conn, &mut ctx, reply).await;
-        // As Pingora ends a request whose filter failed (`fail_to_proxy`, its error line,
-        // `logging`), or one that was answered (`logging`, then the connection kept alive).
-        let failed = sent.err();
-        if let Some(e) = &failed {
-            ctx.outcome = super::outcome_after_reply(&ctx, e);
-            if !super::quiet_failure(&ctx, e) {
-                tracing::error!(
-                    request_id = %ctx.request_id,
-                    "the stream failed: {e}, status: {}",
-                    ctx.outcome.status()
-                );
-            }
-        }
-        Box::pin(super::end(
-            &shared,
-            conn.asked(),
-            failed.as_deref(),
-            &mut ctx,
-        ))
-        .await;
-        drop(ctx);
-        if failed.is_some() {
-            return None;
-        }
-        Box::pin(conn.finish()).await
+        Box::pin(end_here(&shared, conn, ctx, sent)).await
     }
 }

@@ -11,16 +11,15 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use pingora_http::{RequestHeader, ResponseHeader};
-use pingora_proxy::Session;
+use pingora_http::ResponseHeader;
 use pingora_timeout::fast_timeout::fast_timeout;
 
-use super::ctx::{Ctx, Outcome};
-use super::relay::{self, Counted, Downstream, Upstreamed};
+use super::ctx::Ctx;
+use super::relay::{self, Counted, Upstreamed};
 use super::{Gateway, reply, respond};
 use crate::error::GatewayError;
+use crate::http1::Downstream;
 use crate::lifecycle::{Lifecycle, cut};
-use crate::respond::Respond;
 use crate::route::balance::{InFlight, backoff};
 use crate::route::body as route_body;
 use crate::route::retry::{self, Next, Standing, Tried};
@@ -77,33 +76,12 @@ enum PoolEnd {
     CannotAnswer(GatewayError),
 }
 
-/// The client a request is forwarded for: Pingora's session (a plain reply, or any reply to
-/// an HTTP/2 client), or a stream's own connection once the stream left Pingora's request
-/// (`Conn`, `detach`).
-pub(super) trait Client: Respond + Downstream {
-    /// The client's request header, to be rewritten for an upstream.
-    fn request(&self) -> pingora_error::Result<RequestHeader>;
-
-    /// The request's method, target and version.
-    fn asked(&self) -> &http::request::Parts;
-}
-
-impl Client for Session {
-    fn request(&self) -> pingora_error::Result<RequestHeader> {
-        Ok(self.req_header().clone())
-    }
-
-    fn asked(&self) -> &http::request::Parts {
-        self.req_header()
-    }
-}
-
 /// Forwards the request in `ctx`: to the route's pool, then, if it cannot answer, to each
 /// fallback model's pool in turn (with that model's upstream name and price). A success comes
 /// back to relay; anything else is answered here. `Done(Err)` means a reply was cut after it
 /// began: the client's connection is then dropped (by Pingora, or by the stream's own task)
 /// instead of ending the body cleanly.
-pub(super) async fn run(gw: &Gateway, session: &mut impl Client, ctx: &mut Ctx) -> Forwarded {
+pub(super) async fn run(gw: &Gateway, session: &mut impl Downstream, ctx: &mut Ctx) -> Forwarded {
     let Some(route) = ctx.route.clone() else {
         return Forwarded::Done(Ok(()));
     };
@@ -136,7 +114,7 @@ pub(super) async fn run(gw: &Gateway, session: &mut impl Client, ctx: &mut Ctx) 
         }
     }
     let e = error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(route.pool.name.clone()));
-    let _ = respond::failure(session, ctx, &e).await;
+    let _ = respond::error(session, ctx, &e).await;
     Forwarded::Done(Ok(()))
 }
 
@@ -144,7 +122,7 @@ pub(super) async fn run(gw: &Gateway, session: &mut impl Client, ctx: &mut Ctx) 
 /// passed on even when it is a 429 or 5xx.
 async fn try_pool(
     gw: &Gateway,
-    session: &mut impl Client,
+    session: &mut impl Downstream,
     ctx: &mut Ctx,
     pool: &Pool,
     more: bool,
@@ -154,10 +132,7 @@ async fn try_pool(
     // A request's own retries count once toward ejecting an upstream for 5xx: the same bad
     // request retried must not take a pool's only upstream out for everyone.
     let mut counted_5xx = false;
-    let gone = |ctx: &mut Ctx| {
-        ctx.outcome = Outcome::ClientGone;
-        PoolEnd::Done(Ok(()))
-    };
+    let gone = || PoolEnd::Done(Err(super::outcome::client_left()));
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
     let life = life.as_deref();
     for attempt in 1..=pool.cfg.max_attempts {
@@ -191,7 +166,7 @@ async fn try_pool(
             _ => Tried::Failed,
         };
         let upstream = match tried_once {
-            Try::ClientGone => return gone(ctx),
+            Try::ClientGone => return gone(),
             Try::ShuttingDown => return shutting_down(session, ctx).await,
             Try::OutOfTime(e) => {
                 last_error = Some(e);
@@ -257,7 +232,7 @@ async fn try_pool(
         };
         match wait(session, ctx, pool, attempt + 1, retry_after, life).await {
             Waited::Done => {}
-            Waited::ClientGone => return gone(ctx),
+            Waited::ClientGone => return gone(),
             Waited::ShuttingDown => return shutting_down(session, ctx).await,
         }
     }
@@ -267,8 +242,8 @@ async fn try_pool(
 }
 
 /// Answers 503 `shutting_down`: the shutdown ended the request before its reply began.
-async fn shutting_down(session: &mut impl Respond, ctx: &mut Ctx) -> PoolEnd {
-    let _ = respond::failure(session, ctx, &GatewayError::ShuttingDown).await;
+async fn shutting_down(session: &mut impl Downstream, ctx: &mut Ctx) -> PoolEnd {
+    let _ = respond::error(session, ctx, &GatewayError::ShuttingDown).await;
     PoolEnd::Done(Ok(()))
 }
 
@@ -376,7 +351,7 @@ fn retry_after(resp: &ResponseHeader) -> Option<Duration> {
 /// with the try's span as its parent (the client's `tracestate` goes as it came). The header
 /// itself is not held while the reply is awaited.
 fn upstream_request(
-    session: &impl Client,
+    session: &impl Downstream,
     ctx: &Ctx,
     up: &Upstream,
     span: Option<u64>,
@@ -392,7 +367,7 @@ fn upstream_request(
 /// One try up to the reply header.
 async fn try_once(
     connections: &upstream::Connections,
-    session: &mut impl Client,
+    session: &mut impl Downstream,
     ctx: &mut Ctx,
     pool: &Pool,
     up: &Upstream,
@@ -462,7 +437,7 @@ async fn ask(
 /// the relay ends.
 async fn accept(
     gw: &Gateway,
-    session: &mut impl Client,
+    session: &mut impl Downstream,
     ctx: &mut Ctx,
     (pool, up, inflight): (&Pool, &Upstream, InFlight<'_>),
     upstream: Upstreamed,
@@ -498,7 +473,7 @@ async fn accept(
 /// ended (an error reply, answered or passed on).
 async fn pass_on(
     gw: &Gateway,
-    session: &mut impl Client,
+    session: &mut impl Downstream,
     ctx: &mut Ctx,
     pool: &Pool,
     upstream: Upstreamed,
@@ -508,11 +483,11 @@ async fn pass_on(
     let framed = crate::http1::framing::framed(&resp.headers);
     if let Err(e) = reply::on_upstream_header(ctx, &mut resp, &pool.cfg.pass_headers) {
         if let Some(g) = reply::classify_failure(&e) {
-            let _ = respond::failure(session, ctx, &g).await;
+            let _ = respond::error(session, ctx, &g).await;
         }
         return Err(Ok(()));
     }
-    if !ctx.outcome.succeeded() {
+    if !resp.status.is_success() {
         // Boxed: the error path's future is no part of a reply that succeeds.
         let passed = relay::pass_error(&gw.connections, session, ctx, pool, upstream, resp);
         return Err(Box::pin(passed).await);

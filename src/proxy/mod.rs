@@ -5,11 +5,11 @@
 
 mod admit;
 pub mod body;
-mod conn;
 pub mod ctx;
 mod detach;
 mod forward;
 mod models;
+mod outcome;
 pub mod record;
 mod relay;
 pub mod reply;
@@ -20,15 +20,16 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use pingora_core::modules::http::HttpModules;
 use pingora_core::upstreams::peer::HttpPeer;
-use pingora_error::{Error, ErrorSource, ErrorType};
+use pingora_error::{Error, ErrorType};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
-use crate::respond::Respond;
+use crate::http1::Downstream;
 use crate::route::endpoint::Group;
 use crate::state::Shared;
 use crate::web;
 use admit::Stop;
-use ctx::{Ctx, Listener, Outcome};
+use ctx::{Ctx, Listener};
+use outcome::Failure;
 
 pub struct Gateway {
     shared: Arc<Shared>,
@@ -176,9 +177,8 @@ impl Gateway {
         let mut resp = pingora_http::ResponseHeader::build(204, Some(8))?;
         resp.insert_header("x-request-id", ctx.request_id.as_str())?;
         cors.preflight(&mut resp, &allow, requested.as_ref())?;
-        ctx.outcome = Outcome::Answered(204);
-        let header = session.write_response_header(Box::new(resp), true);
-        crate::respond::bounded(ctx.bound(), header).await
+        let (w, _) = ctx.writing();
+        crate::respond::header(session, w.sent, w.bound, Box::new(resp), true).await
     }
 
     /// Hands a non-proxied path to the web stage; a key that passed auth there makes the
@@ -190,7 +190,7 @@ impl Gateway {
             listener: self.listener,
             client,
             key: None,
-            status: 0,
+            sent: Default::default(),
             refusal: None,
             cors: ctx.cors.clone(),
             send_timeout: ctx.send_timeout,
@@ -199,9 +199,7 @@ impl Gateway {
         let sent = web::serve(&self.shared, session, &mut ex).await;
         ctx.key = ex.key;
         ctx.refusal = ex.refusal;
-        if ex.status != 0 {
-            ctx.outcome = Outcome::Answered(ex.status);
-        }
+        ctx.sent = ex.sent;
         ctx.group = web::group_of(session.req_header().uri.path());
         sent.map(|()| true)
     }
@@ -335,7 +333,7 @@ impl ProxyHttp for Gateway {
         session: &mut Session,
         ctx: &mut Ctx,
     ) -> pingora_error::Result<bool> {
-        crate::listener::header_arrived(session);
+        crate::http1::listener::header_arrived(session);
         if self.shared.lifecycle.draining() {
             // Leaving rotation: the client's next request goes to a new connection, elsewhere.
             session.as_downstream_mut().set_keepalive(None);
@@ -355,17 +353,24 @@ impl ProxyHttp for Gateway {
         ))
     }
 
-    /// A client that goes away is normal traffic, not an error worth a log line: its record
-    /// says 499 (Pingora's line would come once per cancelled or reset stream).
-    /// Not an error of the gateway's: a client that left, or the shutdown's cut (the drain
-    /// logs it once for all).
-    fn suppress_error_log(&self, _session: &Session, ctx: &Ctx, error: &Error) -> bool {
-        quiet_failure(ctx, error)
+    /// Pingora's own error line goes: `finish` writes the request's, with its settled status
+    /// (none for a client that left, or the shutdown's cut).
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, _error: &Error) -> bool {
+        true
     }
 
-    async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut Ctx) -> FailToProxy {
+    /// Nothing is answered here: `logging`, which Pingora calls next, ends every request the
+    /// same way (`finish`), in Pingora's request or in a stream's own task. The connection is
+    /// not kept after a failure.
+    async fn fail_to_proxy(
+        &self,
+        _session: &mut Session,
+        _e: &Error,
+        _ctx: &mut Ctx,
+    ) -> FailToProxy {
         FailToProxy {
-            error_code: answer_failure(session, e, ctx).await,
+            // (Read only by the error line Pingora would write, which is off.)
+            error_code: 0,
             can_reuse_downstream: false,
         }
     }
@@ -376,13 +381,13 @@ impl ProxyHttp for Gateway {
         if ctx.detached {
             return;
         }
-        end(&self.shared, session.req_header(), e, ctx).await;
+        finish(&self.shared, session, e, ctx).await;
     }
 }
 
 /// Writes a success's header and relays its body where the request is (Pingora's request, or
 /// a stream's own task), then notes its try's end.
-async fn relay_reply<D: Respond + relay::Downstream>(
+async fn relay_reply<D: Downstream>(
     connections: &crate::upstream::Connections,
     client: &mut D,
     ctx: &mut Ctx,
@@ -405,56 +410,38 @@ async fn relay_reply<D: Respond + relay::Downstream>(
     sent
 }
 
-/// Answers a request that failed (as Pingora's `fail_to_proxy`), noting how it ended; the
-/// status it ended with. A reply that began, or a write that failed (the client's, or the
-/// shutdown's cut, named by `forward`): nothing more is sent.
-async fn answer_failure(client: &mut impl Respond, e: &Error, ctx: &mut Ctx) -> u16 {
-    let named = matches!(
-        ctx.outcome,
-        Outcome::UpstreamFailed(_) | Outcome::ClientGone
-    );
-    ctx.outcome = match reply::classify_failure(e) {
-        _ if client.replied() || named => outcome_after_reply(ctx, e),
-        Some(g) => {
-            if let Err(we) = respond::failure(client, ctx, &g).await {
-                tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");
+/// The end of every request, wherever it ends (Pingora's `logging`, or a stream's own task,
+/// `detach`): a failure is answered when no reply began (nothing is, for a client that left),
+/// the request's final status is settled from what was sent and the failure (`outcome`), the
+/// failure gets its error line unless it is the client's or the shutdown's, and `end` writes
+/// the rest.
+async fn finish(shared: &Shared, client: &mut impl Downstream, e: Option<&Error>, ctx: &mut Ctx) {
+    let failure = e.map(|e| (e, Failure::of(e)));
+    if let Some((e, _)) = failure {
+        if !ctx.sent.began() {
+            if let Some(g) = reply::classify_failure(e) {
+                if let Err(we) = respond::error(client, ctx, &g).await {
+                    tracing::debug!(request_id = %ctx.request_id, "could not send the error: {we}");
+                }
             }
-            ctx.outcome
         }
-        None => Outcome::ClientGone,
-    };
-    ctx.outcome.status()
-}
-
-/// How a request whose reply had begun ended when it failed: as `forward` named the cut, else
-/// as the error says.
-fn outcome_after_reply(ctx: &Ctx, e: &Error) -> Outcome {
-    match (ctx.outcome, reply::classify_failure(e)) {
-        (o @ (Outcome::UpstreamFailed(_) | Outcome::ClientGone), _) => o,
-        (_, Some(g)) => Outcome::UpstreamFailed(g.status()),
-        (_, None) => Outcome::ClientGone,
     }
-}
-
-/// Not an error of the gateway's, worth no log line: a client that left, or the shutdown's
-/// cut (the drain logs it once for all).
-fn quiet_failure(ctx: &Ctx, e: &Error) -> bool {
-    e.esource() == &ErrorSource::Downstream
-        || matches!(ctx.outcome, Outcome::ClientGone)
-        || crate::respond::is_shutdown_cut(e)
+    let status = outcome::settle(&ctx.sent, failure.map(|(_, f)| f));
+    if let Some((e, f)) = failure {
+        if !f.quiet(e) {
+            tracing::error!(request_id = %ctx.request_id, "the request failed: {e}, status: {status}");
+        }
+    }
+    end(shared, client.asked(), status, ctx).await;
 }
 
 /// The end of a request that passed auth: its usage record, access-log line, metrics and
 /// spans, its tokens and spend counted against its key.
 /// (Of the request's header only its method and target are read.)
-async fn end(shared: &Shared, req: &http::request::Parts, e: Option<&Error>, ctx: &mut Ctx) {
+async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut Ctx) {
     // The request is in flight until its record is queued (the end of this hook), not
     // while Pingora then drains a body left unread: the shutdown waits for records only.
     let in_flight = ctx.life.take();
-    if let Some(e) = e {
-        // A failure after the reply began (fail_to_proxy may not have run).
-        ctx.outcome = ctx.outcome.cut(e);
-    }
     let key = ctx.key.clone();
     // One clock read for the request's end: its latency, its metrics, its tpm tokens. A
     // refusal ended when it was sent (the upload drained after it is not its latency).
@@ -463,9 +450,10 @@ async fn end(shared: &Shared, req: &http::request::Parts, e: Option<&Error>, ctx
     ctx.slot = None;
     ctx.lease = None;
     let life = in_flight.as_ref().map(crate::lifecycle::InFlight::get);
-    let tokens = record::Tokens::of(ctx).resolve(life).await;
+    let tokens = record::Tokens::of(ctx, status).resolve(life).await;
     let r = record::build(
         ctx,
+        status,
         key.as_ref().map_or("", |k| k.id.as_str()),
         ended,
         tokens,
@@ -490,7 +478,7 @@ async fn end(shared: &Shared, req: &http::request::Parts, e: Option<&Error>, ctx
         trace(req, ctx, &r, ended);
     }
     let Some(key) = key else { return };
-    if ctx.group == Group::Responses.name() && ctx.outcome.succeeded() {
+    if ctx.group == Group::Responses.name() && record::succeeded(status) {
         note_stored_response(shared, req, ctx, &key.id);
     }
     shared.limiter.add_tokens(&key, r.total_tokens, ended);
@@ -500,4 +488,29 @@ async fn end(shared: &Shared, req: &http::request::Parts, e: Option<&Error>, ctx
         limits.ended(&key.id, &r.request_id, tokens, r.cost);
     }
     shared.store.record(r);
+}
+
+/// The contract's 400 for a connection's first request that Pingora's reader refuses (a
+/// malformed request line or header), on `listener`: the whole reply, closing the connection
+/// (`http1::listener`). Counted as a refusal of the listener's.
+pub fn unparseable_reply(listener: &'static str) -> Vec<u8> {
+    let e = crate::error::GatewayError::InvalidParameter {
+        param: "request",
+        message: "The request is not valid HTTP/1.1: its request line or a header could not be \
+                  parsed."
+            .into(),
+    };
+    let body = e.body();
+    if let Some(m) = crate::metrics::get() {
+        m.unparseable(listener);
+    }
+    let mut out = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         x-request-id: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n",
+        body.len(),
+        ctx::next_request_id(),
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
 }

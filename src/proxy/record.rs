@@ -18,11 +18,12 @@ pub enum Tokens {
 }
 
 impl Tokens {
-    pub fn of(ctx: &Ctx) -> Tokens {
+    /// The tokens of the request in `ctx`, which ended with `status`.
+    pub fn of(ctx: &Ctx, status: u16) -> Tokens {
         match ctx.meter.usage() {
             Some(u) => Tokens::Reported(complete(u)),
             None if ctx.meter.estimates()
-                && (ctx.outcome.succeeded() || ctx.accepted || ctx.ttft_ms.is_some()) =>
+                && (succeeded(status) || ctx.accepted || ctx.ttft_ms.is_some()) =>
             {
                 Tokens::Estimate(estimate_job(ctx))
             }
@@ -44,14 +45,20 @@ impl Tokens {
     }
 }
 
-/// The record of a request that passed auth.
+/// A final status that is a success.
+pub fn succeeded(status: u16) -> bool {
+    (200..300).contains(&status)
+}
+
+/// The record of a request that passed auth, which ended with `status`.
 pub fn build(
     ctx: &Ctx,
+    status: u16,
     key_id: &str,
     ended: std::time::Instant,
     (usage, estimated): (Usage, bool),
 ) -> UsageRecord {
-    let ok = ctx.outcome.succeeded();
+    let ok = succeeded(status);
     let route = ctx.route.as_ref();
     let price = route.map(|r| r.model.price).unwrap_or_default();
     let cost = cost(&price, &usage, ok && ctx.proxied && !ctx.free);
@@ -67,7 +74,7 @@ pub fn build(
         listener: ctx.listener.name().to_string(),
         endpoint: ctx.group.to_string(),
         model: ctx.model.clone(),
-        status: ctx.outcome.status(),
+        status,
         stream: ctx.stream,
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,

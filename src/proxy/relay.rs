@@ -2,24 +2,22 @@
 //! (metered, under the idle and whole-request deadlines, the client's send timeout and the
 //! shutdown's cut), or an upstream's error reply passed on in the contract's shape. The same
 //! code relays a reply in Pingora's request and in a stream's own task (`detach`); what it
-//! writes to is a `Downstream`.
+//! writes to is an `http1::Downstream`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
-use pingora_core::protocols::http::ServerSession;
 use pingora_error::{Error, ErrorType};
 use pingora_http::ResponseHeader;
-use pingora_proxy::Session;
 use pingora_timeout::fast_timeout::fast_timeout;
 
-use super::ctx::{Ctx, Outcome};
+use super::ctx::Ctx;
 use super::{reply, respond};
 use crate::error::GatewayError;
+use crate::http1::Downstream;
 use crate::lifecycle::{Lifecycle, cut};
-use crate::respond::Respond;
 use crate::route::{Pool, Route, Upstream};
 use crate::upstream;
 
@@ -59,7 +57,7 @@ impl Drop for Counted {
 }
 
 /// Writes a success's header, then relays its body.
-pub(super) async fn reply<D: Respond + Downstream>(
+pub(super) async fn reply<D: Downstream>(
     connections: &upstream::Connections,
     client: &mut D,
     ctx: &mut Ctx,
@@ -77,42 +75,12 @@ pub(super) async fn reply<D: Respond + Downstream>(
 /// shutdown's cut, as every write).
 pub(super) async fn write_header(
     ctx: &mut Ctx,
-    session: &mut impl Respond,
+    session: &mut impl Downstream,
     resp: Box<ResponseHeader>,
 ) -> pingora_error::Result<()> {
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let header = session.write_header(resp, false);
-    write(ctx, life.as_deref(), header).await
-}
-
-/// Where a relayed reply's body goes: the client's session, which frames it, or a detached
-/// stream's own connection (`Conn`), which frames it as the session would.
-pub(super) trait Downstream: Send {
-    /// Writes a piece of the body (`None`: nothing new); `done` ends the body.
-    fn body(
-        &mut self,
-        piece: Option<Bytes>,
-        done: bool,
-    ) -> impl std::future::Future<Output = pingora_error::Result<()>> + Send + '_;
-
-    /// Resolves when the client closes its connection (its request was read whole, so the
-    /// only thing left to read is the close). Never resolves otherwise.
-    fn gone(&mut self) -> impl std::future::Future<Output = ()> + Send + '_;
-}
-
-impl Downstream for Session {
-    fn body(
-        &mut self,
-        piece: Option<Bytes>,
-        done: bool,
-    ) -> impl std::future::Future<Output = pingora_error::Result<()>> + Send + '_ {
-        self.as_downstream_mut()
-            .write_response_body(piece.unwrap_or_default(), done)
-    }
-
-    fn gone(&mut self) -> impl std::future::Future<Output = ()> + Send + '_ {
-        client_gone(self.as_downstream_mut())
-    }
+    let bound = bound(ctx, life.as_deref());
+    crate::respond::header(session, &mut ctx.sent, bound, resp, false).await
 }
 
 /// Relays a success's body, its header written: as it comes, metered, under the idle and
@@ -142,21 +110,16 @@ pub(super) async fn relay_body<D: Downstream>(
         let chunk = tokio::select! {
             biased;
             r = read => r,
-            () = session.gone() => {
-                ctx.outcome = Outcome::ClientGone;
-                return Err(Error::explain(ErrorType::ConnectionClosed, "client went away").into_down());
-            }
-            () = cut(life.as_deref()) => return Err(shut(ctx)),
+            () = session.gone() => return Err(super::outcome::client_left()),
+            () = cut(life.as_deref()) => return Err(crate::respond::shutdown_cut()),
         };
         let mut chunk = match chunk {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 pool.transport_failed(up);
-                ctx.outcome = Outcome::UpstreamFailed(502);
                 return Err(e.into_up());
             }
             Err(_) => {
-                ctx.outcome = Outcome::UpstreamFailed(504);
                 return Err(Error::explain(
                     ErrorType::ReadTimedout,
                     "the upstream's reply stalled past its deadline",
@@ -189,12 +152,11 @@ pub(super) async fn relay_body<D: Downstream>(
         }
         let piece = out.take();
         if piece.is_some() || done {
-            let piece = session.body(piece, done);
-            write(ctx, life.as_deref(), piece).await?;
+            let bound = bound(ctx, life.as_deref());
+            crate::respond::body(session, &mut ctx.sent, bound, piece, done).await?;
         }
         if let Some(e) = failed {
             pool.transport_failed(up);
-            ctx.outcome = Outcome::UpstreamFailed(502);
             return Err(e.into_up());
         }
         if done {
@@ -205,28 +167,14 @@ pub(super) async fn relay_body<D: Downstream>(
     Ok(())
 }
 
-/// Writes to the client (the reply's header or a piece of its body). A client that does not
-/// read holds the write for at most `client_send_timeout_ms` (then the reply ends as the
-/// client's: 499); the shutdown ends it all the same. Either failure names the outcome.
-/// (Not an `async fn`: that would hold `write` twice.)
-fn write<'a, T>(
-    ctx: &'a mut Ctx,
-    life: Option<&'a Lifecycle>,
-    write: impl std::future::Future<Output = pingora_error::Result<T>> + 'a,
-) -> impl std::future::Future<Output = pingora_error::Result<T>> + 'a {
-    use futures_util::TryFutureExt;
-    let bound = crate::respond::Bound {
+/// What bounds a write of the reply: a client that does not read holds it for at most
+/// `client_send_timeout_ms` (then the reply ends as the client's: 499); the shutdown ends it
+/// all the same. (`life` is the request's, held apart from `ctx` while the relay runs.)
+fn bound<'a>(ctx: &Ctx, life: Option<&'a Lifecycle>) -> crate::respond::Bound<'a> {
+    crate::respond::Bound {
         limit: ctx.send_timeout,
         life,
-    };
-    crate::respond::bounded(bound, write)
-        .inspect_err(move |e| ctx.outcome = Outcome::of_failed_write(e))
-}
-
-/// A reply the shutdown ended: its record says 503, and the client's connection is cut.
-fn shut(ctx: &mut Ctx) -> Box<Error> {
-    ctx.outcome = Outcome::UpstreamFailed(GatewayError::ShuttingDown.status());
-    crate::respond::shutdown_cut()
+    }
 }
 
 /// The most reply bytes gathered into one write to the client.
@@ -282,7 +230,7 @@ const ERROR_BODY_MAX: usize = 1024 * 1024;
 /// one is wrapped in the contract's error shape, so clients always get `{"error": …}`.
 pub(super) async fn pass_error(
     connections: &upstream::Connections,
-    session: &mut impl Respond,
+    session: &mut impl Downstream,
     ctx: &mut Ctx,
     pool: &Pool,
     mut upstream: Upstreamed,
@@ -306,7 +254,7 @@ pub(super) async fn pass_error(
     let read = tokio::select! {
         r = fast_timeout(pool.cfg.idle_timeout, read) => r,
         () = cut(life.as_deref()) => {
-            let _ = respond::failure(session, ctx, &GatewayError::ShuttingDown).await;
+            let _ = respond::error(session, ctx, &GatewayError::ShuttingDown).await;
             return Ok(());
         }
     };
@@ -332,24 +280,14 @@ pub(super) async fn pass_error(
     };
     resp.remove_header(&http::header::TRANSFER_ENCODING);
     resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
-    let header = session.write_header(resp, false);
-    write(ctx, life.as_deref(), header).await?;
+    let bound = bound(ctx, life.as_deref());
+    crate::respond::header(session, &mut ctx.sent, bound, resp, false).await?;
     // Up to 1 MiB.
-    write(ctx, life.as_deref(), session.write_body(Some(body), true)).await?;
+    crate::respond::body(session, &mut ctx.sent, bound, Some(body), true).await?;
     if whole && upstream.client.response_done() {
         upstream.release(connections).await;
     }
     Ok(())
-}
-
-/// Resolves when the client closes its connection (its request body was read whole, so the
-/// only thing left to read is the close). Never resolves otherwise.
-async fn client_gone(session: &mut ServerSession) {
-    if session.read_body_or_idle(true).await.is_err() {
-        return;
-    }
-    // Bytes of a next request (pipelining) are not a close: keep waiting on the rest.
-    std::future::pending::<()>().await
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use pingora_error::{Error, ErrorSource, ErrorType};
 use pingora_http::ResponseHeader;
 
-use super::ctx::{Ctx, Outcome};
+use super::ctx::Ctx;
 use crate::config::headers::{PassHeaders, REQUEST_IDS};
 use crate::error::GatewayError;
 use crate::meter::Meter;
@@ -95,9 +95,8 @@ pub fn on_upstream_header(
     // they are not kept, and the key's own (if it has limits) are written.
     keep_for_client(resp, pass, &ctx.request_id)?;
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
-    super::respond::reply_headers(ctx, resp)?;
-    ctx.outcome = Outcome::Upstream(resp.status.as_u16());
-    if !ctx.outcome.succeeded() {
+    super::respond::reply_headers(&ctx.decor(), resp)?;
+    if !resp.status.is_success() {
         // An error reply carries no usage; it passes through unmetered.
         ctx.meter = Meter::None;
     } else if ctx.meter.is_metered() && is_web_page(resp) {

@@ -44,8 +44,9 @@ pub struct Exchange {
     pub client: Option<IpAddr>,
     /// Set once a key passed auth: the request then leaves a usage record.
     pub key: Option<Arc<Key>>,
-    /// The status sent.
-    pub status: u16,
+    /// What went to the client, as the writer recorded it (the request's final status is
+    /// settled from it at its end).
+    pub sent: respond::Sent,
     /// The code of a 4xx refusal sent, for the metrics.
     pub refusal: Option<&'static str>,
     /// `Access-Control-Allow-Origin` for an allowed browser origin (the key-authenticated
@@ -61,6 +62,18 @@ impl Exchange {
         respond::Bound {
             limit: self.send_timeout,
             life: self.life.as_deref(),
+        }
+    }
+
+    /// The reply as the writer writes it.
+    pub fn writing(&mut self) -> respond::Writing<'_> {
+        respond::Writing {
+            request_id: &self.request_id,
+            bound: respond::Bound {
+                limit: self.send_timeout,
+                life: self.life.as_deref(),
+            },
+            sent: &mut self.sent,
         }
     }
 }
@@ -209,18 +222,13 @@ async fn fail(
     ex: &mut Exchange,
     e: &GatewayError,
 ) -> pingora_error::Result<()> {
-    ex.status = e.status();
-    if (400..500).contains(&ex.status) {
+    if (400..500).contains(&e.status()) {
         ex.refusal = Some(e.reason());
     }
-    respond::error(
-        session,
-        &ex.request_id,
-        ex.bound(),
-        e,
-        ErrorShape::OpenAi,
-        |h| crate::cors::decorate(h, ex.cors.as_ref()),
-    )
+    let cors = ex.cors.clone();
+    respond::error(session, ex.writing(), e, ErrorShape::OpenAi, |h| {
+        crate::cors::decorate(h, cors.as_ref())
+    })
     .await
 }
 
@@ -230,21 +238,13 @@ async fn json(
     ex: &mut Exchange,
     body: &serde_json::Value,
 ) -> pingora_error::Result<()> {
-    ex.status = 200;
     let body = bytes::Bytes::from(body.to_string());
-    let cors = ex.cors.as_ref();
-    respond::send(
-        session,
-        &ex.request_id,
-        ex.bound(),
-        200,
-        "application/json",
-        body,
-        |h| {
-            no_store(h)?;
-            crate::cors::decorate(h, cors)
-        },
-    )
+    let cors = ex.cors.clone();
+    let cors = cors.as_ref();
+    respond::send(session, ex.writing(), 200, "application/json", body, |h| {
+        no_store(h)?;
+        crate::cors::decorate(h, cors)
+    })
     .await
 }
 

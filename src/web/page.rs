@@ -87,12 +87,10 @@ async fn send_html(
     ex: &mut Exchange,
     page: &'static [u8],
 ) -> pingora_error::Result<()> {
-    ex.status = 200;
     let body = Bytes::from_static(page);
     respond::send(
         session,
-        &ex.request_id,
-        ex.bound(),
+        ex.writing(),
         200,
         "text/html; charset=utf-8",
         body,
@@ -106,11 +104,9 @@ pub async fn send_asset(
     ex: &mut Exchange,
     a: &'static Asset,
 ) -> pingora_error::Result<()> {
-    ex.status = 200;
     respond::send(
         session,
-        &ex.request_id,
-        ex.bound(),
+        ex.writing(),
         200,
         a.content_type,
         Bytes::from_static(a.body),

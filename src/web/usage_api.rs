@@ -212,19 +212,11 @@ pub async fn send_csv(
         limit: ex.send_timeout,
         life: life.as_deref(),
     };
-    ex.status = 200;
     // HEAD: the header alone, and no export run (over HTTP/2 a body would go out as DATA).
     if session.req_header().method == http::Method::HEAD {
-        let header = session.write_response_header(Box::new(h), true);
-        return crate::respond::bounded(bound, header)
-            .await
-            .inspect_err(|e| ex.status = crate::respond::failed_write_status(e));
+        return crate::respond::header(session, &mut ex.sent, bound, Box::new(h), true).await;
     }
-    let header = session.write_response_header(Box::new(h), false);
-    if let Err(e) = crate::respond::bounded(bound, header).await {
-        ex.status = crate::respond::failed_write_status(&e);
-        return Err(e);
-    }
+    crate::respond::header(session, &mut ex.sent, bound, Box::new(h), false).await?;
     // A small channel between the blocking reader and this task: memory stays a few chunks.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let s = shared.store.clone();
@@ -235,10 +227,7 @@ pub async fn send_csv(
         let next = tokio::select! {
             biased;
             c = tokio::time::timeout(super::STORE_READ_LIMIT, rx.recv()) => c,
-            () = crate::lifecycle::cut(bound.life) => {
-                ex.status = GatewayError::ShuttingDown.status();
-                return Err(crate::respond::shutdown_cut());
-            }
+            () = crate::lifecycle::cut(bound.life) => return Err(crate::respond::shutdown_cut()),
         };
         let Ok(next) = next else {
             let e = crate::store::StoreError(format!(
@@ -248,9 +237,8 @@ pub async fn send_csv(
             return export_failed(session, ex, &e);
         };
         let Some(chunk) = next else { break };
-        let write = session.write_response_body(Some(chunk), false);
-        if let Err(e) = crate::respond::bounded(bound, write).await {
-            ex.status = crate::respond::failed_write_status(&e);
+        let write = crate::respond::body(session, &mut ex.sent, bound, Some(chunk), false);
+        if let Err(e) = write.await {
             // The reader stops at its next chunk (the channel is gone); not waited for.
             drop(rx);
             return Err(e);
@@ -263,10 +251,7 @@ pub async fn send_csv(
     });
     match done {
         Ok(_rows) => {
-            let end = session.write_response_body(Some(Bytes::new()), true);
-            crate::respond::bounded(bound, end)
-                .await
-                .inspect_err(|e| ex.status = crate::respond::failed_write_status(e))
+            crate::respond::body(session, &mut ex.sent, bound, Some(Bytes::new()), true).await
         }
         Err(e) => export_failed(session, ex, &e),
     }
@@ -280,7 +265,6 @@ fn export_failed(
     e: &crate::store::StoreError,
 ) -> pingora_error::Result<()> {
     tracing::error!(request_id = %ex.request_id, "usage export failed: {e}");
-    ex.status = 500;
     session.as_downstream_mut().set_keepalive(None);
     Err(pingora_error::Error::explain(
         pingora_error::ErrorType::InternalError,

@@ -308,11 +308,9 @@ pub async fn login(
         "{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
         SESSION_MS / 1000
     );
-    ex.status = 204;
     crate::respond::send(
         session,
-        &ex.request_id,
-        ex.bound(),
+        ex.writing(),
         204,
         "application/json",
         Bytes::new(),
@@ -348,12 +346,10 @@ pub async fn logout(
     if let Err(e) = done {
         return fail(session, ex, &store_failed(&ex.request_id, &e)).await;
     }
-    ex.status = 204;
     let clear = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
     crate::respond::send(
         session,
-        &ex.request_id,
-        ex.bound(),
+        ex.writing(),
         204,
         "application/json",
         Bytes::new(),

@@ -1,4 +1,5 @@
-//! A stream's client connection once the stream left Pingora's request (`detach`): the
+//! A stream's client connection once the stream left Pingora's request (the proxy's
+//! `detach`): the
 //! connection itself, with what is left to know of the request (its header in one piece of
 //! bytes, its method, target and version). Pingora's session, with its 4 KiB header buffer
 //! (the header's values are slices of it), the request's header maps and its own state, is
@@ -31,10 +32,8 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use super::forward::Client;
-use super::relay::Downstream;
-use crate::http1::writer::{BodyWriter, Framing, Parts};
-use crate::respond::Respond;
+use super::Downstream;
+use super::writer::{BodyWriter, Framing, Parts};
 
 /// The most bytes of the client's next requests read at once while a stream is on (the watch
 /// for the client's close then stops, as Pingora's session stops once its own watch read a
@@ -49,7 +48,7 @@ const MAX_HEADERS: usize = 256;
 const SHUTDOWN_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A detached stream's client connection.
-pub(super) struct Conn {
+pub struct Conn {
     stream: Stream,
     /// Bytes of the client's next requests: read with this request, or while its reply went.
     next: BytesMut,
@@ -70,7 +69,7 @@ impl Conn {
     /// The connection of an admitted stream's session, whose request body was read whole; a
     /// session whose connection cannot be had gives a connection that is gone (the stream
     /// then ends as the client's, 499).
-    pub(super) async fn of(session: Box<ServerSession>) -> Conn {
+    pub async fn of(session: Box<ServerSession>) -> Conn {
         let settings = HttpPersistentSettings::for_session(&session);
         let req = session.req_header();
         let (mut asked, ()) = http::Request::new(()).into_parts();
@@ -104,7 +103,7 @@ impl Conn {
     /// A connection that is gone: it reads a close, and every write fails.
     fn gone(head: Bytes, asked: http::request::Parts) -> Conn {
         Conn {
-            stream: Box::new(Gone),
+            stream: Box::new(Gone::default()),
             next: BytesMut::new(),
             stashed: false,
             keep: None,
@@ -209,7 +208,7 @@ impl Conn {
     }
 
     /// Lets go of the request's header: its reply is on its way, and no try is made from here.
-    pub(super) fn forget_request(&mut self) {
+    pub fn forget_request(&mut self) {
         self.head = Bytes::new();
     }
 
@@ -241,7 +240,7 @@ impl Conn {
 
     /// The reply is over: the connection, when it is kept alive, with the bytes of its next
     /// requests; else it is shut down.
-    pub(super) async fn finish(mut self) -> Option<ReusedHttpStream> {
+    pub async fn finish(mut self) -> Option<ReusedHttpStream> {
         let Some(mut settings) = self.keep else {
             fast_timeout(SHUTDOWN_LIMIT, Shutdown::shutdown(&mut *self.stream))
                 .await
@@ -255,9 +254,14 @@ impl Conn {
     }
 }
 
-impl Respond for Conn {
-    fn head_only(&self) -> bool {
-        self.asked.method == http::Method::HEAD
+impl Downstream for Conn {
+    fn asked(&self) -> &http::request::Parts {
+        &self.asked
+    }
+
+    /// The client's request header, read again from its bytes (for a try).
+    fn request(&self) -> pingora_error::Result<RequestHeader> {
+        parse_request(&self.head)
     }
 
     fn replied(&self) -> bool {
@@ -283,27 +287,6 @@ impl Respond for Conn {
     /// The body was read whole before the stream was admitted.
     fn drain_small_body(&mut self) -> impl Future<Output = ()> + Send + '_ {
         std::future::ready(())
-    }
-}
-
-impl Client for Conn {
-    /// The client's request header, read again from its bytes (for a try).
-    fn request(&self) -> pingora_error::Result<RequestHeader> {
-        parse_request(&self.head)
-    }
-
-    fn asked(&self) -> &http::request::Parts {
-        &self.asked
-    }
-}
-
-impl Downstream for Conn {
-    fn body(
-        &mut self,
-        piece: Option<Bytes>,
-        done: bool,
-    ) -> impl Future<Output = pingora_error::Result<()>> + Send + '_ {
-        self.write(piece, done)
     }
 
     fn gone(&mut self) -> impl Future<Output = ()> + Send + '_ {
@@ -362,16 +345,28 @@ fn parse_request(wire: &[u8]) -> pingora_error::Result<RequestHeader> {
 }
 
 /// The client session left in Pingora's request once its stream went on elsewhere, and the
-/// connection of a stream's `Conn` that has none (taken, or lost): no socket.
-#[derive(Debug)]
-pub(super) struct Gone;
+/// connection of a stream's `Conn` that has none (taken, or lost): no socket. It reads what it
+/// was given (`reading`: a header to check, `listener::unreadable`), then a close.
+#[derive(Debug, Default)]
+pub struct Gone {
+    left: Bytes,
+}
+
+impl Gone {
+    pub fn reading(bytes: Bytes) -> Gone {
+        Gone { left: bytes }
+    }
+}
 
 impl AsyncRead for Gone {
     fn poll_read(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         _cx: &mut Context<'_>,
-        _buf: &mut ReadBuf<'_>,
+        buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let n = self.left.len().min(buf.remaining());
+        let read = self.left.split_to(n);
+        buf.put_slice(&read);
         Poll::Ready(Ok(()))
     }
 }
@@ -470,7 +465,7 @@ mod tests {
         let (asked, ()) = http::Request::new(()).into_parts();
         let mut conn = Conn::gone(Bytes::new(), asked);
         conn.stream = Box::new(pingora_core::protocols::l4::stream::Stream::from(ours));
-        let mut session = ServerSession::new_http1(Box::new(Gone));
+        let mut session = ServerSession::new_http1(Box::new(Gone::default()));
         session.set_keepalive(Some(60));
         conn.keep = Some(HttpPersistentSettings::for_session(&session));
         (conn, theirs)

@@ -12,11 +12,14 @@
 //! dropped with the connection. Its header may arrive whole with the previous request's bytes,
 //! or in part, which is why the deadline ends with the proxy's word and not with bytes seen.
 //!
-//! The same wrapper gives the requests Pingora cannot parse (a malformed request line or
-//! header) the contract's error: Pingora answers them itself, before any of our code runs,
-//! with a bare `400` and no body. `Deadlined` recognises that reply on its way out (Pingora's
-//! own error header: `Cache-Control: private, no-store`, `Content-Length: 0`; none of ours
-//! has it) and sends in its place the contract's JSON 400 with an `x-request-id`.
+//! A connection's first request header is read here before Pingora's session is made
+//! (`preread_header`, up to 4 KiB) and checked by Pingora's own request reader, on those bytes
+//! alone (`unreadable`): a header Pingora would refuse with its bare `400` gets, in its place,
+//! the reply the gateway gives for it (`Hooks::unparseable`, the contract's JSON 400 with an
+//! `x-request-id`), and the connection closes. A later request on a kept-alive connection, or
+//! a first header over 4 KiB, is read by Pingora alone, which answers its bare `400`.
+//!
+//! This layer knows nothing of the gateway above it but the two calls it is given (`Hooks`).
 
 use std::future::Future;
 use std::io;
@@ -43,8 +46,19 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 pub struct HeaderDeadline<A> {
     pub inner: Arc<A>,
     pub limit: Duration,
-    /// The listener's name, for the metrics of requests answered here (unparseable ones).
+    /// The listener's name, for the replies given here (unparseable requests).
     pub listener: &'static str,
+    pub hooks: Hooks,
+}
+
+/// What the layer above does at this layer's points.
+#[derive(Clone, Copy)]
+pub struct Hooks {
+    /// A request begins on this thread (before Pingora's request is made).
+    pub request_started: fn(),
+    /// The whole reply (header and body, `Connection: close`) to a connection's first request
+    /// that Pingora's reader refuses, on the listener named.
+    pub unparseable: fn(&'static str) -> Vec<u8>,
 }
 
 #[async_trait]
@@ -79,7 +93,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> HeaderDeadline<A> {
         let mut stream = stream;
         if h2c || stream.selected_alpn_proto().is_some_and(|p| p != ALPN::H1) {
             // HTTP/2 (TLS listeners, by ALPN): its frames are not HTTP/1 text, so neither the
-            // header watch nor the bare-error rewrite applies. Its connection preface must come
+            // header watch nor the pre-read applies. Its connection preface must come
             // within the header deadline (Pingora's h2 server waits for it for good, so idle
             // connections could take every file descriptor); after it, an idle connection is
             // closed by Pingora's h2 idle timeout (`keepalive_timeout_ms`).
@@ -88,7 +102,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> HeaderDeadline<A> {
                 Ok(Ok(_)) => {}
                 _ => return,
             }
-            let mut deadlined = Deadlined::new(stream, self.limit, self.listener);
+            let mut deadlined = Deadlined::new(stream, self.limit);
             deadlined.preface_left = H2_PREFACE_LEN;
             // (Its loop gives no connection back: HTTP/2 and HTTP/1 alike end it.)
             ServerApp::process_new(&self.inner, Box::new(deadlined), shutdown).await;
@@ -108,19 +122,24 @@ impl<A: HttpServerApp + Send + Sync + 'static> HeaderDeadline<A> {
         // them (`impl ServerApp for HttpServerApp`), with the deadline restarted for each:
         // it starts at the next request's first byte. Run here rather than in that loop, the
         // connection's future also holds no HTTP/2 handshake state (3.8 KB a connection).
-        let mut deadlined = Deadlined::new(stream, self.limit, self.listener);
-        // A reply that goes on in a task of its own (`proxy::detach`) takes the connection
+        let mut deadlined = Deadlined::new(stream, self.limit);
+        // A reply that goes on in a task of its own (the proxy's `detach`) takes the connection
         // with it, and serves its next requests from there (`resume`).
         deadlined.resume = Some((self.clone(), shutdown.clone()));
         // The first request's header is read before Pingora's request is made: that request
         // (15.3 KB, and a 4 KiB header buffer) would be held for as long as the header takes
         // to come, up to `client_header_timeout_ms`.
         deadlined.preread_header().await;
+        if unreadable(&deadlined.replay).await {
+            let reply = (self.hooks.unparseable)(self.listener);
+            deadlined.refuse(&reply).await;
+            return;
+        }
         let mut session = ServerSession::new_http1(Box::new(deadlined));
         session.set_pipelining_enabled(true);
         session.set_keepalive(if *shutdown.borrow() { None } else { Some(60) });
         session.set_keepalive_reuses_remaining(options.and_then(|o| o.keepalive_request_limit));
-        crate::alloc::request_started();
+        (self.hooks.request_started)();
         let reused = self.inner.process_new_http(session, shutdown).await;
         self.requests(reused, shutdown).await;
     }
@@ -136,7 +155,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> HeaderDeadline<A> {
             if let Some(settings) = settings {
                 settings.apply_to_session(&mut session);
             }
-            crate::alloc::request_started();
+            (self.hooks.request_started)();
             reused = self.inner.process_new_http(session, shutdown).await;
         }
     }
@@ -162,7 +181,7 @@ impl<A: HttpServerApp + Send + Sync + 'static> Requests for HeaderDeadline<A> {
 }
 
 /// Serves a connection's next requests after a reply that went on in its own task
-/// (`proxy::detach`), which ended with the connection fit for another request: the loop of
+/// (the proxy's `detach`), which ended with the connection fit for another request: the loop of
 /// `HeaderDeadline` goes on from there, in that task.
 pub async fn resume(reused: ReusedHttpStream) {
     let (stream, settings) = reused.consume();
@@ -188,12 +207,8 @@ pub struct Deadlined {
     awaiting_first_byte: bool,
     /// The proxy has the current request's header (`header_arrived`): the timer is spent.
     header_in: AtomicBool,
-    /// The reply being sent in place of Pingora's bare error, and how much of it went out.
-    replacing: Option<(Vec<u8>, usize)>,
     /// HTTP/2: bytes of the connection preface still to come before the deadline is spent.
     preface_left: usize,
-    /// The listener's name (see `HeaderDeadline`).
-    listener: &'static str,
     /// The loop over the connection's requests, for `resume`.
     resume: Option<(Arc<dyn Requests>, ShutdownWatch)>,
     /// Small writes gathered for one write to the client (`poll_gather`), and how much of
@@ -210,7 +225,6 @@ impl std::fmt::Debug for Deadlined {
         f.debug_struct("Deadlined")
             .field("inner", &self.inner)
             .field("limit", &self.limit)
-            .field("listener", &self.listener)
             .finish_non_exhaustive()
     }
 }
@@ -222,78 +236,45 @@ const PREREAD_MAX: usize = 4096;
 /// `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`, the start of every HTTP/2 connection.
 const H2_PREFACE_LEN: usize = 24;
 
-/// Whether `bytes` are the header of an error Pingora generated itself (see the module doc).
-fn pingoras_bare_error(bytes: &[u8]) -> bool {
-    let Some(status) = bytes
-        .strip_prefix(b"HTTP/1.1 ")
-        .or_else(|| bytes.strip_prefix(b"HTTP/1.0 "))
-    else {
-        return false;
-    };
-    // Every reply's header passes here: only a 4xx is looked into (no copy for the rest).
-    if status.first() != Some(&b'4') {
+/// Whether a request header, read whole (or as far as it came), is one Pingora's own reader
+/// refuses: read by a session of Pingora's over those bytes alone. A header still incomplete
+/// there reads as an end of the connection, not a refusal.
+async fn unreadable(header: &[u8]) -> bool {
+    if header.is_empty() {
         return false;
     }
-    let head = String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).to_ascii_lowercase();
-    head.contains("\r\ncache-control: private, no-store\r\n")
-        && head.contains("\r\ncontent-length: 0\r\n")
-        && !head.contains("x-request-id")
-}
-
-/// The contract's 400 for a request that is not HTTP/1.1 as Pingora can read it, on `listener`.
-fn unparseable_reply(listener: &str) -> Vec<u8> {
-    let e = crate::error::GatewayError::InvalidParameter {
-        param: "request",
-        message: "The request is not valid HTTP/1.1: its request line or a header could not be \
-                  parsed."
-            .into(),
-    };
-    let body = e.body();
-    if let Some(m) = crate::metrics::get() {
-        m.unparseable(listener);
-    }
-    let mut out = format!(
-        "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         x-request-id: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n",
-        body.len(),
-        crate::proxy::ctx::next_request_id(),
+    let bytes = bytes::Bytes::copy_from_slice(header);
+    let mut session = ServerSession::new_http1(Box::new(super::conn::Gone::reading(bytes)));
+    matches!(
+        session.read_request().await,
+        Err(e) if e.etype() == &pingora_error::ErrorType::InvalidHTTPHeader
     )
-    .into_bytes();
-    out.extend_from_slice(&body);
-    out
 }
 
 impl Deadlined {
-    /// Sends what replaces Pingora's error; Ready(Ok(n)) once all of it went out, n being the
-    /// length of what it replaces (so the caller moves on as if its bytes were written).
-    fn poll_replacement(&mut self, cx: &mut Context<'_>, n: usize) -> Poll<io::Result<usize>> {
-        while let Some((bytes, sent)) = self.replacing.as_mut() {
-            if *sent >= bytes.len() {
-                break;
-            }
-            match Pin::new(&mut self.inner).poll_write(cx, &bytes[*sent..]) {
-                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
-                Poll::Ready(Ok(w)) => *sent += w,
-                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
-                Poll::Pending => return Poll::Pending,
-            }
-        }
-        self.replacing = None;
-        Poll::Ready(Ok(n))
+    /// Sends a refusal written whole (a request this layer answers itself) and closes the
+    /// connection, within the header deadline.
+    async fn refuse(&mut self, reply: &[u8]) {
+        use tokio::io::AsyncWriteExt;
+        let sent = async {
+            self.inner.write_all(reply).await?;
+            self.inner.flush().await?;
+            AsyncWriteExt::shutdown(&mut self.inner).await?;
+            Ok::<(), io::Error>(())
+        };
+        let _ = tokio::time::timeout(self.limit, sent).await;
     }
 }
 
 impl Deadlined {
-    fn new(inner: Stream, limit: Duration, listener: &'static str) -> Deadlined {
+    fn new(inner: Stream, limit: Duration) -> Deadlined {
         Deadlined {
             inner,
             limit,
-            listener,
             timer: Box::pin(tokio::time::sleep(limit)),
             armed: true,
             awaiting_first_byte: false,
             header_in: AtomicBool::new(false),
-            replacing: None,
             preface_left: 0,
             resume: None,
             gathered: Vec::new(),
@@ -357,13 +338,6 @@ impl Deadlined {
             self.timer.as_mut().reset(at);
             self.armed = true;
         }
-    }
-
-    /// Whether a write may be Pingora's bare error: only before the proxy has the request's
-    /// header (a request it could not parse). After that every write is the proxy's own, a
-    /// reply body that happens to read like that header included.
-    fn bare_error_possible(&self) -> bool {
-        !self.header_in.load(Ordering::Relaxed)
     }
 
     /// Whether the header deadline has passed with the header still out.
@@ -439,7 +413,7 @@ impl Deadlined {
 }
 
 impl AsyncWrite for Deadlined {
-    /// One slice: the vectored path's (Pingora's bare-error check, the gathering).
+    /// One slice: the vectored path's (the gathering).
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -463,19 +437,6 @@ impl AsyncWrite for Deadlined {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let first = bufs.iter().find(|b| !b.is_empty());
-        if self.replacing.is_none()
-            && self.bare_error_possible()
-            && first.is_some_and(|b| pingoras_bare_error(b))
-        {
-            self.replacing = Some((unparseable_reply(self.listener), 0));
-        }
-        if self.replacing.is_some() {
-            std::task::ready!(self.poll_drain(cx))?;
-            // Only the header is replaced: its slice counts as written.
-            let n = first.map_or(0, |b| b.len());
-            return self.poll_replacement(cx, n);
-        }
         self.poll_gather(cx, bufs)
     }
 
