@@ -291,3 +291,25 @@ pub async fn error(
     })
     .await
 }
+
+/// A body read that failed: the client's error (it went away or stalled), or the 400 for a
+/// framing that cannot be read. Either way the connection ends after the answer: whatever
+/// follows a body that could not be read cannot be trusted as the next request (a chunk size
+/// that overflows, say).
+pub fn unreadable(
+    session: &mut pingora_proxy::Session,
+    e: Box<pingora_error::Error>,
+) -> pingora_error::Result<GatewayError> {
+    session.as_downstream_mut().set_keepalive(None);
+    use pingora_error::ErrorType::*;
+    match e.etype() {
+        ReadError | ConnectionClosed | ReadTimedout => Err(e.into_down()),
+        other => Ok(GatewayError::InvalidParameter {
+            param: "body",
+            message: format!(
+                "The request body could not be read: its framing is invalid ({}).",
+                other.as_str()
+            ),
+        }),
+    }
+}

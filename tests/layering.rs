@@ -209,3 +209,18 @@ fn one_place_settles_a_requests_status() {
     assert_eq!(sites.len(), 1, "{sites:#?}");
     assert!(sites[0].contains("proxy/mod.rs"), "{sites:?}");
 }
+
+/// The web stage and the writer stand below the proxy, which hands the web stage its paths:
+/// neither names it.
+#[test]
+fn the_web_stage_and_the_writer_know_no_proxy() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut refs = crate_refs(&src.join("web"));
+    let writer = std::fs::read_to_string(src.join("respond.rs")).expect("readable");
+    if writer.contains("crate::proxy") {
+        refs.push(("src/respond.rs".into(), "proxy".into()));
+    }
+    for (file, name) in refs {
+        assert_ne!(name, "proxy", "{file} uses crate::proxy");
+    }
+}

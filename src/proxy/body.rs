@@ -55,7 +55,7 @@ pub async fn read(
         let chunk = match session.read_request_body().await {
             Ok(Some(chunk)) => chunk,
             Ok(None) => break,
-            Err(e) => return unreadable(session, e).map(Err),
+            Err(e) => return crate::respond::unreadable(session, e).map(Err),
         };
         buf.extend_from_slice(&chunk);
         if buf.len() > limit {
@@ -63,28 +63,6 @@ pub async fn read(
         }
     }
     Ok(Ok(buf.freeze()))
-}
-
-/// A body read that failed: the client's error (it went away or stalled), or the 400 for a
-/// framing that cannot be read. Either way the connection ends after the answer: whatever
-/// follows a body that could not be read cannot be trusted as the next request (a chunk size
-/// that overflows, say).
-pub fn unreadable(
-    session: &mut Session,
-    e: Box<pingora_error::Error>,
-) -> pingora_error::Result<GatewayError> {
-    session.as_downstream_mut().set_keepalive(None);
-    use pingora_error::ErrorType::*;
-    match e.etype() {
-        ReadError | ConnectionClosed | ReadTimedout => Err(e.into_down()),
-        other => Ok(GatewayError::InvalidParameter {
-            param: "body",
-            message: format!(
-                "The request body could not be read: its framing is invalid ({}).",
-                other.as_str()
-            ),
-        }),
-    }
 }
 
 /// The client sent `Expect: 100-continue` (see `http1::downstream::expects_continue`).

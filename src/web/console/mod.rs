@@ -101,7 +101,7 @@ async fn body(
         let next = match next {
             Ok(next) => next,
             Err(e) => {
-                let e = crate::proxy::body::unreadable(session, e)?;
+                let e = crate::respond::unreadable(session, e)?;
                 fail(session, ex, &e).await?;
                 return Ok(None);
             }
