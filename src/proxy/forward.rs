@@ -129,8 +129,6 @@ async fn try_pool(
 ) -> PoolEnd {
     let mut tried: Vec<usize> = Vec::with_capacity(pool.cfg.max_attempts as usize);
     let mut last_error = None;
-    // A request's own retries count once toward ejecting an upstream for 5xx: the same bad
-    // request retried must not take a pool's only upstream out for everyone.
     let mut counted_5xx = false;
     let gone = || PoolEnd::Done(Err(super::outcome::client_left()));
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
@@ -150,14 +148,7 @@ async fn try_pool(
         let tried_once = try_once(&gw.connections, session, ctx, pool, up, life, span).await;
         let try_ended = Instant::now();
         ctx.upstream_time += try_ended.saturating_duration_since(started);
-        let outcome = outcome(&tried_once);
-        if let Some(m) = crate::metrics::get() {
-            m.attempt(&pool.name, &up.cfg.url, outcome, attempt > 1);
-        }
-        let replied = matches!(tried_once, Try::Reply(..));
-        if !replied {
-            note_try(ctx, span, started, pool, up, outcome);
-        }
+        let outcome = count_try(ctx, pool, up, &tried_once, attempt, span, started);
         let tried_as = match &tried_once {
             Try::Reply(_, resp) => Tried::Replied {
                 status: resp.status.as_u16(),
@@ -179,36 +170,14 @@ async fn try_pool(
                 None
             }
             Try::Reply(upstream, resp) => {
-                if resp.status.as_u16() >= 500 {
-                    if !counted_5xx {
-                        pool.server_error(up);
-                        counted_5xx = true;
-                    }
-                } else {
-                    up.health.answered();
-                }
+                answered(pool, up, resp.status.as_u16(), &mut counted_5xx);
                 Some((upstream, resp))
             }
         };
         if tried_as.retryable() {
             tried.push(i);
         }
-        // A reply no try could change (a success, a client's error) passes on without the
-        // pool's health being looked over for it.
-        let next = if tried_as.retryable() {
-            let standing = Standing {
-                attempt,
-                max_attempts: pool.cfg.max_attempts,
-                time_left: time_left(ctx, pool, try_ended),
-                others_healthy: pool.has_healthy(&tried),
-                any_healthy: pool.has_healthy(&[]),
-                fallback: more,
-                retry_cap: pool.cfg.retry_cap,
-            };
-            retry::next(tried_as, &standing)
-        } else {
-            Next::PassOn
-        };
+        let next = next_step(ctx, pool, tried_as, attempt, try_ended, &tried, more);
         let retry_after = match (next, upstream) {
             (Next::PassOn, Some((upstream, resp))) => {
                 let end = TryEnd {
@@ -239,6 +208,67 @@ async fn try_pool(
     PoolEnd::CannotAnswer(
         last_error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(pool.name.clone())),
     )
+}
+
+/// Counts a try in the metrics and, unless it brought a reply (whose try ends with its relay),
+/// its span; how it ended.
+fn count_try(
+    ctx: &mut Ctx,
+    pool: &Pool,
+    up: &Upstream,
+    tried: &Try,
+    attempt: u32,
+    span: Option<u64>,
+    started: Instant,
+) -> &'static str {
+    let outcome = outcome(tried);
+    if let Some(m) = crate::metrics::get() {
+        m.attempt(&pool.name, &up.cfg.url, outcome, attempt > 1);
+    }
+    if !matches!(tried, Try::Reply(..)) {
+        note_try(ctx, span, started, pool, up, outcome);
+    }
+    outcome
+}
+
+/// An upstream's reply, for its health: a 5xx counts toward ejecting it, once per request (the
+/// same bad request retried must not take a pool's only upstream out for everyone); anything
+/// else says it answers.
+fn answered(pool: &Pool, up: &Upstream, status: u16, counted_5xx: &mut bool) {
+    if status >= 500 {
+        if !*counted_5xx {
+            pool.server_error(up);
+            *counted_5xx = true;
+        }
+    } else {
+        up.health.answered();
+    }
+}
+
+/// What follows a try (`route::retry`). A reply no try could change (a success, a client's
+/// error) passes on without the pool's health being looked over for it.
+fn next_step(
+    ctx: &Ctx,
+    pool: &Pool,
+    tried_as: Tried,
+    attempt: u32,
+    try_ended: Instant,
+    tried: &[usize],
+    fallback: bool,
+) -> Next {
+    if !tried_as.retryable() {
+        return Next::PassOn;
+    }
+    let standing = Standing {
+        attempt,
+        max_attempts: pool.cfg.max_attempts,
+        time_left: time_left(ctx, pool, try_ended),
+        others_healthy: pool.has_healthy(tried),
+        any_healthy: pool.has_healthy(&[]),
+        fallback,
+        retry_cap: pool.cfg.retry_cap,
+    };
+    retry::next(tried_as, &standing)
 }
 
 /// Answers 503 `shutting_down`: the shutdown ended the request before its reply began.
