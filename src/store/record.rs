@@ -98,9 +98,10 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
 }
 
 fn csv_field(out: &mut Vec<u8>, s: &[u8]) {
-    // A cell a spreadsheet would run as a formula is defused with a leading quote (OWASP:
-    // also a leading tab or carriage return, which some spreadsheets skip before the `=`).
-    let formula = matches!(s.first(), Some(b'=' | b'+' | b'-' | b'@' | b'\t' | b'\r'));
+    // A cell a spreadsheet would run as a formula is defused with a leading quote (OWASP),
+    // and so is one that starts with whitespace or a newline (which some spreadsheets skip
+    // before the `=`) or with a full-width `＝＋－＠` (which some read as the ASCII sign).
+    let formula = starts_like_a_formula(s);
     // A byte scan: every delimiter is ASCII, and exports call this five times a row. A `;` or
     // tab is quoted too: a spreadsheet of a locale that splits on it keeps the cell whole
     // (`x;=cmd` would otherwise give a cell `=cmd` that runs).
@@ -123,6 +124,28 @@ fn csv_field(out: &mut Vec<u8>, s: &[u8]) {
         out.push(b'"');
     } else {
         out.extend_from_slice(s);
+    }
+}
+
+/// Whether a cell's text starts as a spreadsheet formula might: `=`, `+`, `-`, `@`, their
+/// full-width forms (U+FF1D, U+FF0B, U+FF0D, U+FF20), or any whitespace (a newline included).
+fn starts_like_a_formula(s: &[u8]) -> bool {
+    match s.first() {
+        None => false,
+        Some(b'=' | b'+' | b'-' | b'@') => true,
+        Some(b) if b.is_ascii() => b.is_ascii_whitespace() || *b == 0x0b,
+        // The cell's first character (a prefix of at most 4 bytes, decoded as far as it is
+        // valid UTF-8).
+        Some(_) => {
+            let head = &s[..s.len().min(4)];
+            let text = match std::str::from_utf8(head) {
+                Ok(t) => t,
+                Err(e) => std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or_default(),
+            };
+            text.chars()
+                .next()
+                .is_some_and(|c| c.is_whitespace() || matches!(c, '＝' | '＋' | '－' | '＠'))
+        }
     }
 }
 
@@ -397,7 +420,9 @@ mod tests {
     #[test]
     fn fields_match_the_plain_definition() {
         fn reference(s: &str) -> String {
-            let s = if s.starts_with(['=', '+', '-', '@']) {
+            let formula = s.starts_with(['=', '+', '-', '@', '＝', '＋', '－', '＠'])
+                || s.starts_with(char::is_whitespace);
+            let s = if formula {
                 format!("'{s}")
             } else {
                 s.to_string()
@@ -425,6 +450,17 @@ mod tests {
             "mid\"dle",
             "x;=cmd|' /C calc'!A0;y",
             "a\t=1",
+            " =1+2",
+            "\n=1+2",
+            "\u{b}=1",
+            "\u{a0}=1",
+            "\u{3000}=1",
+            "＝1+2",
+            "＋1",
+            "－1",
+            "＠SUM(A1)",
+            "日本",
+            "é",
         ] {
             let mut out = Vec::new();
             csv_field(&mut out, s.as_bytes());
