@@ -264,10 +264,6 @@ impl Downstream for Conn {
         parse_request(&self.head)
     }
 
-    fn replied(&self) -> bool {
-        self.body.is_some()
-    }
-
     fn write_header(
         &mut self,
         h: Box<ResponseHeader>,

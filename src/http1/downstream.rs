@@ -24,9 +24,6 @@ pub trait Downstream: Send {
         self.asked().method == http::Method::HEAD
     }
 
-    /// A reply's header went out already.
-    fn replied(&self) -> bool;
-
     /// Writes a reply's header (`end`: no body follows; the gateway's own connection knows
     /// that from the request's method and the reply's status).
     fn write_header(
@@ -59,10 +56,6 @@ impl Downstream for Session {
 
     fn request(&self) -> pingora_error::Result<RequestHeader> {
         Ok(self.req_header().clone())
-    }
-
-    fn replied(&self) -> bool {
-        self.response_written().is_some()
     }
 
     /// (The session's own writer: the gateway runs no Pingora modules, so the proxy's

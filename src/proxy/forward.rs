@@ -50,8 +50,8 @@ enum Waited {
 
 /// How forwarding a request ended.
 pub(super) enum Forwarded {
-    /// The client has its answer (an error, an upstream's error reply passed on) or went
-    /// away: `Err` if the reply was cut after it began.
+    /// The client has its answer (an error, an upstream's error reply passed on): `Err` if
+    /// it went away, the request failed unanswered, or the reply was cut after it began.
     Done(pingora_error::Result<()>),
     /// A success's header, checked: the caller writes it and relays the body.
     Reply(Reply),
@@ -68,7 +68,7 @@ pub(super) struct Reply {
 
 /// How a pool's tries ended.
 enum PoolEnd {
-    /// The client has its reply (or went away): `Err` if the reply was cut.
+    /// The client has its reply: `Err` if it went away, or the reply was cut.
     Done(pingora_error::Result<()>),
     /// A success, to relay.
     Reply(Reply),
@@ -78,12 +78,17 @@ enum PoolEnd {
 
 /// Forwards the request in `ctx`: to the route's pool, then, if it cannot answer, to each
 /// fallback model's pool in turn (with that model's upstream name and price). A success comes
-/// back to relay; anything else is answered here. `Done(Err)` means a reply was cut after it
-/// began: the client's connection is then dropped (by Pingora, or by the stream's own task)
-/// instead of ending the body cleanly.
+/// back to relay; anything else is answered here. `Done(Err)` means the client went away, or
+/// the request failed unanswered, or a reply was cut after it began: the request's end
+/// (`finish`) answers what it can, and the client's connection is then dropped (by Pingora,
+/// or by the stream's own task) instead of ending a body cleanly.
 pub(super) async fn run(gw: &Gateway, session: &mut impl Downstream, ctx: &mut Ctx) -> Forwarded {
     let Some(route) = ctx.route.clone() else {
-        return Forwarded::Done(Ok(()));
+        let e = pingora_error::Error::explain(
+            pingora_error::ErrorType::InternalError,
+            "an admitted request without a route",
+        );
+        return Forwarded::Done(Err(e));
     };
     let fallbacks = ctx.fallbacks.take();
     let routes = fallbacks.as_ref().map_or(&[][..], |f| &f.routes[..]);
