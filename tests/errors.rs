@@ -434,13 +434,19 @@ async fn a_slow_upstream_is_504_upstream_timeout() {
     )
     .await;
     // The mock sends its header at once and then stalls between events: the reply has begun,
-    // so the client sees the stream cut (never a hang, never a [DONE]). A non-streamed slow
-    // reply is a 504.
+    // so the client sees the stream cut (never a hang, never a [DONE]), and the record says
+    // 504, the stall. A non-streamed slow reply is a 504.
     assert_eq!(resp.status(), 200);
+    let id = resp.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
     if let Ok(body) = resp.bytes().await {
         let text = String::from_utf8_lossy(&body);
         assert!(!text.contains("[DONE]"), "a stalled stream looked complete");
     }
+    let r = await_record(&g, &id).await;
+    assert_eq!(r["status"], 504, "{r}");
     let resp = send(
         &g.main,
         "/v1/chat/completions",
