@@ -616,6 +616,43 @@ async fn an_unparseable_request_gets_the_contracts_400() {
     );
 }
 
+/// A later request on a kept-alive connection is read by Pingora alone (only a connection's
+/// first header is pre-read): one it cannot parse still gets a 400, and the connection closes
+/// (Pingora's own reply, without the contract's body).
+#[tokio::test]
+async fn an_unparseable_request_after_a_good_one_gets_a_400_and_the_close() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let g = start();
+    let addr = g.main.trim_start_matches("http://").to_string();
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let first =
+        format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n");
+    s.write_all(first.as_bytes()).await.expect("write");
+    // The first reply, whole, before the second request goes.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("\"object\":\"list\"") {
+        let n = tokio::time::timeout(std::time::Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .expect("the first reply comes")
+            .expect("read");
+        assert!(n > 0, "closed early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nthis header has no colon\r\n\r\n")
+        .await
+        .expect("write");
+    let mut rest = Vec::new();
+    tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut rest))
+        .await
+        .expect("the gateway answers and closes")
+        .expect("read");
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+}
+
 /// Two `Authorization` (or `x-api-key`) headers: which one counts would be a guess, so 400,
 /// whichever comes first. HEAD on the model list answers as GET does, without the body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
