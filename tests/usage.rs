@@ -955,3 +955,46 @@ async fn a_web_page_for_a_reply_is_an_upstream_error() {
         assert_eq!(r["cost"], 0.0, "{r}");
     }
 }
+
+/// Requests naming models the gateway does not serve share one rollup row, `(unknown)`: a
+/// key holder inventing names makes no per-model state, and the summary lists them once. Each
+/// record keeps the name it asked for.
+#[tokio::test]
+async fn made_up_models_share_one_rollup_row() {
+    let g = start();
+    let mut last = String::new();
+    for n in 0..20 {
+        let resp = send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &chat_body(&format!("made-up-{n}"), false),
+            &[],
+        )
+        .await;
+        assert_eq!(resp.status(), 404);
+        last = resp.headers()["x-request-id"]
+            .to_str()
+            .expect("id")
+            .to_string();
+    }
+    // The records (and the rollups written with them) are in.
+    let r = record_of(&g.main, KEY, &last).await;
+    assert_eq!(r["model"], "made-up-19", "{r}");
+    let summary: Value = get(&g.main, "/api/usage/summary", Some(KEY))
+        .await
+        .json()
+        .await
+        .expect("summary");
+    // (Besides them, only the usage calls themselves, which name no model.)
+    let models: Vec<&Value> = summary["models"]
+        .as_array()
+        .expect("models")
+        .iter()
+        .filter(|m| m["model"] != "")
+        .collect();
+    assert_eq!(models.len(), 1, "{summary}");
+    assert_eq!(models[0]["model"], "(unknown)", "{summary}");
+    assert_eq!(models[0]["requests"], 20, "{summary}");
+    assert_eq!(models[0]["succeeded"], 0, "{summary}");
+}

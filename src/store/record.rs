@@ -40,6 +40,24 @@ pub struct UsageRecord {
     pub served_model: String,
 }
 
+/// The rollup row's model for the records of models the gateway does not serve.
+pub const UNKNOWN_MODEL: &str = "(unknown)";
+
+impl UsageRecord {
+    /// The model the record's usage is summed under (rollups, summaries): its own, or
+    /// `(unknown)` for a model the gateway does not serve, so that names a client makes up
+    /// leave no state of their own. Such a request is the only one refused 404 before any
+    /// try with a model named (the gateway's `model_not_found`; an upstream's 404 took a try),
+    /// which the record itself says, as stored and as read back.
+    pub fn rollup_model(&self) -> &str {
+        if self.status == 404 && self.attempts == 0 && !self.model.is_empty() {
+            UNKNOWN_MODEL
+        } else {
+            &self.model
+        }
+    }
+}
+
 /// RFC 3339 UTC with milliseconds, e.g. `2026-11-22T13:07:16.648Z`.
 pub fn format_time(ms: i64) -> String {
     let mut s = Vec::with_capacity(24);

@@ -192,7 +192,7 @@ pub(super) fn aggregate<'a>(
     let mut rows: HashMap<RowKey<'_>, (Sums, Hist)> = HashMap::new();
     for r in records {
         let row = rows
-            .entry((bucket_of(r.time_ms), &r.key_id, &r.model, r.status))
+            .entry((bucket_of(r.time_ms), &r.key_id, r.rollup_model(), r.status))
             .or_default();
         row.0.add_record(r);
         *row.1.entry(latency_bin(r.latency_ms)).or_default() += 1;
@@ -452,6 +452,41 @@ mod tests {
     use super::*;
     use crate::store::sqlite::sample_record;
     use crate::store::{Store, StoreOptions};
+
+    /// Made-up model names, refused before any try, share one row; an upstream's 404 (a try
+    /// was made) and a served model keep their names.
+    #[test]
+    fn models_the_gateway_does_not_serve_share_one_row() {
+        let mut records = Vec::new();
+        for (model, status, attempts) in [
+            ("made-up-1", 404, 0),
+            ("made-up-2", 404, 0),
+            ("echo-1", 404, 1),
+            ("echo-1", 200, 1),
+            ("", 404, 0),
+        ] {
+            let mut r = sample_record(1, "k", 0);
+            r.model = model.into();
+            r.status = status;
+            r.attempts = attempts;
+            records.push(r);
+        }
+        let rows = aggregate(&records);
+        let mut models: Vec<(&str, u16, u64)> = rows
+            .iter()
+            .map(|((_, _, model, status), (sums, _))| (*model, *status, sums.requests))
+            .collect();
+        models.sort_unstable();
+        assert_eq!(
+            models,
+            [
+                ("", 404, 1),
+                ("(unknown)", 404, 2),
+                ("echo-1", 200, 1),
+                ("echo-1", 404, 1)
+            ]
+        );
+    }
 
     #[test]
     fn latency_bins_are_exact_below_ten_ms_and_within_five_percent_above() {
