@@ -261,8 +261,9 @@ pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
             v
         })
         .collect();
-    let by_model = by_cost(models);
-    let keys: Vec<Value> = by_cost(keys)
+    let (by_model, folded) = bounded(models);
+    let keys: Vec<Value> = bounded(keys)
+        .0
         .iter()
         .map(|(key, (s, good))| {
             let mut v = sums_json(s, *good);
@@ -275,12 +276,21 @@ pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
         .map(|(model, (s, good))| {
             let mut v = sums_json(s, *good);
             v["model"] = json!(model);
-            v["latency_p50_ms"] = json!(
+            let p50 = if *model == OTHER {
+                let mut bins = rollup::Hist::new();
+                for h in folded.iter().filter_map(|m| rollup.latency.get(*m)) {
+                    for (bin, n) in h {
+                        *bins.entry(*bin).or_default() += n;
+                    }
+                }
+                rollup::percentile(&bins, 0.5)
+            } else {
                 rollup
                     .latency
                     .get(*model)
                     .and_then(|b| rollup::percentile(b, 0.5))
-            );
+            };
+            v["latency_p50_ms"] = json!(p50);
             v
         })
         .collect();
@@ -309,6 +319,29 @@ pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
 }
 
 /// A breakdown's rows, most costly first (then most requests, then by name).
+/// The most models (or keys) a summary lists one by one: the rest are summed as one entry,
+/// `(other)`, so a summary stays small however many names its range holds.
+pub const TOP: usize = 100;
+pub const OTHER: &str = "(other)";
+
+/// The rows by cost, at most `TOP` of them: past that, the last is `(other)`, the sum of the
+/// rest; and the names summed into it.
+#[allow(clippy::type_complexity)]
+fn bounded(rows: HashMap<&str, (Sums, u64)>) -> (Vec<(&str, (Sums, u64))>, Vec<&str>) {
+    let mut rows = by_cost(rows);
+    if rows.len() <= TOP {
+        return (rows, Vec::new());
+    }
+    let rest = rows.split_off(TOP - 1);
+    let mut other = (Sums::default(), 0);
+    for (_, (s, good)) in &rest {
+        other.0.add(s);
+        other.1 += good;
+    }
+    rows.push((OTHER, other));
+    (rows, rest.into_iter().map(|(name, _)| name).collect())
+}
+
 fn by_cost(rows: HashMap<&str, (Sums, u64)>) -> Vec<(&str, (Sums, u64))> {
     let mut rows: Vec<(&str, (Sums, u64))> = rows.into_iter().collect();
     rows.sort_by(|a, b| {
@@ -422,6 +455,41 @@ mod tests {
             attempts: 1,
             served_model: String::new(),
         }
+    }
+
+    /// A range with more models than a summary lists: the top `TOP - 1` by cost one by one,
+    /// the rest summed as `(other)`, the totals whole.
+    #[test]
+    fn a_summary_lists_at_most_top_models_and_sums_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("u.db"), StoreOptions::default()).unwrap();
+        let n = TOP + 50;
+        for i in 0..n {
+            let mut r = rec(MIDNIGHT_IST + i as i64, &format!("m-{i:03}"), 200, 1, 20);
+            // Model i costs more the larger i is: the first 51 are the rest.
+            r.cost = i as f64;
+            store.record(r);
+        }
+        assert!(store.flush(Duration::from_secs(10)));
+        let range = parse_range(Some("start=2026-11-21&end=2026-11-24&tz=UTC"), 0, false).unwrap();
+        let q = RollupQuery {
+            key_id: Some("k".into()),
+            start_ms: range.start_ms,
+            end_ms: range.end_ms,
+            model: None,
+        };
+        let v = compute(&store.rollup(&q).unwrap(), &range).unwrap();
+        let models = v["models"].as_array().unwrap();
+        assert_eq!(models.len(), TOP);
+        assert_eq!(models[0]["model"], format!("m-{:03}", n - 1));
+        let other = &models[TOP - 1];
+        assert_eq!(other["model"], OTHER);
+        assert_eq!(other["requests"], 51);
+        assert_eq!(other["cost"], (0..51).sum::<usize>() as f64);
+        assert!(other["latency_p50_ms"].as_u64().is_some(), "{other}");
+        assert_eq!(v["totals"]["requests"], n);
+        let keys = v["keys"].as_array().unwrap();
+        assert_eq!(keys.len(), 1);
     }
 
     /// Records a minute either side of local midnights in IST: each local day adds up to exactly
