@@ -336,6 +336,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         web: crate::web::WebState {
             throttle: crate::web::Throttle::per_minute(c.auth_failures_per_minute),
             logins: Default::default(),
+            usage_calls: Default::default(),
         },
         lifecycle: Default::default(),
         access_log: crate::access_log::AccessLog::start(c.access_log_rate, c.access_log_format),

@@ -998,3 +998,50 @@ async fn made_up_models_share_one_rollup_row() {
     assert_eq!(models[0]["requests"], 20, "{summary}");
     assert_eq!(models[0]["succeeded"], 0, "{summary}");
 }
+
+/// A key's usage calls are bounded apart from its rpm (at most a few at once, and so many a
+/// second): a burst of summaries is refused 429 past the bound, with `Retry-After`, while
+/// another key's calls go on, and the key is served again once the burst is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_usage_calls_is_refused_past_the_keys_bound() {
+    let g = start();
+    let client = client();
+    let calls = (0..300).map(|_| {
+        let req = client
+            .get(format!("{}/api/usage/summary", g.main))
+            .bearer_auth(KEY);
+        async move {
+            let resp = req.send().await.expect("send");
+            let retry_after = resp
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap_or("").to_string());
+            let status = resp.status().as_u16();
+            let body: Value = resp.json().await.expect("json");
+            (status, retry_after, body)
+        }
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    let refused: Vec<_> = answers.iter().filter(|(s, _, _)| *s == 429).collect();
+    assert!(
+        answers.iter().all(|(s, _, _)| *s == 200 || *s == 429),
+        "{:?}",
+        answers.iter().map(|a| a.0).collect::<Vec<_>>()
+    );
+    assert!(!refused.is_empty(), "300 summaries at once were all served");
+    for (_, retry_after, body) in &refused {
+        assert_eq!(body["error"]["code"], "rate_limit_exceeded", "{body}");
+        assert_eq!(retry_after.as_deref(), Some("1"));
+    }
+    let other = get(&g.main, "/api/usage/summary", Some(OTHER_KEY)).await;
+    assert_eq!(other.status(), 200);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let again = get(&g.main, "/api/usage/summary", Some(KEY)).await;
+        if again.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the key stays refused");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -35,6 +35,60 @@ pub struct WebState {
     pub throttle: Throttle,
     /// Failed console sign-ins per client address.
     pub logins: Throttle,
+    /// Each key's usage and billing calls (apart from its rpm).
+    pub usage_calls: UsageCalls,
+}
+
+/// The most usage and billing calls (`/api/usage…`, `/v1/dashboard/billing/…`) one key may
+/// have under way at once, and start in one second: a summary or an export reads the store
+/// and does real work, so one key holder cannot take the gateway's memory or threads with
+/// them, whatever its rpm says. Approximate counts (pingora-limits' estimators), as a
+/// throttle's may be.
+pub const USAGE_CALLS_AT_ONCE: isize = 8;
+pub const USAGE_CALLS_PER_SECOND: isize = 100;
+
+/// The counts behind `USAGE_CALLS_AT_ONCE` and `USAGE_CALLS_PER_SECOND`, per key.
+pub struct UsageCalls {
+    at_once: pingora_limits::inflight::Inflight,
+    started: pingora_limits::rate::Rate,
+}
+
+impl Default for UsageCalls {
+    fn default() -> UsageCalls {
+        UsageCalls {
+            at_once: pingora_limits::inflight::Inflight::new(),
+            started: pingora_limits::rate::Rate::new(std::time::Duration::from_secs(1)),
+        }
+    }
+}
+
+impl std::fmt::Debug for UsageCalls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UsageCalls").finish_non_exhaustive()
+    }
+}
+
+impl UsageCalls {
+    /// Counts a call of `key_id`: its place (held until the guard drops), or the refusal when
+    /// the key has too many under way or started too many this second.
+    pub fn enter(&self, key_id: &str) -> Result<pingora_limits::inflight::Guard, GatewayError> {
+        let refused = |what: &str| GatewayError::RateLimited {
+            message: format!(
+                "Too many usage calls for this key {what}; retry in a second (this bound is \
+                 apart from the key's rpm)."
+            ),
+            retry_after: 1,
+            reason: "usage_calls",
+        };
+        if self.started.observe(&key_id, 1) > USAGE_CALLS_PER_SECOND {
+            return Err(refused("this second"));
+        }
+        let (guard, n) = self.at_once.incr(key_id, 1);
+        if n > USAGE_CALLS_AT_ONCE {
+            return Err(refused(&format!("at once (at most {USAGE_CALLS_AT_ONCE})")));
+        }
+        Ok(guard)
+    }
 }
 
 /// One request as the web stage sees it, and what it tells the proxy back.
@@ -169,6 +223,10 @@ pub async fn serve(
             let Some(key) = authorize(shared, session, ex).await? else {
                 return Ok(());
             };
+            let _call = match shared.web.usage_calls.enter(&key.id) {
+                Ok(guard) => guard,
+                Err(e) => return fail(session, ex, &e).await,
+            };
             match keyed {
                 Route::Usage { csv } => usage_api::answer(shared, session, ex, &key, csv).await,
                 Route::Summary => summary::answer(shared, session, ex, &key).await,
@@ -283,4 +341,30 @@ fn now_unix() -> i64 {
 
 fn now_ms() -> i64 {
     jiff::Timestamp::now().as_millisecond()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_keys_usage_calls_are_bounded_at_once_and_per_second() {
+        let calls = UsageCalls::default();
+        let held: Vec<_> = (0..USAGE_CALLS_AT_ONCE)
+            .map(|_| calls.enter("a").expect("a place"))
+            .collect();
+        let refused = calls.enter("a").expect_err("one too many at once");
+        assert_eq!(refused.status(), 429);
+        assert_eq!(refused.reason(), "usage_calls");
+        // Another key is not held back.
+        drop(calls.enter("b").expect("another key's place"));
+        drop(held);
+        drop(calls.enter("a").expect("a place again"));
+        // Past the second's starts, refused even with none under way.
+        let calls = UsageCalls::default();
+        for _ in 0..USAGE_CALLS_PER_SECOND {
+            drop(calls.enter("c").expect("within the second"));
+        }
+        assert_eq!(calls.enter("c").expect_err("too many").status(), 429);
+    }
 }

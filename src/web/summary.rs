@@ -397,6 +397,25 @@ pub(super) async fn read(
     blocking(move || store.rollup(&q)).await
 }
 
+/// The range's summary: its rollup read and the summary computed, both off the proxy's
+/// threads (a wide range over many keys is real work). `Err`: the store's failure; `Ok(Err)`:
+/// the range's.
+pub(super) async fn summarize(
+    shared: &Shared,
+    key_id: Option<&str>,
+    r: &Range,
+) -> Result<Result<Value, GatewayError>, crate::store::StoreError> {
+    let q = RollupQuery {
+        key_id: key_id.map(str::to_string),
+        start_ms: r.start_ms,
+        end_ms: r.end_ms,
+        model: r.model.clone(),
+    };
+    let store = shared.store.clone();
+    let range = r.clone();
+    blocking(move || Ok(compute(&store.rollup(&q)?, &range))).await
+}
+
 pub async fn answer(
     shared: &Shared,
     session: &mut Session,
@@ -411,13 +430,10 @@ pub async fn answer(
     if let Err(e) = bucket_starts(&range) {
         return fail(session, ex, &e).await;
     }
-    let rollup = match read(shared, Some(&key.id), &range).await {
-        Ok(r) => r,
+    let mut body = match summarize(shared, Some(&key.id), &range).await {
+        Ok(Ok(b)) => b,
+        Ok(Err(e)) => return fail(session, ex, &e).await,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
-    };
-    let mut body = match compute(&rollup, &range) {
-        Ok(b) => b,
-        Err(e) => return fail(session, ex, &e).await,
     };
     body["key"] = key_json(key, shared.spend.get(&key.id));
     super::json(session, ex, &body).await

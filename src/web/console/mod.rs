@@ -222,13 +222,10 @@ async fn usage_summary(
         return fail(session, ex, &e).await;
     }
     let key_id = range.key_id.clone();
-    let rollup = match summary::read(shared, key_id.as_deref(), &range).await {
-        Ok(r) => r,
-        Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
-    };
-    match summary::compute(&rollup, &range) {
-        Ok(v) => super::json(session, ex, &v).await,
-        Err(e) => fail(session, ex, &e).await,
+    match summary::summarize(shared, key_id.as_deref(), &range).await {
+        Ok(Ok(v)) => super::json(session, ex, &v).await,
+        Ok(Err(e)) => fail(session, ex, &e).await,
+        Err(e) => fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     }
 }
 
