@@ -1045,3 +1045,41 @@ async fn a_burst_of_usage_calls_is_refused_past_the_keys_bound() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// An upstream that answers a stream request with a plain JSON reply: the reply is metered
+/// from its `usage`, as a plain reply's, not billed as an empty stream.
+#[tokio::test]
+async fn a_plain_reply_to_a_stream_request_is_metered_from_its_usage() {
+    let g = start();
+    let resp = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", true),
+        &[("x-mock-plain-reply", "1")],
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let id = resp.headers()["x-request-id"]
+        .to_str()
+        .expect("id")
+        .to_string();
+    let body: Value = resp.json().await.expect("a plain JSON reply");
+    let usage = &body["usage"];
+    assert!(usage["completion_tokens"].as_u64() > Some(0), "{body}");
+    let r = record_of(&g.main, KEY, &id).await;
+    assert_eq!(
+        (
+            r["prompt_tokens"].as_u64(),
+            r["completion_tokens"].as_u64(),
+            r["estimated"].as_bool()
+        ),
+        (
+            usage["prompt_tokens"].as_u64(),
+            usage["completion_tokens"].as_u64(),
+            Some(false)
+        ),
+        "{r}"
+    );
+    assert_eq!(r["stream"], true, "{r}");
+}

@@ -277,6 +277,18 @@ impl Meter {
         matches!(self, Meter::Sse(m) if m.strips_usage())
     }
 
+    /// The upstream answered a stream request with a plain JSON reply: it is metered as one,
+    /// from its `usage` (estimated when it has none, where the stream would have been).
+    pub fn plain_reply(&mut self) {
+        if let Meter::Sse(m) = self {
+            *self = if m.reported_only {
+                Meter::json_reported()
+            } else {
+                Meter::json()
+            };
+        }
+    }
+
     pub fn is_metered(&self) -> bool {
         !matches!(self, Meter::None)
     }

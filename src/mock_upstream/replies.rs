@@ -255,7 +255,7 @@ fn models_reply() -> Reply {
 }
 
 fn stream_flags(body: &Map<String, Value>, ov: &Overrides) -> (bool, bool) {
-    let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+    let stream = body.get("stream").and_then(Value::as_bool) == Some(true) && !ov.plain_reply;
     let include_usage = body
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
@@ -480,6 +480,7 @@ mod tests {
             body_delay_ms: 0,
             provider_headers: false,
             echoed_request_id: None,
+            plain_reply: false,
         }
     }
 

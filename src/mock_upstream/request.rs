@@ -63,6 +63,9 @@ pub(super) struct Overrides {
     /// `x-mock-echo-request-id`: the reply's `x-request-id` is the one the request carried,
     /// as some OpenAI-compatible servers answer.
     pub(super) echoed_request_id: Option<HeaderValue>,
+    /// `x-mock-plain-reply: 1`: a chat request that asks for a stream gets a plain JSON reply
+    /// (with its `usage`), as from an upstream that ignores `stream`.
+    pub(super) plain_reply: bool,
 }
 
 impl Overrides {
@@ -95,6 +98,7 @@ impl Overrides {
                 .unwrap_or(0)
                 .min(MAX_DELAY_MS),
             provider_headers: header_flag(headers, "x-mock-provider-headers"),
+            plain_reply: header_flag(headers, "x-mock-plain-reply"),
             echoed_request_id: header_flag(headers, "x-mock-echo-request-id")
                 .then(|| headers.get("x-request-id").cloned())
                 .flatten(),

@@ -96,6 +96,10 @@ pub fn on_upstream_header(
     keep_for_client(resp, pass, &ctx.request_id)?;
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     super::respond::reply_headers(&ctx.decor(), resp)?;
+    if resp.status.is_success() && is_json(resp) {
+        // A stream request answered with a plain reply: metered from its `usage`.
+        ctx.meter.plain_reply();
+    }
     if !resp.status.is_success() {
         // An error reply carries no usage; it passes through unmetered.
         ctx.meter = Meter::None;
@@ -124,6 +128,14 @@ pub fn on_body(ctx: &mut Ctx, body: &mut Option<Bytes>, end: bool) {
 
 const UPSTREAM_401: &str = "upstream answered 401";
 const UPSTREAM_PAGE: &str = "upstream answered a web page";
+
+fn is_json(resp: &ResponseHeader) -> bool {
+    resp.headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|v| {
+            v.as_bytes().len() >= 16 && v.as_bytes()[..16].eq_ignore_ascii_case(b"application/json")
+        })
+}
 
 fn is_web_page(resp: &ResponseHeader) -> bool {
     resp.headers
