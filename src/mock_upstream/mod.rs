@@ -229,7 +229,7 @@ impl HttpServerApp for MockUpstream {
         };
 
         if overrides.garbage {
-            write_garbage(&mut session, &echo).await;
+            write_garbage(&mut session, &echo, parsed.stream()).await;
             return None;
         }
 
@@ -351,12 +351,18 @@ async fn write_reply(
     Ok(())
 }
 
-/// `x-mock-garbage`: announce 100 bytes, send 10, then close the connection.
-async fn write_garbage(session: &mut ServerSession, echo: &Echo) {
+/// `x-mock-garbage`: announce 100 bytes, send 10, then close the connection (as a stream's
+/// reply, `text/event-stream`, when one was asked for).
+async fn write_garbage(session: &mut ServerSession, echo: &Echo, stream: bool) {
     session.set_keepalive(None);
     let result: pingora_error::Result<()> = async {
         let mut header = ResponseHeader::build(200, Some(8))?;
-        header.insert_header("content-type", "application/json")?;
+        let content_type = if stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        header.insert_header("content-type", content_type)?;
         header.insert_header("content-length", "100")?;
         add_echo_headers(&mut header, echo)?;
         session.write_response_header(Box::new(header)).await?;

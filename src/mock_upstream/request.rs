@@ -195,6 +195,11 @@ pub(super) enum Parsed {
 }
 
 impl Parsed {
+    /// The body asks for a stream (`"stream": true`).
+    pub(super) fn stream(&self) -> bool {
+        matches!(self, Parsed::Json(v) if v.get("stream").and_then(Value::as_bool) == Some(true))
+    }
+
     /// The `model` value as received, empty when there is none.
     pub(super) fn model(&self) -> String {
         match self {
