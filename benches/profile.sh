@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Paired CPU profile of two gateway builds under the same load: where each spends its CPU per
-# request, by symbol, and the difference. How the speed changes in README's "What each session
-# changed" were measured ("paired profile"); finer than load.sh's ratios, whose noise is a few
-# percent, when a change moves a request by half a microsecond.
+# request, by symbol, and the difference ("paired profile"): finer than load.sh's ratios, whose
+# noise is a few percent, when a change moves a request by half a microsecond.
 #
 #   bash benches/profile.sh BIN_A BIN_B [plain|stream] [seconds=10] [rounds=3]
 #

@@ -437,10 +437,7 @@ async fn a_slow_upstream_is_504_upstream_timeout() {
     // so the client sees the stream cut (never a hang, never a [DONE]), and the record says
     // 504, the stall. A non-streamed slow reply is a 504.
     assert_eq!(resp.status(), 200);
-    let id = resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&resp);
     if let Ok(body) = resp.bytes().await {
         let text = String::from_utf8_lossy(&body);
         assert!(!text.contains("[DONE]"), "a stalled stream looked complete");

@@ -973,10 +973,7 @@ async fn made_up_models_share_one_rollup_row() {
         )
         .await;
         assert_eq!(resp.status(), 404);
-        last = resp.headers()["x-request-id"]
-            .to_str()
-            .expect("id")
-            .to_string();
+        last = request_id(&resp);
     }
     // The records (and the rollups written with them) are in.
     let r = record_of(&g.main, KEY, &last).await;
@@ -1060,10 +1057,7 @@ async fn a_plain_reply_to_a_stream_request_is_metered_from_its_usage() {
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let id = resp.headers()["x-request-id"]
-        .to_str()
-        .expect("id")
-        .to_string();
+    let id = request_id(&resp);
     let body: Value = resp.json().await.expect("a plain JSON reply");
     let usage = &body["usage"];
     assert!(usage["completion_tokens"].as_u64() > Some(0), "{body}");

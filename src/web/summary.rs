@@ -387,14 +387,18 @@ pub(super) async fn read(
     key_id: Option<&str>,
     r: &Range,
 ) -> Result<Rollup, crate::store::StoreError> {
-    let q = RollupQuery {
+    let (store, q) = (shared.store.clone(), rollup_query(key_id, r));
+    blocking(move || store.rollup(&q)).await
+}
+
+/// The rollup query of a range (for one key, or every key).
+fn rollup_query(key_id: Option<&str>, r: &Range) -> RollupQuery {
+    RollupQuery {
         key_id: key_id.map(str::to_string),
         start_ms: r.start_ms,
         end_ms: r.end_ms,
         model: r.model.clone(),
-    };
-    let store = shared.store.clone();
-    blocking(move || store.rollup(&q)).await
+    }
 }
 
 /// The range's summary: its rollup read and the summary computed, both off the proxy's
@@ -405,14 +409,7 @@ pub(super) async fn summarize(
     key_id: Option<&str>,
     r: &Range,
 ) -> Result<Result<Value, GatewayError>, crate::store::StoreError> {
-    let q = RollupQuery {
-        key_id: key_id.map(str::to_string),
-        start_ms: r.start_ms,
-        end_ms: r.end_ms,
-        model: r.model.clone(),
-    };
-    let store = shared.store.clone();
-    let range = r.clone();
+    let (store, q, range) = (shared.store.clone(), rollup_query(key_id, r), r.clone());
     blocking(move || Ok(compute(&store.rollup(&q)?, &range))).await
 }
 
