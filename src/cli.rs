@@ -285,7 +285,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let spend = Spend::from_totals(store.spend_at_open());
+    let spend = std::sync::Arc::new(Spend::from_totals(store.spend_at_open()));
     tracing::info!(
         main = ?c.listeners.main,
         main_tls = c.listeners.main_tls.is_some(),

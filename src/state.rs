@@ -12,7 +12,7 @@ use crate::store::Store;
 pub struct Shared {
     pub live: Arc<Live>,
     pub store: Arc<Store>,
-    pub spend: Spend,
+    pub spend: std::sync::Arc<Spend>,
     pub limiter: Limiter,
     /// `[limits] redis`: the limits and spend every gateway of a fleet shares.
     pub shared_limits: Option<Arc<crate::limit::shared::SharedLimits>>,

@@ -101,7 +101,11 @@ async fn a_429_says_when_to_retry_and_every_reply_of_a_limited_key_carries_the_h
 
 #[tokio::test]
 async fn tpm_counts_the_metered_tokens_and_refuses_while_the_window_is_full() {
-    let g = start();
+    // Today's rule: tokens count when a reply ends (no reservation).
+    let g = start_with(Setup {
+        limits_extra: "budget_mode = \"after\"\n".into(),
+        ..Setup::default()
+    });
     // Each chat costs 12 tokens; the key has 20 a minute.
     let a = chat(&g.main, TPM_KEY).await;
     assert_eq!(a.status(), 200);

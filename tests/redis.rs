@@ -18,6 +18,9 @@ secret = "sk-test-fleet-budget-0012"
 budget = 100.0
 "#;
 
+/// Today's rule for budgets and tpm: counted when a reply ends (no reservation).
+const AFTER: &str = "budget_mode = \"after\"\n";
+
 fn fleet(redis: &Redis, extra: &str) -> [Gateway; 2] {
     let setup = || Setup {
         limits_extra: format!(
@@ -145,7 +148,7 @@ async fn concurrency_is_counted_across_gateways() {
 #[tokio::test(flavor = "multi_thread")]
 async fn tokens_counted_on_one_gateway_limit_the_other() {
     let redis = Redis::start();
-    let gs = fleet(&redis, "");
+    let gs = fleet(&redis, AFTER);
     let mut c = redis.conn();
     let mut used = 0u64;
     // The mock's reply is 12 tokens: two replies reach 24 >= 20.
@@ -181,7 +184,7 @@ async fn tokens_counted_on_one_gateway_limit_the_other() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_budget_holds_across_the_fleet() {
     let redis = Redis::start();
-    let gs = fleet(&redis, "");
+    let gs = fleet(&redis, AFTER);
     // priced-model: 0.5 a request + 1 per token (12 tokens): 12.5 a request; budget 100.
     let body = chat_body("priced-model", false);
     let key = "sk-test-fleet-budget-0012";
@@ -290,7 +293,7 @@ async fn admissions_given_up_on_a_stalled_redis_take_no_slot_once_it_resumes() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_spent_budget_stays_refused_when_redis_comes_back_empty() {
     let redis = Redis::start();
-    let gs = fleet(&redis, "");
+    let gs = fleet(&redis, AFTER);
     let g = &gs[0];
     // priced-model costs 12.5 a request; "budgeted" has 10.
     let body = chat_body("priced-model", false);
@@ -374,4 +377,75 @@ async fn redis_down_with_deny_refuses_limited_keys() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `budget_mode = "reserve"` (the default): 200 clients across two gateways hold their worst
+/// cost in Redis, so together they spend at most the budget, and use it; a hold lives as a
+/// lease (it expires if its gateway dies) and is gone once its request ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hundred_clients_on_two_gateways_spend_at_most_the_budget() {
+    let redis = Redis::start();
+    let gs = fleet(&redis, "");
+    // priced-model: 0.5 a request + 1 per token (12 tokens): 12.5 a request; budget 100.
+    let key = "sk-test-fleet-budget-0012";
+    let mut c = redis.conn();
+    // A slow stream holds its reservation while it runs, as a lease of at most 30 s.
+    let slow = {
+        let base = gs[0].main.clone();
+        tokio::spawn(async move {
+            let r = send(
+                &base,
+                "/v1/chat/completions",
+                Some(key),
+                &chat_body("priced-model", true),
+                &[("x-mock-delay-ms", "100")],
+            )
+            .await;
+            assert_eq!(r.status(), 200);
+            r.bytes().await.expect("stream")
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.hlen::<_, u64>("mg:{fleet-budget}:holdv").expect("hlen") == 0 {
+        assert!(Instant::now() < deadline, "no hold");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let leases: Vec<(String, f64)> = c
+        .zrange_withscores("mg:{fleet-budget}:hold", 0, -1)
+        .expect("zrange");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query(&mut c).expect("time");
+    let now_ms = (secs * 1000 + micros / 1000) as f64;
+    assert_eq!(leases.len(), 1);
+    assert!(leases[0].1 - now_ms <= 30_000.0, "{leases:?}");
+    slow.await.expect("slow");
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let base = gs[i % 2].direct.clone();
+            tokio::spawn(async move {
+                let body = chat_body("priced-model", false);
+                loop {
+                    let r = send(&base, "/v1/chat/completions", Some(key), &body, &[]).await;
+                    match r.status().as_u16() {
+                        200 => {
+                            r.bytes().await.expect("body");
+                        }
+                        429 => tokio::time::sleep(Duration::from_millis(20 + i as u64 % 30)).await,
+                        402 => return,
+                        s => panic!("status {s}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.hlen::<_, u64>("mg:{fleet-budget}:holdv").expect("hlen") > 0 {
+        assert!(Instant::now() < deadline, "holds left behind");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let spent: f64 = c.get("mg:{fleet-budget}:spend").expect("spend");
+    assert!(spent <= 100.0 + 1e-9, "spent {spent} of 100");
+    assert!(spent >= 75.0, "the budget was used: {spent}");
 }

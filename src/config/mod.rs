@@ -407,8 +407,23 @@ impl Config {
                     v.clone()
                 }
             };
+            let max_output_tokens = match &rm.max_output_tokens {
+                None => DEFAULT_MAX_OUTPUT_TOKENS,
+                Some(m) => {
+                    if *m.get_ref() == 0 || *m.get_ref() > 100_000_000 {
+                        p.push(Problem::new(
+                            &file,
+                            at(m.span()),
+                            &format!("models[{i}].max_output_tokens"),
+                            "must be from 1 to 100000000",
+                        ));
+                    }
+                    *m.get_ref()
+                }
+            };
             models.push(ModelConfig {
                 owned_by,
+                max_output_tokens,
                 upstream_model: rm.upstream_model.clone().unwrap_or_else(|| name.clone()),
                 name,
                 pool: rm.pool.get_ref().clone(),
@@ -633,6 +648,22 @@ impl Config {
                 }
             },
         };
+        let budget_mode = match raw.limits.as_ref().and_then(|l| l.budget_mode.as_ref()) {
+            None => BudgetMode::Reserve,
+            Some(v) => match v.get_ref().as_str() {
+                "reserve" => BudgetMode::Reserve,
+                "after" => BudgetMode::After,
+                _ => {
+                    p.push(Problem::new(
+                        &file,
+                        at(v.span()),
+                        "limits.budget_mode",
+                        "must be \"reserve\" or \"after\"",
+                    ));
+                    BudgetMode::Reserve
+                }
+            },
+        };
         let keys_in_postgres = match &raw.keys.source {
             None => false,
             Some(v) => {
@@ -692,6 +723,7 @@ impl Config {
             telemetry,
             redis,
             on_redis_down,
+            budget_mode,
             redis_timeout: Duration::from_millis(
                 raw.limits
                     .as_ref()

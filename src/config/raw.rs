@@ -206,6 +206,7 @@ pub(super) struct RawModel {
     pub(super) price: Option<Spanned<Price>>,
     pub(super) fallbacks: Option<Spanned<Vec<String>>>,
     pub(super) owned_by: Option<Spanned<String>>,
+    pub(super) max_output_tokens: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -232,6 +233,7 @@ pub(super) struct RawLimits {
     pub(super) on_redis_down: Option<Spanned<String>>,
     #[serde(default, deserialize_with = "duration_ms")]
     pub(super) redis_timeout_ms: Option<u64>,
+    pub(super) budget_mode: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

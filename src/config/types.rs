@@ -83,6 +83,19 @@ pub struct Config {
     pub on_redis_down: crate::limit::shared::OnDown,
     /// `[limits] redis_timeout_ms`: the longest a request waits for Redis.
     pub redis_timeout: Duration,
+    /// `[limits] budget_mode`: when a budget is checked against a request's cost.
+    pub budget_mode: BudgetMode,
+}
+
+/// When a key's budget is checked against a request's cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum BudgetMode {
+    /// The request's worst cost is held at admission (its output limit lowered to what the
+    /// budget can pay) and settled to the real cost at its end: a budget is a cap.
+    #[default]
+    Reserve,
+    /// 402 once the spend has reached the budget; requests in flight may go past it.
+    After,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -196,7 +209,12 @@ pub struct ModelConfig {
     pub fallbacks: Vec<String>,
     /// Who `/v1/models` says owns it (`modelgate` unless configured).
     pub owned_by: String,
+    /// The output a budget or tpm reservation assumes when a request names no limit.
+    pub max_output_tokens: u64,
 }
+
+/// The output a reservation assumes for a model that sets no `max_output_tokens`.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u64 = 4096;
 
 #[derive(Debug, Clone)]
 pub struct ConsoleConfig {

@@ -1,6 +1,8 @@
 //! Spend per key, in memory: loaded from the store at start, advanced when a record is made,
-//! checked before a request goes upstream. A budget can be overshot by at most the requests
-//! already in flight when it is reached, since their cost is only known when they end.
+//! checked before a request goes upstream. Beside each key's spend, what the requests in
+//! flight hold of its budget (`budget_mode = "reserve"`, see `reserve`): a request's worst
+//! cost is held at admission, against the spend and every other hold, and settled to its real
+//! cost when it ends, so requests in flight cannot together pass the budget.
 //!
 //! Counted in whole picocredits (10⁻¹² credit, the unit a record's cost is rounded to), so a
 //! sum is exact: eight costs of 0.1 reach a budget of 0.8. In floating point they add up to
@@ -9,6 +11,7 @@
 //! the nearest picocredit.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use dashmap::DashMap;
 
@@ -38,27 +41,49 @@ pub fn remaining(spent: f64, budget: f64) -> f64 {
     (pico(budget) - pico(spent)).max(0) as f64 / PICO
 }
 
+/// A key's spend and what requests in flight hold of its budget, in picocredits.
+#[derive(Debug, Default, Clone, Copy)]
+struct Account {
+    spent: i128,
+    held: i128,
+}
+
 #[derive(Debug, Default)]
 pub struct Spend {
-    by_key: DashMap<String, i128>,
+    by_key: DashMap<String, Account>,
 }
 
 impl Spend {
     pub fn from_totals(totals: HashMap<String, f64>) -> Spend {
         Spend {
-            by_key: totals.into_iter().map(|(k, v)| (k, pico(v))).collect(),
+            by_key: totals
+                .into_iter()
+                .map(|(k, v)| {
+                    let spent = pico(v);
+                    (k, Account { spent, held: 0 })
+                })
+                .collect(),
         }
     }
 
     pub fn get(&self, key_id: &str) -> f64 {
-        self.by_key.get(key_id).map_or(0.0, |v| *v as f64 / PICO)
+        self.by_key
+            .get(key_id)
+            .map_or(0.0, |a| a.spent as f64 / PICO)
+    }
+
+    /// What requests in flight hold of the key's budget.
+    pub fn held(&self, key_id: &str) -> f64 {
+        self.by_key
+            .get(key_id)
+            .map_or(0.0, |a| a.held as f64 / PICO)
     }
 
     pub fn add(&self, key_id: &str, cost: f64) {
         let cost = pico(cost);
         if cost > 0 {
-            let mut v = self.by_key.entry(key_id.to_string()).or_insert(0);
-            *v = v.saturating_add(cost);
+            let mut a = self.by_key.entry(key_id.to_string()).or_default();
+            a.spent = a.spent.saturating_add(cost);
         }
     }
 
@@ -67,9 +92,9 @@ impl Spend {
     pub fn raise_to(&self, totals: &HashMap<String, f64>) {
         for (key, total) in totals {
             let total = pico(*total);
-            let mut v = self.by_key.entry(key.clone()).or_insert(0);
-            if total > *v {
-                *v = total;
+            let mut a = self.by_key.entry(key.clone()).or_default();
+            if total > a.spent {
+                a.spent = total;
             }
         }
     }
@@ -77,9 +102,69 @@ impl Spend {
     /// The key's spend has reached its budget.
     pub fn exhausted(&self, key: &Key) -> bool {
         key.budget.is_some_and(|b| {
-            let spent = self.by_key.get(&key.id).map_or(0, |v| *v);
+            let spent = self.by_key.get(&key.id).map_or(0, |a| a.spent);
             spent >= pico(b)
         })
+    }
+
+    /// Holds part of the key's budget for one request: `decide` is told what is left after
+    /// the spend (picocredits, after `floor` (the fleet's spend) when that is higher) and
+    /// what other requests hold, and says what to hold, or why not. Decided and held under
+    /// the key's lock, so two requests never both count the same credits as left. None for
+    /// a key without a budget.
+    pub fn hold<E>(
+        self: &Arc<Self>,
+        key: &Key,
+        floor: i128,
+        decide: impl FnOnce(i128, i128) -> Result<i128, E>,
+    ) -> Result<Option<BudgetHold>, E> {
+        let Some(budget) = key.budget.map(pico) else {
+            return Ok(None);
+        };
+        let mut a = self.by_key.entry(key.id.clone()).or_default();
+        let left = budget - a.spent.max(floor);
+        let amount = decide(left, a.held)?.max(0);
+        a.held = a.held.saturating_add(amount);
+        drop(a);
+        Ok(Some(BudgetHold {
+            spend: Arc::clone(self),
+            key_id: key.id.clone(),
+            amount,
+        }))
+    }
+}
+
+/// Credits held of a key's budget by one request: settled to its real cost when it ends
+/// (`settle`), released if it is dropped unsettled.
+#[derive(Debug)]
+pub struct BudgetHold {
+    spend: Arc<Spend>,
+    key_id: String,
+    amount: i128,
+}
+
+impl BudgetHold {
+    /// The hold, in credits.
+    pub fn credits(&self) -> f64 {
+        self.amount as f64 / PICO
+    }
+
+    /// Replaces the hold by the request's real cost, in one step (no moment counts neither).
+    pub fn settle(mut self, cost: f64) {
+        let amount = std::mem::take(&mut self.amount);
+        let mut a = self.spend.by_key.entry(self.key_id.clone()).or_default();
+        a.held = a.held.saturating_sub(amount).max(0);
+        a.spent = a.spent.saturating_add(pico(cost).max(0));
+    }
+}
+
+impl Drop for BudgetHold {
+    fn drop(&mut self) {
+        if self.amount != 0 {
+            if let Some(mut a) = self.spend.by_key.get_mut(&self.key_id) {
+                a.held = a.held.saturating_sub(self.amount).max(0);
+            }
+        }
     }
 }
 

@@ -4,4 +4,5 @@
 
 pub mod budget;
 pub mod rate;
+pub mod reserve;
 pub mod shared;

@@ -38,6 +38,17 @@ pub struct Refusal {
     pub retry_after: Duration,
 }
 
+impl Refusal {
+    /// The refusal as the client is told it (429, `Retry-After`).
+    pub fn into_error(self) -> crate::error::GatewayError {
+        crate::error::GatewayError::RateLimited {
+            message: self.message,
+            retry_after: retry_after_secs(self.retry_after),
+            reason: self.limit,
+        }
+    }
+}
+
 pub(super) fn refusal_rpm(rpm: u32, retry_after: Duration) -> Refusal {
     Refusal {
         limit: "rpm",
@@ -46,7 +57,7 @@ pub(super) fn refusal_rpm(rpm: u32, retry_after: Duration) -> Refusal {
     }
 }
 
-pub(super) fn refusal_tpm(tpm: u64, retry_after: Duration) -> Refusal {
+pub fn refusal_tpm(tpm: u64, retry_after: Duration) -> Refusal {
     Refusal {
         limit: "tpm",
         message: format!("Rate limit reached: {tpm} tokens per minute."),
@@ -68,6 +79,8 @@ struct KeyWindows {
     requests: Log,
     /// Tokens of the replies that ended in the last 60 s (tpm).
     tokens: Log,
+    /// Tokens requests in flight hold against tpm (`budget_mode = "reserve"`).
+    held: u64,
     /// The latest time a decision was made at.
     seen: Option<Instant>,
 }
@@ -216,8 +229,9 @@ impl Limiter {
         let mut refusal = None;
         if let Some(tpm) = key.tpm {
             let reset = w.tokens.reset_header(now, tpm);
-            head.tokens = Some((tpm, tpm.saturating_sub(w.tokens.sum), reset));
-            if w.tokens.sum >= tpm {
+            let used = w.tokens.sum.saturating_add(w.held);
+            head.tokens = Some((tpm, tpm.saturating_sub(used), reset));
+            if used >= tpm {
                 refusal = Some(refusal_tpm(tpm, reset));
             }
         }
@@ -264,6 +278,34 @@ impl Limiter {
         }
     }
 
+    /// Holds tokens against the key's `tpm` for one request: `decide` is told how many are
+    /// left in the window (after every other hold) and says how many to hold, or None to
+    /// refuse (the refusal says when the window has room again). None (no hold) for a key
+    /// without `tpm`.
+    pub fn hold_tokens(
+        &self,
+        key: &Key,
+        now: Instant,
+        decide: impl FnOnce(u64) -> Option<u64>,
+    ) -> Result<Option<TokenHold>, Refusal> {
+        let Some(tpm) = key.tpm else { return Ok(None) };
+        let windows = self.windows(&key.id);
+        let Ok(mut w) = windows.lock() else {
+            return Ok(None);
+        };
+        let now = w.at(now);
+        w.prune(now);
+        let left = tpm.saturating_sub(w.tokens.sum.saturating_add(w.held));
+        let Some(amount) = decide(left) else {
+            // Room comes back when the window's oldest tokens leave it, or a hold ends.
+            let reset = w.tokens.reset(now).max(Duration::from_secs(1));
+            return Err(refusal_tpm(tpm, reset));
+        };
+        w.held = w.held.saturating_add(amount);
+        drop(w);
+        Ok(Some(TokenHold { windows, amount }))
+    }
+
     /// Counts the tokens of a reply that ended, for `tpm`.
     pub fn add_tokens(&self, key: &Key, tokens: u64, now: Instant) {
         if key.tpm.is_none() || tokens == 0 {
@@ -274,6 +316,56 @@ impl Limiter {
             let now = w.at(now);
             w.prune(now);
             w.tokens.add(now, tokens);
+        }
+    }
+}
+
+/// Tokens held against a key's `tpm` by one request: replaced by its real tokens when it ends
+/// (`settle`), released if dropped unsettled.
+pub struct TokenHold {
+    windows: Arc<Mutex<KeyWindows>>,
+    amount: u64,
+}
+
+impl std::fmt::Debug for TokenHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenHold")
+            .field("amount", &self.amount)
+            .finish()
+    }
+}
+
+impl TokenHold {
+    /// Holds `amount` tokens instead (less, once the budget lowered the output).
+    pub fn shrink_to(&mut self, amount: u64) {
+        if amount < self.amount {
+            if let Ok(mut w) = self.windows.lock() {
+                w.held = w.held.saturating_sub(self.amount - amount);
+                self.amount = amount;
+            }
+        }
+    }
+
+    /// Replaces the hold by the reply's tokens, counted at `now`, in one step.
+    pub fn settle(mut self, tokens: u64, now: Instant) {
+        let amount = std::mem::take(&mut self.amount);
+        if let Ok(mut w) = self.windows.lock() {
+            w.held = w.held.saturating_sub(amount);
+            let now = w.at(now);
+            w.prune(now);
+            if tokens > 0 {
+                w.tokens.add(now, tokens);
+            }
+        }
+    }
+}
+
+impl Drop for TokenHold {
+    fn drop(&mut self) {
+        if self.amount != 0 {
+            if let Ok(mut w) = self.windows.lock() {
+                w.held = w.held.saturating_sub(self.amount);
+            }
         }
     }
 }

@@ -19,6 +19,7 @@ use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 
 use super::rate::{Headroom, Refusal, WINDOW};
+use super::reserve::{Ask, Reservation, Short};
 use crate::config::keys::Key;
 
 /// What a gateway does while Redis cannot be reached.
@@ -127,10 +128,62 @@ return {refusal, retry, used, req_reset, tok_sum, tok_reset, spend, taken}
 "
 );
 
-/// KEYS: tokens, token sum, spend. ARGV: tokens, member, cost. A reply that ended.
+/// KEYS: token sum, spend, holds (member → expiry), hold amounts (member → "credits
+/// tokens"). ARGV: budget (-1: none), tpm (0: none), prompt tokens, output tokens wanted,
+/// least output (the output wanted when it cannot be lowered, else 1), price per prompt
+/// token, per output token and per request (credits), member, lease ms. Holds a request's
+/// worst cost against the key's budget and tpm, after the spend, the window's tokens and every
+/// live hold (a hold whose gateway died expires with its lease), lowering the output to what
+/// is left. Returns {refusal ("", "budget", "held" (payable but for the holds) or "tpm"), output tokens held, spend, output
+/// tokens tpm left (more than those held when the budget lowered them)}.
+const RESERVE: &str = concat!(
+    redis_now!(),
+    r"
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+if #expired > 0 then
+  redis.call('HDEL', KEYS[4], unpack(expired))
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+end
+local held_c, held_t = 0, 0
+for _, v in ipairs(redis.call('HVALS', KEYS[4])) do
+  local c, t = string.match(v, '^(%S+) (%S+)$')
+  held_c = held_c + tonumber(c)
+  held_t = held_t + tonumber(t)
+end
+local budget, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
+local prompt, out, least = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local pp, pc, pr = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
+local spend = redis.call('GET', KEYS[2]) or '0'
+if tpm > 0 then
+  local left = tpm - tonumber(redis.call('GET', KEYS[1]) or '0') - held_t - prompt
+  if left < least then return {'tpm', 0, spend, 0} end
+  if left < out then out = left end
+end
+local after_tpm = out
+if budget >= 0 then
+  local least_c = least * pc * (1 + 1e-12)
+  local left = budget - tonumber(spend) - prompt * pp - pr
+  if left < least_c or left < 0 then return {'budget', 0, spend, 0} end
+  left = left - held_c
+  if left < least_c or left < 0 then return {'held', 0, spend, 0} end
+  if pc > 0 and left < out * pc then out = math.floor(left / pc) end
+end
+local credits = prompt * pp + out * pc + pr
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[10]), ARGV[9])
+redis.call('HSET', KEYS[4], ARGV[9], string.format('%.17g %d', credits, prompt + out))
+redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[10]))
+redis.call('PEXPIRE', KEYS[4], tonumber(ARGV[10]))
+return {'', out, spend, after_tpm}
+"
+);
+
+/// KEYS: tokens, token sum, spend, holds, hold amounts. ARGV: tokens, member, cost. A reply
+/// that ended: its hold (if any) is replaced by its tokens and cost in one step.
 const ENDED: &str = concat!(
     redis_now!(),
     r"
+redis.call('ZREM', KEYS[4], ARGV[2])
+redis.call('HDEL', KEYS[5], ARGV[2])
 local n = tonumber(ARGV[1])
 if n > 0 then
   redis.call('ZADD', KEYS[1], now, ARGV[2] .. ':' .. ARGV[1])
@@ -168,7 +221,7 @@ return 1
 "
 );
 
-/// KEYS: leases. ARGV: lease ms, member. A lease still held gets a new expiry.
+/// KEYS: leases (or holds). ARGV: lease ms, member. A lease still held gets a new expiry.
 const RENEW: &str = concat!(
     redis_now!(),
     r"
@@ -179,9 +232,12 @@ return 1
 "
 );
 
-fn keys_of(id: &str) -> [String; 6] {
+fn keys_of(id: &str) -> [String; 8] {
     // One hash tag per key: a Redis Cluster keeps a key's counters on one node.
-    ["req", "tok", "toksum", "lease", "spend", "gone"].map(|k| format!("mg:{{{id}}}:{k}"))
+    [
+        "req", "tok", "toksum", "lease", "spend", "gone", "hold", "holdv",
+    ]
+    .map(|k| format!("mg:{{{id}}}:{k}"))
 }
 
 /// The answer for one admission.
@@ -220,6 +276,7 @@ pub struct SharedLimits {
     conn: ConnectionManager,
     rt: tokio::runtime::Handle,
     admit: Script,
+    reserve: Script,
     ended: Script,
     reconcile: Script,
     renew: Script,
@@ -230,6 +287,8 @@ pub struct SharedLimits {
     retry_at_ms: AtomicU64,
     /// Leases this gateway holds (member → key id), renewed while their requests run.
     leases: DashMap<String, String>,
+    /// Budget and tpm holds this gateway holds (member → key id), renewed likewise.
+    holds: DashMap<String, String>,
     /// `UNDO`s waiting for Redis.
     undos: AtomicUsize,
     started: Instant,
@@ -275,6 +334,7 @@ impl SharedLimits {
             conn,
             rt: rt.handle().clone(),
             admit: Script::new(ADMIT),
+            reserve: Script::new(RESERVE),
             ended: Script::new(ENDED),
             reconcile: Script::new(RECONCILE),
             renew: Script::new(RENEW),
@@ -283,6 +343,7 @@ impl SharedLimits {
             down: AtomicBool::new(false),
             retry_at_ms: AtomicU64::new(0),
             leases: DashMap::new(),
+            holds: DashMap::new(),
             undos: AtomicUsize::new(0),
             started: Instant::now(),
         });
@@ -351,7 +412,7 @@ impl SharedLimits {
     pub async fn admit(self: &Arc<Self>, key: &Key, request_id: &str) -> Result<Decision, ()> {
         let keys = keys_of(&key.id);
         let mut inv = self.admit.prepare_invoke();
-        for k in &keys {
+        for k in &keys[..6] {
             inv.key(k);
         }
         inv.arg(key.rpm.unwrap_or(0))
@@ -439,17 +500,31 @@ impl SharedLimits {
         });
     }
 
-    /// Counts a reply that ended: its tokens (tpm) and its cost (spend). Never waits.
-    pub fn ended(self: &Arc<Self>, key_id: &str, request_id: &str, tokens: u64, cost: f64) {
-        if tokens == 0 && cost <= 0.0 {
+    /// Counts a reply that ended: its tokens (tpm) and its cost (spend), in place of its hold
+    /// when it has one. Never waits.
+    pub fn ended(
+        self: &Arc<Self>,
+        key_id: &str,
+        request_id: &str,
+        tokens: u64,
+        cost: f64,
+        hold: Option<FleetHold>,
+    ) {
+        let held = hold.is_some_and(|mut h| {
+            h.settled = true;
+            true
+        });
+        if tokens == 0 && cost <= 0.0 && !held {
             return;
         }
+        self.holds.remove(request_id);
         let keys = keys_of(key_id);
         let member = request_id.to_string();
         let limits = Arc::clone(self);
         self.rt.spawn(async move {
             let mut inv = limits.ended.prepare_invoke();
             inv.key(&keys[1]).key(&keys[2]).key(&keys[4]);
+            inv.key(&keys[6]).key(&keys[7]);
             inv.arg(tokens).arg(member).arg(cost.max(0.0));
             let mut c = limits.conn.clone();
             if let Err(e) = inv.invoke_async::<i64>(&mut c).await {
@@ -477,13 +552,17 @@ impl SharedLimits {
         }
     }
 
-    /// Pushes the expiry of every lease this gateway holds (on Redis's clock).
+    /// Pushes the expiry of every lease and hold this gateway holds (on Redis's clock).
     async fn renew(&self) {
-        let members: Vec<(String, String)> = self
+        let leases = self
             .leases
             .iter()
-            .map(|e| (keys_of(e.value())[3].clone(), e.key().clone()))
-            .collect();
+            .map(|e| (keys_of(e.value())[3].clone(), e.key().clone()));
+        let holds = self
+            .holds
+            .iter()
+            .map(|e| (keys_of(e.value())[6].clone(), e.key().clone()));
+        let members: Vec<(String, String)> = leases.chain(holds).collect();
         let mut c = self.conn.clone();
         for (key, member) in members {
             let mut inv = self.renew.prepare_invoke();
@@ -493,5 +572,91 @@ impl SharedLimits {
                 return;
             }
         }
+    }
+}
+
+/// A request's hold in Redis of its key's budget and tpm: replaced by its real cost when it
+/// ends (`SharedLimits::ended`), released if dropped unsettled; renewed while it runs, so
+/// that it expires `LEASE` after its gateway died.
+#[derive(Debug)]
+pub struct FleetHold {
+    limits: Arc<SharedLimits>,
+    key_id: String,
+    member: String,
+    settled: bool,
+}
+
+impl Drop for FleetHold {
+    fn drop(&mut self) {
+        if !self.settled {
+            let member = std::mem::take(&mut self.member);
+            self.limits.holds.remove(&member);
+            let limits = Arc::clone(&self.limits);
+            let keys = keys_of(&self.key_id);
+            self.limits.rt.spawn(async move {
+                let mut c = limits.conn.clone();
+                let _: Result<i64, _> = c.zrem(&keys[6], &member).await;
+                let _: Result<i64, _> = c.hdel(&keys[7], &member).await;
+            });
+        }
+    }
+}
+
+impl SharedLimits {
+    /// Holds a request's worst cost against its key's budget and tpm across the fleet.
+    /// Err(None) when Redis did not answer (the caller falls back per `on_down`).
+    pub async fn reserve(
+        self: &Arc<Self>,
+        key: &Key,
+        request_id: &str,
+        ask: Ask,
+    ) -> Result<Reservation, Option<Short>> {
+        let keys = keys_of(&key.id);
+        let mut inv = self.reserve.prepare_invoke();
+        inv.key(&keys[2]).key(&keys[4]).key(&keys[6]).key(&keys[7]);
+        inv.arg(key.budget.unwrap_or(-1.0))
+            .arg(key.tpm.unwrap_or(0))
+            .arg(ask.prompt)
+            .arg(ask.output)
+            .arg(ask.least())
+            .arg(ask.price.prompt / 1e6)
+            .arg(ask.price.completion / 1e6)
+            .arg(ask.price.request)
+            .arg(request_id)
+            .arg(ms(LEASE));
+        let mut c = self.conn.clone();
+        let (refusal, output, _spend, after_tpm): (String, u64, String, u64) =
+            match inv.invoke_async(&mut c).await {
+                Ok(v) => v,
+                Err(e) => {
+                    self.failed(&e);
+                    return Err(None);
+                }
+            };
+        self.answered();
+        match refusal.as_str() {
+            "" => {}
+            "tpm" => {
+                let tpm = key.tpm.unwrap_or(0);
+                let refusal = super::rate::refusal_tpm(tpm, Duration::from_secs(1));
+                return Err(Some(Short::Tpm(refusal)));
+            }
+            "held" => return Err(Some(Short::Held)),
+            _ => return Err(Some(Short::Budget)),
+        }
+        self.holds.insert(request_id.to_string(), key.id.clone());
+        let hold = FleetHold {
+            limits: Arc::clone(self),
+            key_id: key.id.clone(),
+            member: request_id.to_string(),
+            settled: false,
+        };
+        Ok(Reservation {
+            output,
+            lowered: output < ask.output,
+            budget_limited: output < after_tpm,
+            fleet: Some(hold),
+            ..Reservation::default()
+        })
     }
 }

@@ -272,9 +272,24 @@ impl Meter {
         }
     }
 
-    /// Whether the meter changes the bytes (SSE with usage stripped).
+    /// Whether the meter changes the bytes (SSE with usage stripped, or cut by the budget).
     pub fn edits_body(&self) -> bool {
-        matches!(self, Meter::Sse(m) if m.strips_usage())
+        matches!(self, Meter::Sse(m) if m.edits())
+    }
+
+    /// A stream is cut after `n` output events (see `SseMeter::cut_after`).
+    pub fn cut_after(&mut self, n: u64) {
+        if let Meter::Sse(m) = self {
+            m.cut_after(n);
+        }
+    }
+
+    /// The stream was cut by its budget: the output events it passed.
+    pub fn cut_by_budget(&self) -> Option<u64> {
+        match self {
+            Meter::Sse(m) if m.cut => Some(m.outputs.saturating_sub(1)),
+            _ => None,
+        }
     }
 
     /// The upstream answered a stream request with a plain JSON reply: it is metered as one,

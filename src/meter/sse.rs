@@ -169,6 +169,13 @@ pub struct SseMeter {
     /// Metered only from the usage its events report, never estimated (a stream of an
     /// endpoint the gateway does not know: its text may not be what is billed).
     pub reported_only: bool,
+    /// Output events (each carries at least one token) after which the stream is cut: the
+    /// output its reservation holds. Events are then held whole, as in strip mode.
+    cut_at: Option<u64>,
+    /// Output events so far.
+    pub outputs: u64,
+    /// The stream was cut at `cut_at`: the client got the closing event, nothing after.
+    pub cut: bool,
 }
 
 /// A chat or completions event that carries usage.
@@ -273,6 +280,37 @@ impl SseMeter {
         self.strip_usage
     }
 
+    /// Cuts the stream after `n` output events: the event past them is replaced by an error
+    /// event (code `budget_exhausted`) and the end of the stream in the API's framing.
+    pub fn cut_after(&mut self, n: u64) {
+        self.cut_at = Some(n);
+    }
+
+    /// Whether the bytes sent on may differ from the upstream's.
+    pub fn edits(&self) -> bool {
+        self.strip_usage || self.cut_at.is_some()
+    }
+
+    /// What ends a stream cut by its budget, in its API's framing.
+    fn closing(&self) -> Vec<u8> {
+        let message = "The key's budget cannot pay for more output: the reply was cut.";
+        let event = match self.dialect {
+            Dialect::Chat => {
+                let e = serde_json::json!({"error": {"message": message, "type": "insufficient_quota", "param": null, "code": "budget_exhausted"}});
+                format!("data: {e}\n\ndata: [DONE]\n\n")
+            }
+            Dialect::Responses => {
+                let e = serde_json::json!({"type": "error", "code": "budget_exhausted", "message": message, "param": null, "sequence_number": self.events});
+                format!("event: error\ndata: {e}\n\n")
+            }
+            Dialect::Messages => {
+                let e = serde_json::json!({"type": "error", "error": {"type": "budget_exhausted", "message": message}});
+                format!("event: error\ndata: {e}\n\n")
+            }
+        };
+        event.into_bytes()
+    }
+
     /// Feeds one piece. Returns the bytes to send on in its place: the piece itself in
     /// observe mode, the completed (and edited) events in strip mode; at the end of a chat
     /// stream that had no `[DONE]`, with one after them.
@@ -315,7 +353,7 @@ impl SseMeter {
     }
 
     fn pass(&mut self, piece: Bytes, end: bool) -> Bytes {
-        if !self.strip_usage {
+        if !self.edits() {
             self.observe(&piece);
             // The last line of a stream that ends without a newline is a line all the same.
             if end && !self.held.is_empty() && !self.skipping {
@@ -335,6 +373,7 @@ impl SseMeter {
             if cut == 0 && piece.len() > MAX_HELD {
                 // Not SSE as we know it: give up editing and pass everything on.
                 self.strip_usage = false;
+                self.cut_at = None;
                 return piece;
             }
             self.held.extend_from_slice(&piece[cut..]);
@@ -355,6 +394,7 @@ impl SseMeter {
             if cut == 0 {
                 if self.held.len() > MAX_HELD {
                     self.strip_usage = false;
+                    self.cut_at = None;
                     let all = std::mem::take(&mut self.held);
                     return Bytes::from(all);
                 }
@@ -443,6 +483,7 @@ impl SseMeter {
                             || has_value(data, &REASONING, text)))));
         if content {
             self.saw_content = true;
+            self.outputs += 1;
             // Kept for an estimate, which a stream metered only from its reported usage never
             // makes.
             if !self.reported_only {
@@ -552,6 +593,9 @@ impl SseMeter {
     /// Meters one event's lines; returns what replaces it if it changes (empty: dropped), or
     /// None to keep it as it came.
     fn edit_event(&mut self, event: &[u8]) -> Option<Vec<u8>> {
+        if self.cut {
+            return Some(Vec::new());
+        }
         let mut kept: Option<Vec<u8>> = None;
         let mut drop_event = false;
         let mut at = 0;
@@ -561,6 +605,12 @@ impl SseMeter {
             let line = &event[at..end];
             let body = line.strip_suffix(b"\n").unwrap_or(line);
             let kind = self.line(body);
+            if self.cut_at.is_some_and(|n| self.outputs > n) {
+                self.cut = true;
+                self.done = true;
+                return Some(self.closing());
+            }
+            let kind = if self.strip_usage { kind } else { Kind::Data };
             let edited = match kind {
                 Kind::UsageOnly => {
                     drop_event = true;

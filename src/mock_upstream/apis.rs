@@ -92,11 +92,19 @@ fn responses(
         "output_tokens": tokens.len(), "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + tokens.len(),
     });
-    let done = base(
-        "completed",
+    let status = if ov.length_limited {
+        "incomplete"
+    } else {
+        "completed"
+    };
+    let mut done = base(
+        status,
         json!([item("completed", json!([part(&text)]))]),
         usage,
     );
+    if ov.length_limited {
+        done["incomplete_details"] = json!({"reason": "max_output_tokens"});
+    }
     if body.get("store").and_then(Value::as_bool) != Some(false) {
         let mut map = stored.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= MAX_STORED {
@@ -158,7 +166,12 @@ fn responses(
         "response.output_item.done",
         json!({"output_index": 0, "item": item("completed", json!([part(&text)]))}),
     );
-    push("response.completed", json!({"response": done}));
+    let last = if ov.length_limited {
+        "response.incomplete"
+    } else {
+        "response.completed"
+    };
+    push(last, json!({"response": done}));
     Ok(Reply::events(events))
 }
 
@@ -242,6 +255,11 @@ fn messages(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Reply, Reply
     }
     let prompt = messages_prompt(body);
     let tokens = reply_tokens(ov.chunks);
+    let stop = if ov.length_limited {
+        "max_tokens"
+    } else {
+        "end_turn"
+    };
     let id = next_id("msg_mock");
     let model = model_or_default(model);
     if body.get("stream").and_then(Value::as_bool) != Some(true) {
@@ -250,7 +268,7 @@ fn messages(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Reply, Reply
             &json!({
                 "id": id, "type": "message", "role": "assistant", "model": model,
                 "content": [{"type": "text", "text": tokens.concat()}],
-                "stop_reason": "end_turn", "stop_sequence": null,
+                "stop_reason": stop, "stop_sequence": null,
                 "usage": {"input_tokens": prompt, "output_tokens": tokens.len(),
                           "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
             }),
@@ -284,7 +302,7 @@ fn messages(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Reply, Reply
     ));
     events.push(named_event(
         "message_delta",
-        &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null},
+        &json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
                 "usage": {"output_tokens": tokens.len()}}),
     ));
     events.push(named_event(

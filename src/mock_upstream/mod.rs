@@ -214,6 +214,15 @@ impl HttpServerApp for MockUpstream {
         } else {
             parse_body(&content_type, body.data.clone()).await
         };
+        if let Some(limit) = parsed
+            .output_limit()
+            .filter(|_| !overrides.ignore_max_tokens)
+        {
+            if limit < overrides.chunks {
+                overrides.chunks = limit;
+                overrides.length_limited = true;
+            }
+        }
         let echo = Echo {
             model: parsed.model(),
             authorization,

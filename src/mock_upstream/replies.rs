@@ -283,6 +283,7 @@ fn chat_completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Repl
             include_usage,
             shape: ov.usage_shape,
             usage: ov.usage.as_ref(),
+            finish: ov.finish(),
         };
         return Ok(Reply::events(chat_stream_events(&spec)));
     }
@@ -297,7 +298,7 @@ fn chat_completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Repl
                 "index": 0,
                 "message": {"role": "assistant", "content": tokens.concat()},
                 "logprobs": null,
-                "finish_reason": "stop",
+                "finish_reason": ov.finish(),
             }],
             "usage": ov.usage.clone().unwrap_or_else(|| usage_json(prompt_tokens, tokens.len())),
         }),
@@ -322,6 +323,7 @@ fn completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Reply, Re
             include_usage,
             shape: ov.usage_shape,
             usage: ov.usage.as_ref(),
+            finish: ov.finish(),
         };
         return Ok(Reply::events(completion_stream_events(&spec)));
     }
@@ -332,7 +334,7 @@ fn completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Reply, Re
             "object": "text_completion",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "text": tokens.concat(), "logprobs": null, "finish_reason": "stop"}],
+            "choices": [{"index": 0, "text": tokens.concat(), "logprobs": null, "finish_reason": ov.finish()}],
             "usage": ov.usage.clone().unwrap_or_else(|| usage_json(prompt_tokens, tokens.len())),
         }),
     ))
@@ -481,6 +483,8 @@ mod tests {
             provider_headers: false,
             echoed_request_id: None,
             plain_reply: false,
+            ignore_max_tokens: false,
+            length_limited: false,
         }
     }
 

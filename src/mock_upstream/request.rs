@@ -66,9 +66,24 @@ pub(super) struct Overrides {
     /// `x-mock-plain-reply: 1`: a chat request that asks for a stream gets a plain JSON reply
     /// (with its `usage`), as from an upstream that ignores `stream`.
     pub(super) plain_reply: bool,
+    /// `x-mock-ignore-max-tokens: 1`: the reply runs to its `chunks` whatever output limit the
+    /// request sets (a provider that ignores the limit). Otherwise a limit below `chunks`
+    /// shortens the reply to it, which then ends as length-limited, as a provider's does.
+    pub(super) ignore_max_tokens: bool,
+    /// The reply was shortened to the request's output limit.
+    pub(super) length_limited: bool,
 }
 
 impl Overrides {
+    /// A chat or completions reply's finish reason.
+    pub(super) fn finish(&self) -> &'static str {
+        if self.length_limited {
+            "length"
+        } else {
+            "stop"
+        }
+    }
+
     pub(super) fn from_headers(headers: &HeaderMap, opts: &MockOptions) -> Self {
         Overrides {
             chunks: header_parse::<usize>(headers, "x-mock-chunks")
@@ -99,6 +114,8 @@ impl Overrides {
                 .min(MAX_DELAY_MS),
             provider_headers: header_flag(headers, "x-mock-provider-headers"),
             plain_reply: header_flag(headers, "x-mock-plain-reply"),
+            ignore_max_tokens: header_flag(headers, "x-mock-ignore-max-tokens"),
+            length_limited: false,
             echoed_request_id: header_flag(headers, "x-mock-echo-request-id")
                 .then(|| headers.get("x-request-id").cloned())
                 .flatten(),
@@ -198,6 +215,17 @@ impl Parsed {
     /// The body asks for a stream (`"stream": true`).
     pub(super) fn stream(&self) -> bool {
         matches!(self, Parsed::Json(v) if v.get("stream").and_then(Value::as_bool) == Some(true))
+    }
+
+    /// The output limit the body sets (`max_tokens`, `max_completion_tokens` or
+    /// `max_output_tokens`: the least of those set).
+    pub(super) fn output_limit(&self) -> Option<usize> {
+        let Parsed::Json(v) = self else { return None };
+        ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+            .iter()
+            .filter_map(|k| v.get(*k).and_then(Value::as_u64))
+            .min()
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
     }
 
     /// The `model` value as received, empty when there is none.

@@ -99,6 +99,8 @@ pub(super) struct StreamSpec<'a> {
     pub(super) shape: UsageShape,
     /// What the usage says instead of the true counts (`x-mock-usage`).
     pub(super) usage: Option<&'a Value>,
+    /// The finish reason: `stop`, or `length` when the reply was cut to the output limit.
+    pub(super) finish: &'static str,
 }
 
 impl StreamSpec<'_> {
@@ -175,7 +177,7 @@ pub(super) fn chat_stream_events(spec: &StreamSpec<'_>) -> Vec<Bytes> {
     events.push(sse_event(&spec.finish(chat_chunk(
         spec,
         json!({}),
-        json!("stop"),
+        json!(spec.finish),
     ))));
     let empty = json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": null});
     events.extend(spec.usage_event("chat.completion.chunk", empty));
@@ -206,7 +208,7 @@ pub(super) fn completion_stream_events(spec: &StreamSpec<'_>) -> Vec<Bytes> {
     events.push(sse_event(&spec.finish(completion_chunk(
         spec,
         "",
-        json!("stop"),
+        json!(spec.finish),
     ))));
     let empty = json!({"index": 0, "text": "", "logprobs": null, "finish_reason": null});
     events.extend(spec.usage_event("text_completion", empty));
@@ -294,6 +296,7 @@ mod tests {
             include_usage: false,
             shape: UsageShape::default(),
             usage: None,
+            finish: "stop",
         };
         let events = event_json(&chat_stream_events(&spec));
         assert_eq!(events.len(), 6);

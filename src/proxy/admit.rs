@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::config::keys::{Key, KeyTable};
 use crate::error::GatewayError;
 use crate::lifecycle::InFlight;
-use crate::limit::rate::{Refusal, retry_after_secs};
+use crate::limit::rate::Refusal;
 use crate::limit::shared::OnDown;
 use crate::meter::Meter;
 use crate::meter::sse::{Dialect, SseMeter};
@@ -115,7 +115,35 @@ impl Gateway {
             }
             routed => routed?,
         };
-        prepare_upstream(ctx, &key, endpoint, route, &snapshot.router, probe, read)
+        let path = session.req_header().uri.path();
+        let asking = super::reserve::Asking {
+            key: &key,
+            endpoint,
+            path,
+            route: &route,
+            router: &snapshot.router,
+            probe: &probe,
+            body: &read,
+            fleet_spend,
+        };
+        let lowered = self.reserve(ctx, asking).await?;
+        // A stream that runs past the output held (an upstream that ignores the limit) is cut.
+        let cut_at = ctx
+            .reservation
+            .as_ref()
+            .filter(|_| super::reserve::output_field(path).is_some())
+            .map(|r| r.output);
+        let upstream = Upstream { lowered, cut_at };
+        prepare_upstream(
+            ctx,
+            &key,
+            endpoint,
+            route,
+            &snapshot.router,
+            probe,
+            read,
+            upstream,
+        )
     }
 
     /// The key may use the endpoint and has budget left (a call that spends nothing needs none).
@@ -178,12 +206,7 @@ impl Gateway {
 }
 
 fn refused(r: Refusal) -> Stop {
-    GatewayError::RateLimited {
-        message: r.message,
-        retry_after: retry_after_secs(r.retry_after),
-        reason: r.limit,
-    }
-    .into()
+    r.into_error().into()
 }
 
 impl Gateway {
@@ -454,7 +477,15 @@ fn route_model(router: &Router, key: &Key, model: &str) -> Result<Arc<Route>, St
     Ok(route)
 }
 
+/// What the reservation changes in the upstream request: its output limit, lowered (with the
+/// field to write it to), and the output after which a stream is cut.
+struct Upstream {
+    lowered: Option<(u64, &'static str)>,
+    cut_at: Option<u64>,
+}
+
 /// The meter, the body as the upstream will get it, and the upstream that gets it.
+#[allow(clippy::too_many_arguments)]
 fn prepare_upstream(
     ctx: &mut Ctx,
     key: &Key,
@@ -463,6 +494,7 @@ fn prepare_upstream(
     router: &Router,
     probe: route_body::Probe,
     body: Bytes,
+    upstream: Upstream,
 ) -> Result<(), Stop> {
     // Streams are metered from their events; ask the upstream for usage if the client did
     // not (and hide it from the client again, see meter/sse.rs).
@@ -484,13 +516,17 @@ fn prepare_upstream(
         Metering::Reported => Meter::json_reported(),
         Metering::PerRequest | Metering::Free => Meter::None,
     };
+    if let Some(n) = upstream.cut_at {
+        ctx.meter.cut_after(n);
+    }
     ctx.free = endpoint.metering == Metering::Free;
     ctx.asked = Some(route.clone());
-    ctx.body = route_body::for_upstream(
+    ctx.body = route_body::for_upstream_limited(
         &body,
         &probe,
         route.upstream_rename(&route.model.name),
         ask_usage,
+        upstream.lowered,
     );
     // Only models the key may use: a fallback is not a way around its allow-list (nor onto a
     // dearer model it was kept from).
@@ -512,6 +548,7 @@ fn prepare_upstream(
             body,
             probe,
             ask_usage,
+            lowered: upstream.lowered,
         }));
     }
     ctx.route = Some(route);

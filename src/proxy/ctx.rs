@@ -57,6 +57,9 @@ pub struct Ctx {
     pub slot: Option<Slot>,
     /// The same slot when it is counted in Redis across the fleet.
     pub lease: Option<crate::limit::shared::Lease>,
+    /// What the request holds of its key's budget and tpm until it ends (`budget_mode =
+    /// "reserve"`).
+    pub reservation: Option<Box<crate::limit::reserve::Reservation>>,
     /// Counts the request as in flight until it ends (its record written); carries the
     /// shutdown's signal to end it.
     pub life: Option<crate::lifecycle::InFlight>,
@@ -126,6 +129,7 @@ impl Ctx {
             headroom: Headroom::default(),
             slot: None,
             lease: None,
+            reservation: None,
             life: None,
             cors: None,
             shape: crate::error::ErrorShape::OpenAi,
@@ -192,6 +196,8 @@ pub struct Fallbacks {
     pub body: Bytes,
     pub probe: crate::route::body::Probe,
     pub ask_usage: bool,
+    /// The output limit the reservation lowered, with its field.
+    pub lowered: Option<(u64, &'static str)>,
 }
 
 /// `req_` + 16 hex of a per-process random prefix + 12 hex of a counter: unique, sortable

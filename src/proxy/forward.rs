@@ -96,12 +96,13 @@ pub(super) async fn run(gw: &Gateway, session: &mut impl Downstream, ctx: &mut C
     for (n, next) in std::iter::once(&route).chain(routes).enumerate() {
         if n > 0 {
             if let Some(f) = &fallbacks {
-                ctx.body = route_body::for_upstream(
+                ctx.body = route_body::for_upstream_limited(
                     &f.body,
                     &f.probe,
                     // The body names the model the client asked for.
                     next.upstream_rename(&route.model.name),
                     f.ask_usage,
+                    f.lowered,
                 );
             }
             tracing::debug!(request_id = %ctx.request_id, model = %next.model.name, "fallback");

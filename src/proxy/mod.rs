@@ -13,6 +13,7 @@ mod outcome;
 pub mod record;
 mod relay;
 pub mod reply;
+mod reserve;
 pub mod respond;
 
 use std::sync::Arc;
@@ -481,11 +482,19 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
     if ctx.group == Group::Responses.name() && record::succeeded(status) {
         note_stored_response(shared, req, ctx, &key.id);
     }
-    shared.limiter.add_tokens(&key, r.total_tokens, ended);
-    shared.spend.add(&key.id, r.cost);
+    // What the request held is replaced by what it cost, each in one step.
+    let held = ctx.reservation.take().map(|r| *r).unwrap_or_default();
+    match held.tokens {
+        Some(hold) => hold.settle(r.total_tokens, ended),
+        None => shared.limiter.add_tokens(&key, r.total_tokens, ended),
+    }
+    match held.budget {
+        Some(hold) => hold.settle(r.cost),
+        None => shared.spend.add(&key.id, r.cost),
+    }
     if let Some(limits) = &shared.shared_limits {
         let tokens = if key.tpm.is_some() { r.total_tokens } else { 0 };
-        limits.ended(&key.id, &r.request_id, tokens, r.cost);
+        limits.ended(&key.id, &r.request_id, tokens, r.cost, held.fleet);
     }
     shared.store.record(r);
 }

@@ -14,12 +14,23 @@ pub enum Tokens {
     /// without usage, or a reply cut or abandoned after its success header (the prompt was
     /// read; what content passed counts too).
     Estimate(estimate::Job),
+    /// A stream cut by its budget after `output` output events, each at least a token: the
+    /// prompt is counted, the output is those tokens (estimated).
+    Cut {
+        job: estimate::Job,
+        output: u64,
+    },
     None,
 }
 
 impl Tokens {
     /// The tokens of the request in `ctx`, which ended with `status`.
     pub fn of(ctx: &Ctx, status: u16) -> Tokens {
+        if let Some(output) = ctx.meter.cut_by_budget() {
+            let mut job = estimate_job(ctx);
+            job.output = estimate::Output::Nothing;
+            return Tokens::Cut { job, output };
+        }
         match ctx.meter.usage() {
             Some(u) => Tokens::Reported(complete(u)),
             None if ctx.meter.estimates()
@@ -39,6 +50,16 @@ impl Tokens {
             Tokens::Estimate(job) => {
                 let cut = crate::lifecycle::cut(life);
                 (job.count_off_thread(cut).await, true)
+            }
+            Tokens::Cut { job, output } => {
+                let cut = crate::lifecycle::cut(life);
+                let prompt = job.count_off_thread(cut).await.prompt_tokens;
+                let usage = Usage {
+                    prompt_tokens: prompt,
+                    completion_tokens: output,
+                    total_tokens: prompt.saturating_add(output),
+                };
+                (usage, true)
             }
             Tokens::None => (Usage::default(), false),
         }
@@ -118,14 +139,9 @@ fn estimate_job(ctx: &Ctx) -> estimate::Job {
     }
 }
 
-/// Credits: per million prompt and completion tokens, plus the per-request price when the
-/// upstream served the request; to the nearest 10^-12 credit, so that binary fractions do not
-/// show (4 × 1e-6 + 8 × 2e-6 is 0.00002, not 0.000019999999999999998).
+/// Credits for the usage (`limit::reserve::cost`).
 pub fn cost(price: &Price, usage: &Usage, served: bool) -> f64 {
-    let tokens = price.prompt * usage.prompt_tokens as f64 / 1e6
-        + price.completion * usage.completion_tokens as f64 / 1e6;
-    let cost = tokens + if served { price.request } else { 0.0 };
-    (cost * 1e12).round() / 1e12
+    crate::limit::reserve::cost(price, usage.prompt_tokens, usage.completion_tokens, served)
 }
 
 #[cfg(test)]

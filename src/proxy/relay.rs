@@ -129,6 +129,9 @@ pub(super) async fn relay_body<D: Downstream>(
         };
         let mut done = chunk.is_none() || upstream.client.response_done();
         reply::on_body(ctx, &mut chunk, done);
+        // A stream cut by its budget ends here; the rest of the upstream's is not read.
+        let cut = ctx.meter.cut_by_budget().is_some();
+        done |= cut;
         // The pieces the upstream has already sent go out in one write (one send, one wake of
         // the client), as Pingora's own proxy loop does; a piece still on its way is not
         // waited for. Each is metered as it is taken.
@@ -142,6 +145,7 @@ pub(super) async fn relay_body<D: Downstream>(
                 Ok(mut c) => {
                     done = c.is_none() || upstream.client.response_done();
                     reply::on_body(ctx, &mut c, done);
+                    done |= ctx.meter.cut_by_budget().is_some();
                     out.push(c);
                 }
                 Err(e) => {
@@ -163,7 +167,10 @@ pub(super) async fn relay_body<D: Downstream>(
             break;
         }
     }
-    upstream.release(connections).await;
+    // A connection whose reply was left unread (a stream cut by its budget) is closed.
+    if ctx.meter.cut_by_budget().is_none() {
+        upstream.release(connections).await;
+    }
     Ok(())
 }
 

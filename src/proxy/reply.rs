@@ -96,6 +96,10 @@ pub fn on_upstream_header(
     keep_for_client(resp, pass, &ctx.request_id)?;
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     super::respond::reply_headers(&ctx.decor(), resp)?;
+    if ctx.reservation.as_ref().is_some_and(|r| r.budget_limited) {
+        // The output limit was lowered to what the budget can pay.
+        resp.insert_header("x-modelgate-budget-limited", "true")?;
+    }
     if resp.status.is_success() && is_json(resp) {
         // A stream request answered with a plain reply: metered from its `usage`.
         ctx.meter.plain_reply();

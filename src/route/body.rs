@@ -26,6 +26,25 @@ pub struct Probe {
     pub messages: Option<bool>,
     /// `max_tokens`: None when absent (or null), else whether it is a positive integer.
     pub max_tokens: Option<bool>,
+    /// The output limits the body sets, each a field's name, its value when a whole number,
+    /// and its value's byte range (JSON only).
+    pub output_limits: Vec<OutputLimit>,
+}
+
+/// An output limit a request body sets (`max_tokens`, `max_completion_tokens`,
+/// `max_output_tokens`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputLimit {
+    pub field: &'static str,
+    pub value: Option<u64>,
+    pub span: (usize, usize),
+}
+
+impl Probe {
+    /// The output the request allows: the least whole-number limit it sets.
+    pub fn output_limit(&self) -> Option<u64> {
+        self.output_limits.iter().filter_map(|l| l.value).min()
+    }
 }
 
 #[derive(Deserialize)]
@@ -41,6 +60,10 @@ struct JsonProbe<'a> {
     messages: Option<&'a RawValue>,
     #[serde(default, borrow)]
     max_tokens: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    max_completion_tokens: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    max_output_tokens: Option<&'a RawValue>,
 }
 
 fn raw_even_null<'de, D: serde::Deserializer<'de>>(
@@ -125,6 +148,21 @@ pub fn probe_json(body: &[u8]) -> Result<Probe, GatewayError> {
             .max_tokens
             .filter(|m| m.get() != "null")
             .map(|m| m.get().parse::<u64>().is_ok_and(|n| n > 0)),
+        output_limits: [
+            ("max_tokens", p.max_tokens),
+            ("max_completion_tokens", p.max_completion_tokens),
+            ("max_output_tokens", p.max_output_tokens),
+        ]
+        .into_iter()
+        .filter_map(|(field, raw)| {
+            let raw = raw.filter(|r| r.get() != "null")?;
+            Some(OutputLimit {
+                field,
+                value: raw.get().parse::<u64>().ok(),
+                span: span(raw),
+            })
+        })
+        .collect(),
     })
 }
 
@@ -265,6 +303,7 @@ pub async fn probe_multipart(body: &Bytes, boundary: &str) -> Result<Probe, Gate
         stream_options_span: None,
         messages: None,
         max_tokens: None,
+        output_limits: Vec::new(),
     })
 }
 
@@ -331,8 +370,32 @@ pub fn for_upstream(
     upstream_model: Option<&str>,
     ask_usage: bool,
 ) -> Bytes {
+    for_upstream_limited(body, probe, upstream_model, ask_usage, None)
+}
+
+/// `for_upstream`, with the output limited to `limit.0` tokens (JSON only): every limit the
+/// body sets above it is lowered to it, and a body that sets none gets `limit.1` (the
+/// endpoint's own field) set to it.
+pub fn for_upstream_limited(
+    body: &Bytes,
+    probe: &Probe,
+    upstream_model: Option<&str>,
+    ask_usage: bool,
+    limit: Option<(u64, &'static str)>,
+) -> Bytes {
     // (start, end, replacement), applied back to front so earlier offsets stay valid.
     let mut edits: Vec<(usize, usize, String)> = Vec::with_capacity(2);
+    if let (Some((n, field)), None) = (limit, &probe.multipart_boundary) {
+        for l in &probe.output_limits {
+            if l.value.is_some_and(|v| v > n) {
+                edits.push((l.span.0, l.span.1, n.to_string()));
+            }
+        }
+        if probe.output_limits.is_empty() {
+            let at = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+            edits.push((at, at, format!("\"{field}\":{n},")));
+        }
+    }
     if let Some(m) = upstream_model {
         let value = if probe.multipart_boundary.is_some() {
             m.to_string()
@@ -393,6 +456,28 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
         assert_eq!(v["model"], "upstream/\"big\"");
         assert_eq!(v["messages"][0]["model"], "inner");
+    }
+
+    #[test]
+    fn an_output_limit_is_lowered_or_set() {
+        let body = br#"{"model":"m","max_tokens":500,"max_completion_tokens":40,"messages":[]}"#;
+        let p = probe_json(body).expect("ok");
+        assert_eq!(p.output_limit(), Some(40));
+        let body = Bytes::from_static(body);
+        let out = for_upstream_limited(&body, &p, None, true, Some((100, "max_completion_tokens")));
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["max_tokens"], 100, "lowered");
+        assert_eq!(v["max_completion_tokens"], 40, "already below");
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        // None set: the endpoint's own field is added, beside the usage request.
+        let bare = Bytes::from_static(br#"{"model":"m","input":"hi"}"#);
+        let p = probe_json(&bare).expect("ok");
+        assert_eq!(p.output_limit(), None);
+        let out = for_upstream_limited(&bare, &p, Some("u"), true, Some((7, "max_output_tokens")));
+        let v: serde_json::Value = serde_json::from_slice(&out).expect("json");
+        assert_eq!(v["max_output_tokens"], 7);
+        assert_eq!(v["model"], "u");
+        assert_eq!(v["input"], "hi");
     }
 
     #[test]
