@@ -26,6 +26,7 @@ fn record(i: u64, time_ms: i64) -> UsageRecord {
         estimated: i % 10 == 0,
         attempts: 1 + (i % 3 == 0) as u32,
         served_model: "gpt-4o-mini".into(),
+        cut: String::new(),
     }
 }
 

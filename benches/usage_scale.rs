@@ -50,6 +50,7 @@ fn record(i: u64, time_ms: i64) -> UsageRecord {
         estimated: i % 10 == 0,
         attempts: 1,
         served_model: "gpt-4o".into(),
+        cut: String::new(),
     }
 }
 

@@ -99,6 +99,7 @@ fn json_line(r: &UsageRecord, method: &str, path: &str) -> String {
         "latency_ms": r.latency_ms,
         "ttft_ms": r.ttft_ms,
         "attempts": r.attempts,
+        "cut": r.cut,
     })
     .to_string();
     line.push('\n');
@@ -153,6 +154,7 @@ fn logfmt_line(r: &UsageRecord, method: &str, path: &str) -> String {
         &r.ttft_ms.map(|t| t.to_string()).unwrap_or_default(),
     );
     put("attempts", &r.attempts.to_string());
+    put("cut", &r.cut);
     line.push('\n');
     line
 }
@@ -183,6 +185,7 @@ mod tests {
             estimated: false,
             attempts: 1,
             served_model: "a".into(),
+            cut: String::new(),
         };
         let j: serde_json::Value =
             serde_json::from_str(&json_line(&r, "POST", "/v1/chat/completions")).unwrap();

@@ -39,6 +39,7 @@ fn record(i: u64, key: &str, time_ms: i64) -> UsageRecord {
         } else {
             format!("served-{}", i % 3)
         },
+        cut: if i % 6 == 1 { "client" } else { "" }.into(),
     }
 }
 
@@ -883,8 +884,10 @@ fn a_gateway_whose_postgres_is_unreachable_does_not_start_and_says_why() {
 #[tokio::test(flavor = "multi_thread")]
 async fn without_redis_a_budget_spent_on_one_gateway_is_refused_on_the_other() {
     let pg = Postgres::start();
+    // Today's rule: a request may pass the budget (12.5 of 10), the next is refused.
     let setup = || Setup {
         extra_config: pg_config(&pg),
+        limits_extra: "budget_mode = \"after\"\n".into(),
         ..Setup::default()
     };
     let (a, b) = (start_with(setup()), start_with(setup()));

@@ -145,6 +145,7 @@ pub(super) struct RawStorage {
     pub(super) sqlite: Option<String>,
     pub(super) postgres: Option<Spanned<String>>,
     pub(super) spool: Option<String>,
+    pub(super) journal: Option<String>,
     #[serde(default, deserialize_with = "retention_days")]
     pub(super) retention_days: Option<u64>,
 }

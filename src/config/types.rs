@@ -37,6 +37,9 @@ pub struct Config {
     /// Where records wait on disk while Postgres is away (default `usage-spool.jsonl` beside
     /// the config file).
     pub spool: PathBuf,
+    /// The folder of the journal each request's record goes to before the store has it, so a
+    /// crash loses none (default `usage-journal` beside the config).
+    pub journal: PathBuf,
     /// Usage records older than this are deleted; None keeps them forever.
     pub retention: Option<Duration>,
     pub pools: Vec<PoolConfig>,

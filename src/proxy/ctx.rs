@@ -60,6 +60,10 @@ pub struct Ctx {
     /// What the request holds of its key's budget and tpm until it ends (`budget_mode =
     /// "reserve"`).
     pub reservation: Option<Box<crate::limit::reserve::Reservation>>,
+    /// Why the reply was cut short ("" when it was not), settled with the status.
+    pub cut: &'static str,
+    /// The request's entry in the crash journal, open from auth to its record.
+    pub journal: Option<crate::store::journal::Entry>,
     /// Counts the request as in flight until it ends (its record written); carries the
     /// shutdown's signal to end it.
     pub life: Option<crate::lifecycle::InFlight>,
@@ -130,6 +134,8 @@ impl Ctx {
             slot: None,
             lease: None,
             reservation: None,
+            cut: "",
+            journal: None,
             life: None,
             cors: None,
             shape: crate::error::ErrorShape::OpenAi,

@@ -428,6 +428,7 @@ async fn finish(shared: &Shared, client: &mut impl Downstream, e: Option<&Error>
         }
     }
     let status = outcome::settle(&ctx.sent, failure.map(|(_, f)| f));
+    ctx.cut = outcome::cut(&ctx.sent, failure.map(|(_, f)| f));
     if let Some((e, f)) = failure {
         if !f.quiet(e) {
             tracing::error!(request_id = %ctx.request_id, "the request failed: {e}, status: {status}");
@@ -496,7 +497,7 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
         let tokens = if key.tpm.is_some() { r.total_tokens } else { 0 };
         limits.ended(&key.id, &r.request_id, tokens, r.cost, held.fleet);
     }
-    shared.store.record(r);
+    shared.store.record_journaled(r, ctx.journal.take());
 }
 
 /// The contract's 400 for a connection's first request that Pingora's reader refuses (a

@@ -65,6 +65,21 @@ pub fn settle(sent: &Sent, failure: Option<Failure>) -> u16 {
     }
 }
 
+/// Why a request's reply was cut short, for its record: by the client (also one that left
+/// before the reply began), the shutdown, or the upstream (a reply that began and failed);
+/// "" for a reply that went whole or an error answered in full.
+pub fn cut(sent: &Sent, failure: Option<Failure>) -> &'static str {
+    if sent.whole {
+        return "";
+    }
+    match (sent.cut, failure) {
+        (Some(Cut::Client), _) | (None, Some(Failure::Client)) => "client",
+        (Some(Cut::Shutdown), _) | (None, Some(Failure::Shutdown)) => "shutdown",
+        (None, Some(Failure::Status(_))) if sent.began() => "upstream",
+        _ => "",
+    }
+}
+
 /// The error a request ends with when its client went away before its reply began.
 pub fn client_left() -> Box<Error> {
     Error::explain(ErrorType::ConnectionClosed, "the client went away").into_down()
@@ -229,5 +244,27 @@ mod tests {
         assert_eq!(Failure::of(&shutdown), Failure::Shutdown);
         assert!(Failure::of(&client).quiet(&client));
         assert!(!Failure::of(&upstream).quiet(&upstream));
+    }
+
+    #[test]
+    fn a_cut_is_named_for_the_record() {
+        use Failure::*;
+        let began = |whole, cut| sent(Some(200), whole, cut);
+        assert_eq!(
+            cut(&began(true, None), Some(Status(502))),
+            "",
+            "it went whole"
+        );
+        assert_eq!(cut(&began(false, Some(Cut::Client)), None), "client");
+        assert_eq!(cut(&sent(None, false, None), Some(Client)), "client");
+        assert_eq!(cut(&began(false, Some(Cut::Shutdown)), None), "shutdown");
+        assert_eq!(cut(&sent(None, false, None), Some(Shutdown)), "shutdown");
+        assert_eq!(cut(&began(false, None), Some(Status(504))), "upstream");
+        assert_eq!(
+            cut(&sent(None, false, None), Some(Status(502))),
+            "",
+            "answered 502"
+        );
+        assert_eq!(cut(&sent(None, false, None), None), "");
     }
 }

@@ -110,6 +110,12 @@ pub fn build(
             .filter(|_| ctx.proxied)
             .map(|r| r.model.name.clone())
             .unwrap_or_default(),
+        cut: if ctx.meter.cut_by_budget().is_some() {
+            "budget"
+        } else {
+            ctx.cut
+        }
+        .to_string(),
     }
 }
 

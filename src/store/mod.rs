@@ -4,6 +4,7 @@
 //! the engine's own connections.
 
 pub mod console;
+pub mod journal;
 pub mod record;
 pub mod rollup;
 
@@ -30,6 +31,34 @@ pub use record::{CSV_HEADER, UsageRecord};
 use engine::{BatchWriter, Engine};
 use spool::Spool;
 use writer::{Msg, Shared, Writer, WriterConfig};
+
+/// Reads back what a journal left (a run that did not stop cleanly), puts its records in the
+/// spool (without one, straight into the database, skipping those it has), removes it, and
+/// opens a new one.
+fn recover_journal(
+    dir: &Path,
+    spool: Option<&Path>,
+    conn: &mut dyn BatchWriter,
+) -> Result<Arc<journal::Journal>, String> {
+    let (records, segments) = journal::recover(dir)?;
+    if !records.is_empty() {
+        let crashed = records.iter().filter(|r| r.cut == "crash").count();
+        match spool {
+            Some(path) => Spool::new(path.to_path_buf()).append(&records)?,
+            None => conn.insert_replayed(&records).map_err(|e| e.msg)?,
+        }
+        tracing::warn!(
+            records = records.len(),
+            crashed,
+            "usage journal: the records of a run that did not stop cleanly are recovered"
+        );
+    }
+    for path in segments {
+        std::fs::remove_file(&path)
+            .map_err(|e| format!("usage journal: removing {}: {e}", path.display()))?;
+    }
+    journal::Journal::open(dir)
+}
 
 /// A failed read of the store. Its detail is for the log; clients get a generic message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +96,8 @@ pub struct StoreOptions {
     pub overflow_max: usize,
     /// Where batches wait on disk while a database server is away (Postgres).
     pub spool: Option<PathBuf>,
+    /// The crash journal's folder (`journal`); None: records wait in memory only.
+    pub journal: Option<PathBuf>,
 }
 
 impl Default for StoreOptions {
@@ -78,6 +109,7 @@ impl Default for StoreOptions {
             retention: None,
             overflow_max: 1_000_000,
             spool: None,
+            journal: None,
         }
     }
 }
@@ -118,6 +150,7 @@ pub struct Store {
     /// Each key's spend when the store opened: the database's totals and the costs of the
     /// records waiting in the spool, read before the writer could replay any of them.
     spend_at_open: Mutex<Option<HashMap<String, f64>>>,
+    journal: Option<Arc<journal::Journal>>,
 }
 
 /// Batches queued for the writer past which each new record's thread gives way to it.
@@ -205,6 +238,10 @@ impl Store {
         opts: StoreOptions,
     ) -> Result<Arc<Store>, String> {
         let mut spend = engine.spend_totals().map_err(|e| e.to_string())?;
+        let journal = match &opts.journal {
+            Some(dir) => Some(recover_journal(dir, opts.spool.as_deref(), conn.as_mut())?),
+            None => None,
+        };
         if let Some(path) = &opts.spool {
             match Spool::new(path.clone()).pending_costs(|b| conn.not_stored(b)) {
                 Ok(costs) => {
@@ -224,12 +261,15 @@ impl Store {
             retention: opts.retention,
             spool: opts.spool.clone(),
         };
-        let writer = Writer::new(conn, rx, Arc::clone(&shared), cfg);
+        let writer = Writer::new(conn, rx, Arc::clone(&shared), cfg, journal.clone());
         let handle = std::thread::Builder::new()
             .name("usage-writer".into())
             .spawn(move || writer.run())
             .map_err(|e| format!("usage store: starting the writer thread: {e}"))?;
         let writer_thread = handle.thread().clone();
+        if let Some(j) = &journal {
+            j.wake_with(writer_thread.clone());
+        }
         Ok(Arc::new(Store {
             writer_thread,
             batch_max: opts.batch_max.max(1),
@@ -242,7 +282,21 @@ impl Store {
             closed: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             spend_at_open: Mutex::new(Some(spend)),
+            journal,
         }))
+    }
+
+    /// Opens the journal entry of a request that passed auth (see `journal`).
+    pub fn journal_open(&self, opened: &journal::Opened) -> Option<journal::Entry> {
+        self.journal.as_ref()?.open_entry(opened)
+    }
+
+    /// `record`, closing the request's journal entry with the record first.
+    pub fn record_journaled(&self, r: UsageRecord, entry: Option<journal::Entry>) {
+        if let (Some(j), Some(e)) = (&self.journal, entry) {
+            j.close(e, &r);
+        }
+        self.record(r);
     }
 
     /// Never blocks, never panics. Channel → overflow queue → counted drop. After `close`

@@ -5,10 +5,10 @@ use std::io::Write;
 
 use serde_json::{Value, json};
 
-pub const CSV_HEADER: &str = "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated,attempts,served_model";
+pub const CSV_HEADER: &str = "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated,attempts,served_model,cut";
 
 /// Serialized only to the spool (`store::spool`), never to clients: they get `to_json`.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct UsageRecord {
     /// Unix milliseconds when the request arrived.
     pub time_ms: i64,
@@ -38,6 +38,10 @@ pub struct UsageRecord {
     pub attempts: u32,
     /// The model whose pool answered: `model`, or the fallback that took it ("" when none).
     pub served_model: String,
+    /// Why the reply was cut short: `client`, `upstream`, `budget`, `shutdown`, `crash` ("" when
+    /// it was not).
+    #[serde(default)]
+    pub cut: String,
 }
 
 /// The rollup row's model for the records of models the gateway does not serve.
@@ -227,6 +231,7 @@ pub struct CsvRow<'a> {
     pub estimated: bool,
     pub attempts: u64,
     pub served_model: &'a [u8],
+    pub cut: &'a [u8],
 }
 
 impl CsvRow<'_> {
@@ -269,6 +274,8 @@ impl CsvRow<'_> {
         push_u64(out, self.attempts);
         out.push(b',');
         csv_field(out, self.served_model);
+        out.push(b',');
+        csv_field(out, self.cut);
         out.push(b'\n');
     }
 }
@@ -295,6 +302,7 @@ impl UsageRecord {
             estimated: self.estimated,
             attempts: u64::from(self.attempts),
             served_model: self.served_model.as_bytes(),
+            cut: self.cut.as_bytes(),
         }
         .write(out);
     }
@@ -319,6 +327,7 @@ impl UsageRecord {
             "estimated": self.estimated,
             "attempts": self.attempts,
             "served_model": self.served_model,
+            "cut": self.cut,
         })
     }
 }
@@ -389,6 +398,7 @@ mod tests {
             estimated: false,
             attempts: 1,
             served_model: "echo,\"1\"".into(),
+            cut: String::new(),
         }
     }
 
@@ -399,9 +409,9 @@ mod tests {
         let out = String::from_utf8(out).unwrap();
         assert_eq!(
             out,
-            "2026-11-22T13:14:25.123Z,req_1,demo,main,chat,\"echo,\"\"1\"\"\",200,true,4,8,12,0.5,12,,http://127.0.0.1:9100,false,1,\"echo,\"\"1\"\"\"\n"
+            "2026-11-22T13:14:25.123Z,req_1,demo,main,chat,\"echo,\"\"1\"\"\",200,true,4,8,12,0.5,12,,http://127.0.0.1:9100,false,1,\"echo,\"\"1\"\"\",\n"
         );
-        assert_eq!(CSV_HEADER.split(',').count(), 18);
+        assert_eq!(CSV_HEADER.split(',').count(), 19);
         let v = sample().to_json();
         let keys: Vec<&str> = CSV_HEADER.split(',').collect();
         for k in keys {

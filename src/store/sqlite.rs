@@ -36,6 +36,7 @@ CREATE TABLE IF NOT EXISTS usage (
     estimated INTEGER NOT NULL,
     attempts INTEGER NOT NULL DEFAULT 1,
     served_model TEXT NOT NULL DEFAULT '',
+    cut TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (key_id, time_ms, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS usage_time ON usage (time_ms, seq);
@@ -70,12 +71,12 @@ DROP TABLE usage_rowid;
 /// The column list every reader selects, `seq` first; `read_row` follows this order.
 pub(super) const SELECT_COLUMNS: &str = "seq, time_ms, request_id, key_id, listener, endpoint, \
      model, status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, \
-     ttft_ms, upstream, estimated, attempts, served_model";
+     ttft_ms, upstream, estimated, attempts, served_model, cut";
 
 const INSERT: &str = "INSERT INTO usage (time_ms, request_id, key_id, listener, endpoint, model, \
      status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, ttft_ms, \
-     upstream, estimated, seq, attempts, served_model) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
-     ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)";
+     upstream, estimated, seq, attempts, served_model, cut) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
+     ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)";
 
 const SPEND_UPSERT: &str = "INSERT INTO spend (key_id, spend, last_used_ms) VALUES (?1, ?2, ?3) \
      ON CONFLICT(key_id) DO UPDATE SET spend = spend + excluded.spend, \
@@ -160,6 +161,7 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, String> {
         .map_err(|e| db_err("creating schema", e))?;
     add_last_used(&conn)?;
     add_attempts(&conn)?;
+    add_cut(&conn)?;
     conn.execute_batch(super::rollup::SCHEMA)
         .map_err(|e| db_err("creating the rollup schema", e))?;
     super::rollup::backfill(&mut conn)?;
@@ -222,6 +224,23 @@ fn add_attempts(conn: &Connection) -> Result<(), String> {
              ALTER TABLE usage ADD COLUMN served_model TEXT NOT NULL DEFAULT '';",
         )
         .map_err(|e| db_err("adding usage.attempts", e))?;
+    }
+    Ok(())
+}
+
+/// `usage.cut` (why a reply was cut short) came with hard budgets and the crash journal; older
+/// rows read as not cut.
+fn add_cut(conn: &Connection) -> Result<(), String> {
+    let has: bool = conn
+        .query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('usage') WHERE name = 'cut')",
+            [],
+            |r| r.get(0),
+        )
+        .map_err(|e| db_err("reading the usage table", e))?;
+    if !has {
+        conn.execute_batch("ALTER TABLE usage ADD COLUMN cut TEXT NOT NULL DEFAULT '';")
+            .map_err(|e| db_err("adding usage.cut", e))?;
     }
     Ok(())
 }
@@ -328,6 +347,7 @@ pub(super) fn insert_batch(
                     seq,
                     r.attempts,
                     r.served_model,
+                    r.cut,
                 ])
                 .map_err(|e| write_err("insert", e))?;
             seq += 1;
@@ -433,6 +453,7 @@ pub(super) fn read_row(row: &Row<'_>, rec: &mut UsageRecord) -> rusqlite::Result
     rec.estimated = row.get(16)?;
     rec.attempts = u32::try_from(row.get::<_, i64>(17)?).unwrap_or(0);
     set_text(&mut rec.served_model, row, 18)?;
+    set_text(&mut rec.cut, row, 19)?;
     Ok(seq)
 }
 
@@ -474,6 +495,7 @@ pub(super) fn csv_row<'r>(row: &'r Row<'_>) -> rusqlite::Result<(i64, CsvRow<'r>
             estimated: row.get_ref(16)?.as_i64()? != 0,
             attempts: int_u64(row, 17)?,
             served_model: text(row, 18)?,
+            cut: text(row, 19)?,
         },
     ))
 }
@@ -499,6 +521,7 @@ pub(super) fn blank_record() -> UsageRecord {
         estimated: false,
         attempts: 0,
         served_model: String::new(),
+        cut: String::new(),
     }
 }
 
@@ -528,6 +551,7 @@ pub(super) fn sample_record(i: u64, key: &str, time_ms: i64) -> UsageRecord {
         } else {
             format!("served-{}", i % 3)
         },
+        cut: if i % 6 == 1 { "client" } else { "" }.into(),
     }
 }
 

@@ -122,6 +122,9 @@ pub(super) struct Writer {
     retry_wait: Duration,
     /// A batch committed since the engine last gave its memory back.
     holds_memory: bool,
+    journal: Option<Arc<super::journal::Journal>>,
+    /// A `Stop` taken while emptying the channel for a trim.
+    stop_seen: bool,
 }
 
 impl Writer {
@@ -130,6 +133,7 @@ impl Writer {
         rx: Receiver<Msg>,
         shared: Arc<Shared>,
         cfg: WriterConfig,
+        journal: Option<Arc<super::journal::Journal>>,
     ) -> Self {
         Writer {
             conn,
@@ -145,6 +149,8 @@ impl Writer {
             retry_at: None,
             retry_wait: RETRY_FIRST,
             holds_memory: false,
+            journal,
+            stop_seen: false,
             cfg,
         }
     }
@@ -213,6 +219,7 @@ impl Writer {
                     Err(TryRecvError::Disconnected) => stop = true,
                 }
             }
+            stop |= std::mem::take(&mut self.stop_seen);
             let due = self.batch.len() >= self.cfg.batch_max
                 || self
                     .batch_started
@@ -234,6 +241,51 @@ impl Writer {
             }
             if self.batch.is_empty() {
                 self.retention_tick();
+            }
+            self.trim();
+        }
+    }
+
+    /// Removes the journal's segments whose entries are all closed, once their records are
+    /// committed (or safe in the spool): everything queued now is, first. Not while batches
+    /// fail: the journal keeps their records for the next start.
+    fn trim(&mut self) {
+        let Some(journal) = self.journal.clone() else {
+            return;
+        };
+        let done = journal.take_done();
+        if done.is_empty() {
+            return;
+        }
+        // Each record of those segments was queued before its entry closed.
+        loop {
+            match self.rx.try_recv() {
+                Ok(Msg::Record(r)) => {
+                    self.shared.pending.fetch_sub(1, Ordering::Relaxed);
+                    self.push(r);
+                    if self.batch.len() >= self.cfg.batch_max {
+                        self.commit();
+                    }
+                }
+                Ok(Msg::Flush(ack)) => self.acks.push(ack),
+                Ok(Msg::Stop) => self.stop_seen = true,
+                Err(_) => break,
+            }
+        }
+        self.drain_overflow();
+        if self.shared.failing.load(Ordering::Relaxed) {
+            journal
+                .done
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(done);
+            return;
+        }
+        for s in done {
+            if let Err(e) = std::fs::remove_file(s.path()) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!("usage journal: removing {}: {e}", s.path().display());
+                }
             }
         }
     }
@@ -328,6 +380,13 @@ impl Writer {
             self.retry_at = None;
             self.replay();
         }
+        if let Some(j) = self.journal.as_ref() {
+            // Every record is committed or in the spool; a batch that failed keeps its
+            // records in the journal for the next start.
+            if !self.shared.failing.load(Ordering::Relaxed) {
+                j.remove_all();
+            }
+        }
         if let Some(s) = self.spool.as_ref().filter(|s| !s.is_empty()) {
             tracing::warn!(
                 spool = %s.path().display(),
@@ -371,6 +430,11 @@ impl Writer {
                 self.holds_memory = true;
                 if let Some(m) = crate::metrics::get() {
                     m.batch(self.batch.len(), started.elapsed());
+                }
+                // The journal's lines of the records after these reach the disk too (a
+                // power loss then costs at most one batch interval).
+                if let Some(j) = &self.journal {
+                    j.sync();
                 }
                 self.shared.written.fetch_add(n, Ordering::SeqCst);
                 self.shared.failing.store(false, Ordering::Relaxed);

@@ -467,6 +467,7 @@ mod tests {
             estimated: false,
             attempts: 1,
             served_model: String::new(),
+            cut: String::new(),
         }
     }
 

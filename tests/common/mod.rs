@@ -744,6 +744,7 @@ pub fn seed_records(g: &Gateway, n: i64, before_ms: i64) {
             estimated: false,
             attempts: 1,
             served_model: "echo-1".into(),
+            cut: String::new(),
         });
     }
     store.close();

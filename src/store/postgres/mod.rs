@@ -120,6 +120,8 @@ $$;
 CREATE TRIGGER keys_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON keys
     FOR EACH STATEMENT EXECUTE FUNCTION modelgate_keys_changed();
 ",
+    // 3: why a reply was cut short (`client`, `upstream`, `budget`, `shutdown`, `crash`).
+    "ALTER TABLE usage ADD COLUMN cut TEXT NOT NULL DEFAULT '';",
 ];
 
 fn pg_err(what: &str, e: postgres::Error) -> String {

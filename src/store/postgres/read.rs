@@ -49,6 +49,7 @@ fn record(row: &Row) -> Result<(i64, UsageRecord), postgres::Error> {
             estimated: row.try_get(16)?,
             attempts: u32::try_from(row.try_get::<_, i32>(17)?).unwrap_or(0),
             served_model: row.try_get(18)?,
+            cut: row.try_get(19)?,
         },
     ))
 }
@@ -75,6 +76,7 @@ fn csv_row(row: &Row) -> Result<CsvRow<'_>, postgres::Error> {
         estimated: row.try_get(16)?,
         attempts: u64::try_from(row.try_get::<_, i32>(17)?).unwrap_or(0),
         served_model: text(18)?,
+        cut: text(19)?,
     })
 }
 

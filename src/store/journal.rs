@@ -1,0 +1,378 @@
+//! Store stage, crash side: the journal. A request that passed auth gets an entry at once (one
+//! `write(2)` of one line to an `O_APPEND` file: `{"open":…}`), closed when it ends by its
+//! whole record (`{"close":…}`), before the record goes to the writer. A process killed at any
+//! moment leaves every such request in the kernel's hands: at the next start the journal is
+//! read back (`recover`), each closed entry's record and, for each entry left open, a record of
+//! what is known (`cut = "crash"`, estimated), and they go to the spool, from which the writer
+//! stores them (skipping those the database already has). The writer syncs the journal with
+//! every batch, so a power loss costs at most the last batch interval.
+//!
+//! The journal is a folder of segments; appends go to the current one, which is sealed when it
+//! passes `SEGMENT_BYTES` and a new one started. A sealed segment whose entries are all closed
+//! is removed by the writer once everything queued before is committed (`Writer::trim`).
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+
+use super::record::UsageRecord;
+
+/// A segment is sealed, and a new one started, past this size.
+const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// `state`'s bit saying no entry opens here any more; the bits below count open entries.
+const SEALED: u64 = 1 << 63;
+
+/// What is known of a request when it passes auth: enough for its record if it never ends.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Opened {
+    pub time_ms: i64,
+    pub request_id: String,
+    pub key_id: String,
+    pub listener: String,
+    pub endpoint: String,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Line {
+    Open(Opened),
+    Close(Box<UsageRecord>),
+}
+
+pub(super) struct Segment {
+    id: u64,
+    path: PathBuf,
+    file: File,
+    /// `SEALED`, and the entries opened here and not yet closed.
+    state: AtomicU64,
+    bytes: AtomicU64,
+}
+
+impl Segment {
+    fn append(&self, line: &[u8]) -> std::io::Result<()> {
+        // One call: an `O_APPEND` write of a regular file lands whole, after every other.
+        (&self.file).write_all(line)?;
+        self.bytes.fetch_add(line.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// An open entry: closed by `Journal::close` with the request's record, or, dropped unclosed
+/// (a request that ended without a record), closed with nothing.
+pub struct Entry {
+    segment: Arc<Segment>,
+    journal: Arc<Journal>,
+    request_id: String,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.journal.release(&self.segment);
+    }
+}
+
+impl std::fmt::Debug for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entry")
+            .field("segment", &self.segment.id)
+            .field("request_id", &self.request_id)
+            .finish()
+    }
+}
+
+pub struct Journal {
+    dir: PathBuf,
+    current: ArcSwap<Segment>,
+    rotating: AtomicBool,
+    /// Sealed segments whose entries are all closed, for the writer to remove.
+    pub(super) done: Mutex<Vec<Arc<Segment>>>,
+    failed_log: super::writer::LogGate,
+    /// Appends that failed (a full disk): counted, logged once a second.
+    pub failures: AtomicU64,
+    /// Wakes the writer when a segment is done.
+    wake: Mutex<Option<std::thread::Thread>>,
+    /// Sealed segments not synced since.
+    unsynced: Mutex<Vec<Arc<Segment>>>,
+}
+
+fn segment_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("segment-{id:012}.jsonl"))
+}
+
+fn open_segment(dir: &Path, id: u64) -> std::io::Result<Segment> {
+    let path = segment_path(dir, id);
+    let file = OpenOptions::new().create(true).append(true).open(&path)?;
+    Ok(Segment {
+        id,
+        path,
+        file,
+        state: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
+    })
+}
+
+/// The segments in `dir`, oldest first.
+fn segments(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let path = e?.path();
+        let id = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_prefix("segment-")?.strip_suffix(".jsonl"))
+            .and_then(|n| n.parse::<u64>().ok());
+        if let Some(id) = id {
+            out.push((id, path));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+impl Journal {
+    /// Opens the journal in `dir` with a new segment (after `recover` read the old ones).
+    pub fn open(dir: &Path) -> Result<Arc<Journal>, String> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| format!("usage journal: creating {}: {e}", dir.display()))?;
+        let next = segments(dir)
+            .map_err(|e| format!("usage journal: reading {}: {e}", dir.display()))?
+            .last()
+            .map_or(0, |(id, _)| id + 1);
+        let first = open_segment(dir, next)
+            .map_err(|e| format!("usage journal: opening a segment in {}: {e}", dir.display()))?;
+        Ok(Arc::new(Journal {
+            dir: dir.to_path_buf(),
+            current: ArcSwap::from_pointee(first),
+            rotating: AtomicBool::new(false),
+            done: Mutex::new(Vec::new()),
+            failed_log: super::writer::LogGate::default(),
+            failures: AtomicU64::new(0),
+            wake: Mutex::new(None),
+            unsynced: Mutex::new(Vec::new()),
+        }))
+    }
+
+    pub(super) fn wake_with(&self, writer: std::thread::Thread) {
+        *self.wake.lock().unwrap_or_else(|e| e.into_inner()) = Some(writer);
+    }
+
+    fn failed(&self, what: &str, e: &std::io::Error) {
+        let n = self.failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.failed_log.allow() {
+            tracing::error!(
+                failures_total = n,
+                dir = %self.dir.display(),
+                "usage journal: {what}: {e}"
+            );
+        }
+    }
+
+    /// Opens an entry for a request that passed auth.
+    pub fn open_entry(self: &Arc<Self>, opened: &Opened) -> Option<Entry> {
+        let mut line = Vec::with_capacity(160);
+        serde_json::to_writer(&mut line, &Line::Open(opened.clone())).ok()?;
+        line.push(b'\n');
+        let segment = loop {
+            let segment = self.current.load_full();
+            // Counted first: a segment sealed meanwhile is left alone (and its count given back).
+            if segment.state.fetch_add(1, Ordering::AcqRel) & SEALED == 0 {
+                break segment;
+            }
+            self.release(&segment);
+        };
+        if let Err(e) = segment.append(&line) {
+            self.failed("an entry not written", &e);
+        }
+        if segment.bytes.load(Ordering::Relaxed) > SEGMENT_BYTES {
+            self.rotate(&segment);
+        }
+        Some(Entry {
+            segment,
+            journal: Arc::clone(self),
+            request_id: opened.request_id.clone(),
+        })
+    }
+
+    /// Closes `entry` with the request's record.
+    pub fn close(&self, entry: Entry, record: &UsageRecord) {
+        debug_assert_eq!(entry.request_id, record.request_id);
+        let mut line = Vec::with_capacity(512);
+        let encoded = serde_json::to_writer(&mut line, &Line::Close(Box::new(record.clone())));
+        if encoded.is_ok() {
+            line.push(b'\n');
+            if let Err(e) = entry.segment.append(&line) {
+                self.failed("a record not written", &e);
+            }
+        }
+        drop(entry);
+    }
+
+    /// An entry of `segment` ended: the last of a sealed one hands it to the writer.
+    fn release(&self, segment: &Arc<Segment>) {
+        if segment.state.fetch_sub(1, Ordering::AcqRel) == SEALED + 1 {
+            self.done_with(segment);
+        }
+    }
+
+    fn done_with(&self, segment: &Arc<Segment>) {
+        self.done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::clone(segment));
+        if let Some(t) = self.wake.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            t.unpark();
+        }
+    }
+
+    /// Starts a new segment and seals `full` (one caller at a time; the others go on).
+    fn rotate(&self, full: &Arc<Segment>) {
+        if self.rotating.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if Arc::ptr_eq(&self.current.load(), full) {
+            match open_segment(&self.dir, full.id + 1) {
+                Ok(next) => {
+                    self.current.store(Arc::new(next));
+                    self.unsynced
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(Arc::clone(full));
+                    if full.state.fetch_or(SEALED, Ordering::AcqRel) == 0 {
+                        self.done_with(full);
+                    }
+                }
+                Err(e) => self.failed("a new segment not opened", &e),
+            }
+        }
+        self.rotating.store(false, Ordering::Release);
+    }
+
+    /// Syncs the segments written since the last call to disk (the writer, with each batch).
+    pub(super) fn sync(&self) {
+        let sealed = std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(|e| e.into_inner()));
+        for s in sealed
+            .iter()
+            .chain(std::iter::once(&self.current.load_full()))
+        {
+            if let Err(e) = s.file.sync_data() {
+                self.failed("not synced", &e);
+            }
+        }
+    }
+
+    /// Sealed segments whose entries are all closed.
+    pub(super) fn take_done(&self) -> Vec<Arc<Segment>> {
+        std::mem::take(&mut *self.done.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// At a clean stop, with every record committed: the current segment goes too.
+    pub(super) fn remove_all(&self) {
+        let current = self.current.load_full();
+        if current.state.load(Ordering::Acquire) & !SEALED == 0 {
+            let _ = std::fs::remove_file(&current.path);
+        }
+        for s in self.take_done() {
+            let _ = std::fs::remove_file(&s.path);
+        }
+    }
+}
+
+/// The records a journal in `dir` holds (left by a process that did not stop cleanly): each
+/// closed entry's record, and for each entry left open a record of the request cut by the
+/// crash. Returns them with the segments they came from (to remove once they are safe).
+pub fn recover(dir: &Path) -> Result<(Vec<UsageRecord>, Vec<PathBuf>), String> {
+    let found = match segments(dir) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), Vec::new())),
+        Err(e) => return Err(format!("usage journal: reading {}: {e}", dir.display())),
+    };
+    let mut open: indexmap_lite::Ordered = indexmap_lite::Ordered::default();
+    let mut records: Vec<UsageRecord> = Vec::new();
+    // A request closed twice (its record written before its reply's last byte, then again
+    // when that write failed) keeps its last.
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut paths = Vec::new();
+    for (_, path) in found {
+        let f = File::open(&path)
+            .map_err(|e| format!("usage journal: opening {}: {e}", path.display()))?;
+        for line in std::io::BufReader::new(f).split(b'\n') {
+            let line =
+                line.map_err(|e| format!("usage journal: reading {}: {e}", path.display()))?;
+            // A line torn by the crash is skipped (its request's other line decides).
+            match serde_json::from_slice::<Line>(&line) {
+                Ok(Line::Open(o)) => open.insert(o),
+                Ok(Line::Close(r)) => {
+                    open.remove(&r.request_id);
+                    match at.get(&r.request_id) {
+                        Some(&i) => records[i] = *r,
+                        None => {
+                            at.insert(r.request_id.clone(), records.len());
+                            records.push(*r);
+                        }
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+        paths.push(path);
+    }
+    records.extend(open.into_values().map(crashed));
+    Ok((records, paths))
+}
+
+/// The record of a request the crash ended: what was known when it passed auth, no tokens
+/// (estimated: none were counted), status 500, cut by the crash.
+fn crashed(o: Opened) -> UsageRecord {
+    UsageRecord {
+        time_ms: o.time_ms,
+        request_id: o.request_id,
+        key_id: o.key_id,
+        listener: o.listener,
+        endpoint: o.endpoint,
+        status: 500,
+        estimated: true,
+        cut: "crash".into(),
+        ..UsageRecord::default()
+    }
+}
+
+/// Entries left open, in the order they were opened.
+mod indexmap_lite {
+    use std::collections::HashMap;
+
+    use super::Opened;
+
+    #[derive(Default)]
+    pub struct Ordered {
+        seq: u64,
+        by_id: HashMap<String, (u64, Opened)>,
+    }
+
+    impl Ordered {
+        pub fn insert(&mut self, o: Opened) {
+            self.seq += 1;
+            self.by_id.insert(o.request_id.clone(), (self.seq, o));
+        }
+
+        pub fn remove(&mut self, id: &str) {
+            self.by_id.remove(id);
+        }
+
+        pub fn into_values(self) -> impl Iterator<Item = Opened> {
+            let mut v: Vec<(u64, Opened)> = self.by_id.into_values().collect();
+            v.sort_by_key(|(seq, _)| *seq);
+            v.into_iter().map(|(_, o)| o)
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! A gateway killed with SIGKILL under load loses no record: every request that passed auth
+//! and whose reply the client saw begin has exactly one record after the restart (its own,
+//! or one cut by the crash), and spend is the sum of the records. Also with the SQLite file
+//! locked by another connection at the moment of the kill.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Gateway, KEY, Setup, client, send, start_with};
+use serde_json::Value;
+
+/// Mixed load until `stop`: plain chats, streams read whole, streams left after their first
+/// piece, and slow streams still running at the kill. Each reply's request id is noted.
+fn load(g: &Gateway, seen: Arc<Mutex<HashSet<String>>>) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..16)
+        .map(|i| {
+            let base = [&g.main, &g.direct][i % 2].clone();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                for n in 0.. {
+                    let kind = (i + n) % 4;
+                    let stream = kind != 0;
+                    let delay = if kind == 3 { "50" } else { "0" };
+                    let r = send(
+                        &base,
+                        "/v1/chat/completions",
+                        Some(KEY),
+                        &common::chat_body("priced-model", stream),
+                        &[("x-mock-delay-ms", delay)],
+                    )
+                    .await;
+                    let Some(id) = r.headers().get("x-request-id").cloned() else {
+                        return;
+                    };
+                    seen.lock()
+                        .expect("seen")
+                        .insert(id.to_str().expect("id").to_string());
+                    if kind == 2 {
+                        // A client that leaves after the first piece.
+                        let mut body = r.bytes_stream();
+                        let _ = futures_util::StreamExt::next(&mut body).await;
+                        continue;
+                    }
+                    if r.bytes().await.is_err() {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Every record of `KEY`, by request id (each id once at most).
+async fn records(g: &Gateway, want: usize) -> HashMap<String, Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut all = HashMap::new();
+        let mut cursor: Option<String> = None;
+        let mut duplicate = None;
+        loop {
+            let mut url = format!("{}/api/usage?limit=1000", g.direct);
+            if let Some(c) = &cursor {
+                url.push_str(&format!("&cursor={c}"));
+            }
+            let page: Value = client()
+                .get(url)
+                .bearer_auth(KEY)
+                .send()
+                .await
+                .expect("usage")
+                .json()
+                .await
+                .expect("json");
+            for r in page["data"].as_array().cloned().unwrap_or_default() {
+                let id = r["request_id"].as_str().unwrap_or("").to_string();
+                if all.insert(id.clone(), r).is_some() {
+                    duplicate = Some(id);
+                }
+            }
+            match page["next_cursor"].as_str() {
+                Some(c) if !c.is_empty() => cursor = Some(c.to_string()),
+                _ => break,
+            }
+        }
+        assert_eq!(duplicate, None, "a request with two records");
+        if all.len() >= want || Instant::now() > deadline {
+            return all;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn spend(g: &Gateway) -> f64 {
+    let v: Value = common::get(&g.main, "/v1/dashboard/billing/subscription", Some(KEY))
+        .await
+        .json()
+        .await
+        .expect("json");
+    v["modelgate"]["spend"].as_f64().expect("spend")
+}
+
+async fn killed_under_load(lock_sqlite: bool) {
+    let mut g = start_with(Setup::default());
+    let seen = Arc::new(Mutex::new(HashSet::new()));
+    let tasks = load(&g, seen.clone());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.lock().expect("seen").len() < 200 {
+        assert!(Instant::now() < deadline, "too slow");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Another process's write lock on the database at the moment of the kill.
+    let locker = lock_sqlite.then(|| {
+        let db = g.dir.path().join("usage.db");
+        let c = rusqlite::Connection::open(db).expect("open");
+        c.execute_batch("BEGIN EXCLUSIVE").expect("lock");
+        c
+    });
+    if locker.is_some() {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    g.signal("-KILL");
+    drop(locker);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let seen = seen.lock().expect("seen").clone();
+    let g = g.restart_stopped();
+    let all = records(&g, seen.len()).await;
+    let missing: Vec<&String> = seen.iter().filter(|id| !all.contains_key(*id)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} replies without a record: {:?}",
+        missing.len(),
+        seen.len(),
+        &missing[..missing.len().min(5)]
+    );
+    let crashed = all.values().filter(|r| r["cut"] == "crash").count();
+    assert!(
+        crashed > 0,
+        "the slow streams at the kill are cut by the crash"
+    );
+    for r in all.values().filter(|r| r["cut"] == "crash") {
+        assert_eq!(r["estimated"], true, "{r}");
+    }
+    let billed: f64 = all
+        .values()
+        .map(|r| r["cost"].as_f64().unwrap_or(0.0))
+        .sum();
+    let spent = spend(&g).await;
+    assert!(
+        (billed - spent).abs() < 1e-6,
+        "records {billed}, spend {spent}"
+    );
+    assert!(spent > 0.0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_under_load_loses_no_record() {
+    killed_under_load(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_kill_while_another_process_locks_the_database_loses_no_record() {
+    killed_under_load(true).await;
+}
