@@ -1,5 +1,5 @@
 # Shared by benches/load.sh and benches/profile.sh (sourced): free ports, the gateway's
-# benchmark config (auth, an rpm limit and an allow-list on the key, a priced model, the usage
+# benchmark config (auth, an rpm limit, a budget and an allow-list on the key, a priced model, the usage
 # record written, the access log off) and the wrk script of a chat request.
 
 KEY=sk-bench-key-000000000000
@@ -37,7 +37,7 @@ name = "echo-1"
 pool = "mock"
 price = { prompt = 0.15, completion = 0.6 }
 TOML
-  printf '[[keys]]\nid = "bench"\nsecret = "%s"\nrpm = 100000000\nmodels = ["echo-*"]\n' "$KEY" > "$1/keys.toml"
+  printf '[[keys]]\nid = "bench"\nsecret = "%s"\nrpm = 100000000\nbudget = 1000000000.0\nmodels = ["echo-*"]\n' "$KEY" > "$1/keys.toml"
 }
 
 # Writes to $1 the wrk script of a chat request, streamed if $2 is true.

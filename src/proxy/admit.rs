@@ -59,14 +59,14 @@ impl Gateway {
             t.auth_done = Some(std::time::Instant::now());
         }
         let key = key?;
-        let opened = crate::store::journal::Opened {
+        let opened = crate::store::journal::OpenedRef {
             time_ms: ctx.time_ms,
-            request_id: ctx.request_id.clone(),
-            key_id: key.id.clone(),
-            listener: ctx.listener.name().to_string(),
-            endpoint: ctx.group.to_string(),
+            request_id: &ctx.request_id,
+            key_id: &key.id,
+            listener: ctx.listener.name(),
+            endpoint: ctx.group,
         };
-        ctx.journal = self.shared.store.journal_open(&opened);
+        ctx.journal = self.shared.store.journal_open(opened);
         let fleet_spend = self.limit(&key, ctx).await?;
         let endpoint = match target {
             Target::Proxy(ep) => ep,

@@ -39,11 +39,50 @@ pub struct Opened {
     pub endpoint: String,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum Line {
     Open(Opened),
     Close(Box<UsageRecord>),
+}
+
+/// A line as written: borrowed, encoded into the thread's own buffer.
+#[derive(Serialize)]
+#[serde(rename_all = "lowercase")]
+enum LineRef<'a> {
+    Open(OpenedRef<'a>),
+    Close(&'a UsageRecord),
+}
+
+/// `Opened`, borrowed.
+#[derive(Serialize)]
+pub struct OpenedRef<'a> {
+    pub time_ms: i64,
+    pub request_id: &'a str,
+    pub key_id: &'a str,
+    pub listener: &'a str,
+    pub endpoint: &'a str,
+}
+
+thread_local! {
+    /// Each thread encodes its lines here (a line is one `write(2)`, never a new buffer).
+    static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Appends `line` to `segment` in one write, encoded in the thread's buffer.
+fn write_line(segment: &Segment, line: &LineRef<'_>) -> std::io::Result<()> {
+    LINE.with(|buf| {
+        let mut buf = buf.borrow_mut();
+        buf.clear();
+        serde_json::to_writer(&mut *buf, line).map_err(std::io::Error::other)?;
+        buf.push(b'\n');
+        let result = segment.append(&buf);
+        // A huge record's buffer is not kept.
+        if buf.capacity() > 64 * 1024 {
+            *buf = Vec::new();
+        }
+        result
+    })
 }
 
 pub(super) struct Segment {
@@ -73,7 +112,6 @@ impl Segment {
 pub struct Entry {
     segment: Arc<Segment>,
     journal: Arc<Journal>,
-    request_id: String,
 }
 
 impl Drop for Entry {
@@ -86,7 +124,6 @@ impl std::fmt::Debug for Entry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Entry")
             .field("segment", &self.segment.id)
-            .field("request_id", &self.request_id)
             .finish()
     }
 }
@@ -179,10 +216,7 @@ impl Journal {
     }
 
     /// Opens an entry for a request that passed auth.
-    pub fn open_entry(self: &Arc<Self>, opened: &Opened) -> Option<Entry> {
-        let mut line = Vec::with_capacity(160);
-        serde_json::to_writer(&mut line, &Line::Open(opened.clone())).ok()?;
-        line.push(b'\n');
+    pub fn open_entry(self: &Arc<Self>, opened: OpenedRef<'_>) -> Option<Entry> {
         let segment = loop {
             let segment = self.current.load_full();
             // Counted first: a segment sealed meanwhile is left alone (and its count given back).
@@ -191,7 +225,7 @@ impl Journal {
             }
             self.release(&segment);
         };
-        if let Err(e) = segment.append(&line) {
+        if let Err(e) = write_line(&segment, &LineRef::Open(opened)) {
             self.failed("an entry not written", &e);
         }
         if segment.bytes.load(Ordering::Relaxed) > SEGMENT_BYTES {
@@ -200,20 +234,13 @@ impl Journal {
         Some(Entry {
             segment,
             journal: Arc::clone(self),
-            request_id: opened.request_id.clone(),
         })
     }
 
     /// Closes `entry` with the request's record.
     pub fn close(&self, entry: Entry, record: &UsageRecord) {
-        debug_assert_eq!(entry.request_id, record.request_id);
-        let mut line = Vec::with_capacity(512);
-        let encoded = serde_json::to_writer(&mut line, &Line::Close(Box::new(record.clone())));
-        if encoded.is_ok() {
-            line.push(b'\n');
-            if let Err(e) = entry.segment.append(&line) {
-                self.failed("a record not written", &e);
-            }
+        if let Err(e) = write_line(&entry.segment, &LineRef::Close(record)) {
+            self.failed("a record not written", &e);
         }
         drop(entry);
     }

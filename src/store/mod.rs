@@ -287,7 +287,7 @@ impl Store {
     }
 
     /// Opens the journal entry of a request that passed auth (see `journal`).
-    pub fn journal_open(&self, opened: &journal::Opened) -> Option<journal::Entry> {
+    pub fn journal_open(&self, opened: journal::OpenedRef<'_>) -> Option<journal::Entry> {
         self.journal.as_ref()?.open_entry(opened)
     }
 
