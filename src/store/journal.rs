@@ -5,7 +5,7 @@
 //! read back (`recover`), each closed entry's record and, for each entry left open, a record of
 //! what is known (`cut = "crash"`, estimated), and they go to the spool, from which the writer
 //! stores them (skipping those the database already has). The writer syncs the journal with
-//! every batch, so a power loss costs at most the last batch interval.
+//! its batches, at most once a second (`SYNC_EVERY`): a power loss costs at most that second.
 //!
 //! The journal is a folder of segments; appends go to the current one, which is sealed when it
 //! passes `SEGMENT_BYTES` and a new one started. A sealed segment whose entries are all closed
@@ -25,6 +25,11 @@ use super::record::UsageRecord;
 
 /// A segment is sealed, and a new one started, past this size.
 const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
+
+/// The writer syncs the journal to disk at most this often (a power loss costs at most this
+/// much of it; a kill, nothing). Each sync makes the file system commit, during which appends
+/// that need a new block wait: every batch (100 ms) cost the proxy threads more than this.
+pub const SYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `state`'s bit saying no entry opens here any more; the bits below count open entries.
 const SEALED: u64 = 1 << 63;
@@ -141,6 +146,8 @@ pub struct Journal {
     wake: Mutex<Option<std::thread::Thread>>,
     /// Sealed segments not synced since.
     unsynced: Mutex<Vec<Arc<Segment>>>,
+    /// When the writer last synced.
+    synced: Mutex<std::time::Instant>,
 }
 
 fn segment_path(dir: &Path, id: u64) -> PathBuf {
@@ -197,6 +204,7 @@ impl Journal {
             failures: AtomicU64::new(0),
             wake: Mutex::new(None),
             unsynced: Mutex::new(Vec::new()),
+            synced: Mutex::new(std::time::Instant::now()),
         }))
     }
 
@@ -285,8 +293,16 @@ impl Journal {
         self.rotating.store(false, Ordering::Release);
     }
 
-    /// Syncs the segments written since the last call to disk (the writer, with each batch).
+    /// Syncs the segments written since the last sync to disk, if it was `SYNC_EVERY` ago (the
+    /// writer, with each batch).
     pub(super) fn sync(&self) {
+        {
+            let mut last = self.synced.lock().unwrap_or_else(|e| e.into_inner());
+            if last.elapsed() < SYNC_EVERY {
+                return;
+            }
+            *last = std::time::Instant::now();
+        }
         let sealed = std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(|e| e.into_inner()));
         for s in sealed
             .iter()
