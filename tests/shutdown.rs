@@ -149,6 +149,7 @@ async fn streams_longer_than_the_grace_period_are_cut_and_each_leaves_a_record()
     assert_eq!(records.len(), n, "{page}");
     for r in records {
         assert_eq!(r["status"], 503, "{r}");
+        assert_eq!(r["cut"], "shutdown", "{r}");
         assert!(
             r["completion_tokens"].as_u64() > Some(0),
             "tokens so far: {r}"
