@@ -266,7 +266,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         // Postgres away, or SQLite's file locked by another process past its busy timeout:
         // batches wait on disk (the file is made only then).
         spool: Some(c.spool.clone()),
-        journal: Some(c.journal.clone()),
+        journal: c.journal.clone(),
         ..StoreOptions::default()
     };
     let (store, where_) = match &c.postgres {

@@ -701,12 +701,10 @@ impl Config {
                     .and_then(|s| s.spool.clone())
                     .unwrap_or_else(|| "usage-spool.jsonl".into()),
             ),
-            journal: dir.join(
-                raw.storage
-                    .as_ref()
-                    .and_then(|s| s.journal.clone())
-                    .unwrap_or_else(|| "usage-journal".into()),
-            ),
+            journal: match raw.storage.as_ref().and_then(|s| s.journal.clone()) {
+                Some(off) if off == "off" => None,
+                j => Some(dir.join(j.unwrap_or_else(|| "usage-journal".into()))),
+            },
             retention: raw
                 .storage
                 .as_ref()

@@ -38,8 +38,8 @@ pub struct Config {
     /// the config file).
     pub spool: PathBuf,
     /// The folder of the journal each request's record goes to before the store has it, so a
-    /// crash loses none (default `usage-journal` beside the config).
-    pub journal: PathBuf,
+    /// crash loses none (default `usage-journal` beside the config); None: `"off"`.
+    pub journal: Option<PathBuf>,
     /// Usage records older than this are deleted; None keeps them forever.
     pub retention: Option<Duration>,
     pub pools: Vec<PoolConfig>,
