@@ -160,7 +160,10 @@ fn segment_path(dir: &Path, id: u64) -> PathBuf {
 
 fn open_segment(dir: &Path, id: u64) -> std::io::Result<Segment> {
     let path = segment_path(dir, id);
-    let file = OpenOptions::new().create(true).write(true).open(&path)?;
+    let file = OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .open(&path)?;
     // Sized ahead (sparse): lines written within the size change no file-system metadata.
     file.set_len(SEGMENT_BYTES * 2)?;
     Ok(Segment {
