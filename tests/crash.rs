@@ -1,6 +1,7 @@
 //! A gateway killed with SIGKILL under load loses no record: every request that passed auth
 //! and whose reply the client saw begin has exactly one record after the restart (its own,
-//! or one cut by the crash), and spend is the sum of the records. Also with the SQLite file
+//! or one cut by the crash; its own, with its cost, when the client read the reply whole),
+//! and spend is the sum of the records. Also with the SQLite file
 //! locked by another connection at the moment of the kill.
 
 mod common;
@@ -14,11 +15,15 @@ use serde_json::Value;
 
 /// Mixed load until `stop`: plain chats, streams read whole, streams left after their first
 /// piece, and slow streams still running at the kill. Each reply's request id is noted.
-fn load(g: &Gateway, seen: Arc<Mutex<HashSet<String>>>) -> Vec<tokio::task::JoinHandle<()>> {
+fn load(
+    g: &Gateway,
+    seen: Arc<Mutex<HashSet<String>>>,
+    whole: Arc<Mutex<HashSet<String>>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     (0..16)
         .map(|i| {
             let base = [&g.main, &g.direct][i % 2].clone();
-            let seen = seen.clone();
+            let (seen, whole) = (seen.clone(), whole.clone());
             tokio::spawn(async move {
                 for n in 0.. {
                     let kind = (i + n) % 4;
@@ -44,9 +49,11 @@ fn load(g: &Gateway, seen: Arc<Mutex<HashSet<String>>>) -> Vec<tokio::task::Join
                         let _ = futures_util::StreamExt::next(&mut body).await;
                         continue;
                     }
+                    let id = id.to_str().expect("id").to_string();
                     if r.bytes().await.is_err() {
                         return;
                     }
+                    whole.lock().expect("whole").insert(id);
                 }
             })
         })
@@ -105,7 +112,8 @@ async fn spend(g: &Gateway) -> f64 {
 async fn killed_under_load(lock_sqlite: bool) {
     let mut g = start_with(Setup::default());
     let seen = Arc::new(Mutex::new(HashSet::new()));
-    let tasks = load(&g, seen.clone());
+    let whole = Arc::new(Mutex::new(HashSet::new()));
+    let tasks = load(&g, seen.clone(), whole.clone());
     let deadline = Instant::now() + Duration::from_secs(10);
     while seen.lock().expect("seen").len() < 200 {
         assert!(Instant::now() < deadline, "too slow");
@@ -137,6 +145,13 @@ async fn killed_under_load(lock_sqlite: bool) {
         seen.len(),
         &missing[..missing.len().min(5)]
     );
+    // A reply the client read whole has its own record, with its cost: the record went to
+    // the journal before the reply's last byte.
+    for id in whole.lock().expect("whole").iter() {
+        let r = &all[id];
+        assert_eq!(r["cut"], "", "{r}");
+        assert!(r["cost"].as_f64() > Some(0.0), "{r}");
+    }
     let crashed = all.values().filter(|r| r["cut"] == "crash").count();
     assert!(
         crashed > 0,

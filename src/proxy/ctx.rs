@@ -64,6 +64,8 @@ pub struct Ctx {
     pub cut: &'static str,
     /// The request's entry in the crash journal, open from auth to its record.
     pub journal: Option<crate::store::journal::Entry>,
+    /// The record written to the journal before the reply's last byte: status and tokens.
+    pub preclosed: Option<(u16, u64, u64)>,
     /// Counts the request as in flight until it ends (its record written); carries the
     /// shutdown's signal to end it.
     pub life: Option<crate::lifecycle::InFlight>,
@@ -136,6 +138,7 @@ impl Ctx {
             reservation: None,
             cut: "",
             journal: None,
+            preclosed: None,
             life: None,
             cors: None,
             shape: crate::error::ErrorShape::OpenAi,

@@ -497,7 +497,10 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
         let tokens = if key.tpm.is_some() { r.total_tokens } else { 0 };
         limits.ended(&key.id, &r.request_id, tokens, r.cost, held.fleet);
     }
-    shared.store.record_journaled(r, ctx.journal.take());
+    let written = record::as_preclosed(ctx, &r);
+    shared
+        .store
+        .record_journaled(r, ctx.journal.take(), written);
 }
 
 /// The contract's 400 for a connection's first request that Pingora's reader refuses (a

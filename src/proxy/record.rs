@@ -119,6 +119,39 @@ pub fn build(
     }
 }
 
+/// Before a reply's last byte goes to the client, its record as it will be when that write
+/// succeeds goes to the journal: a crash right after the write leaves that record, not one cut
+/// by the crash. Only for a reply whose usage the upstream reported (an estimate is counted
+/// later, off this thread). The request's end writes its record again only if it differs.
+pub fn preclose(ctx: &mut Ctx) {
+    let (Some(entry), Some(status)) = (ctx.journal.as_ref(), ctx.sent.status) else {
+        return;
+    };
+    if ctx.meter.cut_by_budget().is_some() {
+        return;
+    }
+    let Some(usage) = ctx.meter.usage() else {
+        return;
+    };
+    let key_id = ctx.key.as_ref().map_or("", |k| k.id.as_str());
+    let r = build(
+        ctx,
+        status,
+        key_id,
+        std::time::Instant::now(),
+        (complete(usage), false),
+    );
+    entry.preclose(&r);
+    ctx.preclosed = Some((r.status, r.prompt_tokens, r.completion_tokens));
+}
+
+/// Whether the request's record is the one `preclose` wrote.
+pub fn as_preclosed(ctx: &Ctx, r: &UsageRecord) -> bool {
+    ctx.preclosed == Some((r.status, r.prompt_tokens, r.completion_tokens))
+        && r.cut.is_empty()
+        && !r.estimated
+}
+
 /// Some upstreams leave `total_tokens` out; it is the sum.
 fn complete(mut u: Usage) -> Usage {
     if u.total_tokens == 0 {

@@ -155,6 +155,10 @@ pub(super) async fn relay_body<D: Downstream>(
             }
         }
         let piece = out.take();
+        if done && failed.is_none() {
+            // The record goes to the journal before the reply's last byte goes to the client.
+            super::record::preclose(ctx);
+        }
         if piece.is_some() || done {
             let bound = bound(ctx, life.as_deref());
             crate::respond::body(session, &mut ctx.sent, bound, piece, done).await?;

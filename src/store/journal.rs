@@ -116,11 +116,21 @@ impl Segment {
     }
 }
 
-/// An open entry: closed by `Journal::close` with the request's record, or, dropped unclosed
-/// (a request that ended without a record), closed with nothing.
+/// An open entry: its record written (`preclose`) and queued, it drops, and the segment may go
+/// once all its entries did.
 pub struct Entry {
     segment: Arc<Segment>,
     journal: Arc<Journal>,
+}
+
+impl Entry {
+    /// Writes the request's record (the entry stays open until it drops, once the record is
+    /// queued for the writer; written ahead of the request's end, a later line replaces it).
+    pub fn preclose(&self, record: &UsageRecord) {
+        if let Err(e) = write_line(&self.segment, &LineRef::Close(record)) {
+            self.journal.failed("a record not written", &e);
+        }
+    }
 }
 
 impl Drop for Entry {
@@ -252,14 +262,6 @@ impl Journal {
             segment,
             journal: Arc::clone(self),
         })
-    }
-
-    /// Closes `entry` with the request's record.
-    pub fn close(&self, entry: Entry, record: &UsageRecord) {
-        if let Err(e) = write_line(&entry.segment, &LineRef::Close(record)) {
-            self.failed("a record not written", &e);
-        }
-        drop(entry);
     }
 
     /// An entry of `segment` ended: the last of a sealed one hands it to the writer.

@@ -291,12 +291,16 @@ impl Store {
         self.journal.as_ref()?.open_entry(opened)
     }
 
-    /// `record`, closing the request's journal entry with the record first.
-    pub fn record_journaled(&self, r: UsageRecord, entry: Option<journal::Entry>) {
-        if let (Some(j), Some(e)) = (&self.journal, entry) {
-            j.close(e, &r);
+    /// `record`, closing the request's journal entry with the record first (`written`: the
+    /// journal has this record already).
+    pub fn record_journaled(&self, r: UsageRecord, entry: Option<journal::Entry>, written: bool) {
+        if let (Some(e), false) = (&entry, written) {
+            e.preclose(&r);
         }
         self.record(r);
+        // Only once the record is queued: a segment goes when all its entries are closed, after
+        // the writer has taken what is queued.
+        drop(entry);
     }
 
     /// Never blocks, never panics. Channel → overflow queue → counted drop. After `close`
