@@ -155,7 +155,22 @@ impl BackgroundService for Drain {
         })
         .await;
         let stats = self.store.stats();
-        if stats.spool_bytes > 0 {
+        // Records that never reached the database or the spool, said as such: dropped past the
+        // overflow bound, or in batches that failed to commit (the journal keeps those it
+        // could write, for the next start).
+        let lost = stats.dropped + stats.write_errors;
+        if lost > 0 {
+            tracing::error!(
+                written = stats.written,
+                spooled_bytes = stats.spool_bytes,
+                not_written = lost,
+                dropped = stats.dropped,
+                failed = stats.write_errors,
+                after_ms = started.elapsed().as_millis() as u64,
+                "usage records: {lost} not written (the journal keeps those it could write for \
+                 the next start); exiting"
+            );
+        } else if stats.spool_bytes > 0 {
             tracing::warn!(
                 written = stats.written,
                 spooled_bytes = stats.spool_bytes,
