@@ -104,6 +104,7 @@ pub struct Metrics {
     records_overflowed: IntCounter,
     records_dropped: IntCounter,
     record_write_errors: IntCounter,
+    journal_failures: IntCounter,
     records_queued: IntGauge,
     spool_bytes: IntGauge,
     batch_rows: Histogram,
@@ -308,6 +309,10 @@ impl Metrics {
                 "Usage records dropped because the overflow queue was full too",
             )?,
             record_write_errors: counter("usage_record_write_errors_total", "Failed store writes")?,
+            journal_failures: counter(
+                "usage_journal_failures_total",
+                "Journal lines (a request's entry or record) that could not be written",
+            )?,
             records_queued: gauge(
                 "usage_records_queued",
                 "Usage records waiting to be written",
@@ -472,6 +477,7 @@ impl Metrics {
         bump(&self.records_overflowed, store.overflowed);
         bump(&self.records_dropped, store.dropped);
         bump(&self.record_write_errors, store.write_errors);
+        bump(&self.journal_failures, store.journal_failures);
         self.records_queued.set(store.queued as i64);
         self.spool_bytes
             .set(i64::try_from(store.spool_bytes).unwrap_or(i64::MAX));

@@ -128,6 +128,8 @@ pub struct StoreStats {
     pub write_errors: u64,
     /// Bytes of records waiting in the spool for the database to come back.
     pub spool_bytes: u64,
+    /// Journal lines that could not be written (a full or failing disk).
+    pub journal_failures: u64,
 }
 
 pub struct Store {
@@ -470,6 +472,10 @@ impl Store {
             queued: accepted.saturating_sub(written + write_errors),
             write_errors,
             spool_bytes: s.spool_bytes.load(Ordering::Relaxed),
+            journal_failures: self
+                .journal
+                .as_ref()
+                .map_or(0, |j| j.failures.load(Ordering::Relaxed)),
         }
     }
 
