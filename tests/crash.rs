@@ -81,7 +81,11 @@ async fn records(g: &Gateway, want: usize) -> HashMap<String, Value> {
                 .json()
                 .await
                 .expect("json");
+            // The usage calls that read them have records of their own: not counted.
             for r in page["data"].as_array().cloned().unwrap_or_default() {
+                if r["endpoint"] == "usage" {
+                    continue;
+                }
                 let id = r["request_id"].as_str().unwrap_or("").to_string();
                 if all.insert(id.clone(), r).is_some() {
                     duplicate = Some(id);
