@@ -1,19 +1,21 @@
 //! Store stage, crash side: the journal. A request that passed auth gets an entry at once (one
-//! `pwrite(2)` of one line: `{"open":…}`), closed when it ends by its
-//! whole record (`{"close":…}`), before the record goes to the writer. A process killed at any
-//! moment leaves every such request in the kernel's hands: at the next start the journal is
-//! read back (`recover`), each closed entry's record and, for each entry left open, a record of
-//! what is known (`cut = "crash"`, estimated), and they go to the spool, from which the writer
-//! stores them (skipping those the database already has). The writer syncs the journal with
-//! its batches, at most once a second (`SYNC_EVERY`): a power loss costs at most that second.
+//! `pwrite(2)` of one line: `{"open":…}`), and its whole record (`{"close":…}`) follows before
+//! the record goes to the writer; for a reply whose usage the upstream reported, before the
+//! reply's last byte goes to the client. A process killed at any moment leaves every such
+//! request in the kernel's hands: at the next start the journal is read back (`recover`), each
+//! record and, for each entry left without one, a record of what is known (`cut = "crash"`,
+//! estimated), and they go to the spool, from which the writer stores them (skipping those the
+//! database already has). The writer syncs the journal with its batches, at most once a second
+//! (`SYNC_EVERY`): a power loss costs at most that second.
 //!
-//! The journal is a folder of segments; appends go to the current one, which is sealed when it
+//! The journal is a folder of segments; lines go to the current one, which is sealed when it
 //! passes `SEGMENT_BYTES` and a new one started. A segment is made at twice that size (sparse)
 //! and each line written at an offset reserved for it: an append that grew the file would
 //! change its size, which on ext4 is a file-system transaction per line (those cost the proxy
 //! threads a fifth of their time under load, waiting on the file system's commits); a write
-//! within the file's size is not. Reading back skips the zeros of what was never written. A sealed segment whose entries are all closed
-//! is removed by the writer once everything queued before is committed (`Writer::trim`).
+//! within the file's size is not. Reading back skips the zeros of what was never written. A
+//! sealed segment whose entries have all ended is removed by the writer once everything queued
+//! before is committed (`Writer::trim`).
 
 use std::fs::{File, OpenOptions};
 use std::io::BufRead;
@@ -75,7 +77,7 @@ pub struct OpenedRef<'a> {
 }
 
 thread_local! {
-    /// Each thread encodes its lines here (a line is one `write(2)`, never a new buffer).
+    /// Each thread encodes its lines here (a line is one `pwrite(2)`, never a new buffer).
     static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
