@@ -49,16 +49,6 @@ fn start() -> Gateway {
     })
 }
 
-/// The key's spend as the balance endpoint tells it.
-async fn spend(g: &Gateway, key: &str) -> f64 {
-    let v: Value = common::get(&g.main, "/v1/dashboard/billing/subscription", Some(key))
-        .await
-        .json()
-        .await
-        .expect("json");
-    v["modelgate"]["spend"].as_f64().expect("spend")
-}
-
 /// The key's records (but those of its usage calls), once there are `n` of them.
 async fn records(g: &Gateway, key: &str, n: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -135,7 +125,7 @@ async fn two_hundred_concurrent_clients_use_the_budget_and_never_pass_it() {
     }
     let all = records(&g, key, sent as usize).await;
     let billed: f64 = all.iter().map(|r| r["cost"].as_f64().unwrap_or(0.0)).sum();
-    let spent = spend(&g, key).await;
+    let spent = common::spend_of(&g, key).await;
     assert!(
         (billed - spent).abs() < 1e-9,
         "records {billed}, spend {spent}"
@@ -196,7 +186,7 @@ async fn long_streams_are_lowered_to_what_the_budget_pays() {
     assert!(lowered >= 1);
     let deadline = Instant::now() + Duration::from_secs(5);
     let spent = loop {
-        let s = spend(&g, key).await;
+        let s = common::spend_of(&g, key).await;
         if s > 0.9 || Instant::now() > deadline {
             break s;
         }
@@ -255,7 +245,7 @@ async fn a_stream_whose_upstream_ignores_the_limit_is_cut_at_the_budget() {
     );
     let cost = record["cost"].as_f64().expect("cost");
     assert!(cost <= 1.0 + 1e-9 && cost > 0.8, "{record}");
-    assert!(spend(&g, key).await <= 1.0 + 1e-9);
+    assert!(common::spend_of(&g, key).await <= 1.0 + 1e-9);
 
     // Anthropic's framing: an `error` event ends the stream. What is left of the budget is
     // small now: the next stream is cut sooner, and a spent key is refused.
@@ -281,11 +271,11 @@ async fn a_stream_whose_upstream_ignores_the_limit_is_cut_at_the_budget() {
         s => panic!("status {s}"),
     }
     let deadline = Instant::now() + Duration::from_secs(5);
-    while spend(&g, key).await < 0.9 {
+    while common::spend_of(&g, key).await < 0.9 {
         assert!(Instant::now() < deadline);
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(spend(&g, key).await <= 1.0 + 1e-9);
+    assert!(common::spend_of(&g, key).await <= 1.0 + 1e-9);
 }
 
 #[tokio::test(flavor = "multi_thread")]

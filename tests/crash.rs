@@ -104,15 +104,6 @@ async fn records(g: &Gateway, want: usize) -> HashMap<String, Value> {
     }
 }
 
-async fn spend(g: &Gateway) -> f64 {
-    let v: Value = common::get(&g.main, "/v1/dashboard/billing/subscription", Some(KEY))
-        .await
-        .json()
-        .await
-        .expect("json");
-    v["modelgate"]["spend"].as_f64().expect("spend")
-}
-
 async fn killed_under_load(lock_sqlite: bool) {
     let mut g = start_with(Setup::default());
     let seen = Arc::new(Mutex::new(HashSet::new()));
@@ -168,7 +159,7 @@ async fn killed_under_load(lock_sqlite: bool) {
         .values()
         .map(|r| r["cost"].as_f64().unwrap_or(0.0))
         .sum();
-    let spent = spend(&g).await;
+    let spent = common::spend_of(&g, KEY).await;
     assert!(
         (billed - spent).abs() < 1e-6,
         "records {billed}, spend {spent}"

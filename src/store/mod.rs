@@ -15,6 +15,7 @@ mod query;
 mod spool;
 mod sqlite;
 mod sqlite_engine;
+mod sqlite_rows;
 mod writer;
 
 use std::collections::HashMap;

@@ -6,15 +6,17 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
-use super::record::{CsvRow, UsageRecord};
+use super::record::UsageRecord;
 
 /// Narrow columns, one per `UsageRecord` field, so the console and exports never parse blobs.
 /// The table is clustered by key: its primary key is (key_id, time_ms, seq), so one key's rows
 /// lie together in time order and a key's page or export is one sequential walk. `seq` is
 /// unique and grows with each insert (`usage_seq` holds the next one); it is the tie-breaker of
 /// the (time_ms, seq) keyset order. `usage_time` serves the queries across every key.
+pub(super) use super::sqlite_rows::{blank_record, csv_row, read_row};
+
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS usage (
     key_id TEXT NOT NULL,
@@ -159,9 +161,28 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, String> {
     migrate_rowid_table(&mut conn)?;
     conn.execute_batch(SCHEMA)
         .map_err(|e| db_err("creating schema", e))?;
-    add_last_used(&conn)?;
-    add_attempts(&conn)?;
-    add_cut(&conn)?;
+    // `spend.last_used_ms`: when each key last made a request.
+    add_column(
+        &conn,
+        "spend",
+        "last_used_ms",
+        "ALTER TABLE spend ADD COLUMN last_used_ms INTEGER NOT NULL DEFAULT 0",
+    )?;
+    // Retries and fallbacks: older rows read as one try, by the model they name.
+    add_column(
+        &conn,
+        "usage",
+        "attempts",
+        "ALTER TABLE usage ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1; \
+         ALTER TABLE usage ADD COLUMN served_model TEXT NOT NULL DEFAULT '';",
+    )?;
+    // Why a reply was cut short: older rows read as not cut.
+    add_column(
+        &conn,
+        "usage",
+        "cut",
+        "ALTER TABLE usage ADD COLUMN cut TEXT NOT NULL DEFAULT '';",
+    )?;
     conn.execute_batch(super::rollup::SCHEMA)
         .map_err(|e| db_err("creating the rollup schema", e))?;
     super::rollup::backfill(&mut conn)?;
@@ -208,55 +229,19 @@ fn next_seq(tx: &Connection) -> Result<i64, super::engine::WriteError> {
     }
 }
 
-/// `usage.attempts` and `usage.served_model` came with retries and fallbacks; older rows read
-/// as one try, by the model they name.
-fn add_attempts(conn: &Connection) -> Result<(), String> {
+/// Adds `column` to `table` with `ddl` (its `ALTER TABLE` statements) unless it is there:
+/// columns that came after the first release, which older files lack.
+fn add_column(conn: &Connection, table: &str, column: &str, ddl: &str) -> Result<(), String> {
     let has: bool = conn
         .query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('usage') WHERE name = 'attempts')",
-            [],
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2)",
+            params![table, column],
             |r| r.get(0),
         )
-        .map_err(|e| db_err("reading the usage table", e))?;
+        .map_err(|e| db_err(&format!("reading the {table} table"), e))?;
     if !has {
-        conn.execute_batch(
-            "ALTER TABLE usage ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1; \
-             ALTER TABLE usage ADD COLUMN served_model TEXT NOT NULL DEFAULT '';",
-        )
-        .map_err(|e| db_err("adding usage.attempts", e))?;
-    }
-    Ok(())
-}
-
-/// `usage.cut` (why a reply was cut short) came with hard budgets and the crash journal; older
-/// rows read as not cut.
-fn add_cut(conn: &Connection) -> Result<(), String> {
-    let has: bool = conn
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('usage') WHERE name = 'cut')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| db_err("reading the usage table", e))?;
-    if !has {
-        conn.execute_batch("ALTER TABLE usage ADD COLUMN cut TEXT NOT NULL DEFAULT '';")
-            .map_err(|e| db_err("adding usage.cut", e))?;
-    }
-    Ok(())
-}
-
-/// `spend.last_used_ms` (when each key last made a request) came after the first release.
-fn add_last_used(conn: &Connection) -> Result<(), String> {
-    let has: bool = conn
-        .query_row(
-            "SELECT EXISTS (SELECT 1 FROM pragma_table_info('spend') WHERE name = 'last_used_ms')",
-            [],
-            |r| r.get(0),
-        )
-        .map_err(|e| db_err("reading the spend table", e))?;
-    if !has {
-        conn.execute_batch("ALTER TABLE spend ADD COLUMN last_used_ms INTEGER NOT NULL DEFAULT 0")
-            .map_err(|e| db_err("adding spend.last_used_ms", e))?;
+        conn.execute_batch(ddl)
+            .map_err(|e| db_err(&format!("adding {table}.{column}"), e))?;
     }
     Ok(())
 }
@@ -417,112 +402,6 @@ pub(super) fn spend_totals(conn: &Connection) -> Result<HashMap<String, f64>, St
         out.insert(key, spend);
     }
     Ok(out)
-}
-
-fn set_text(dst: &mut String, row: &Row<'_>, i: usize) -> rusqlite::Result<()> {
-    dst.clear();
-    dst.push_str(row.get_ref(i)?.as_str()?);
-    Ok(())
-}
-
-fn get_u64(row: &Row<'_>, i: usize) -> rusqlite::Result<u64> {
-    Ok(u64::try_from(row.get::<_, i64>(i)?).unwrap_or(0))
-}
-
-/// Reads one `SELECT_COLUMNS` row into `rec`, reusing its string buffers (exports read a
-/// million rows; allocating six strings per row would dominate). Returns its `seq`.
-pub(super) fn read_row(row: &Row<'_>, rec: &mut UsageRecord) -> rusqlite::Result<i64> {
-    let seq: i64 = row.get(0)?;
-    rec.time_ms = row.get(1)?;
-    set_text(&mut rec.request_id, row, 2)?;
-    set_text(&mut rec.key_id, row, 3)?;
-    set_text(&mut rec.listener, row, 4)?;
-    set_text(&mut rec.endpoint, row, 5)?;
-    set_text(&mut rec.model, row, 6)?;
-    rec.status = u16::try_from(row.get::<_, i64>(7)?).unwrap_or(0);
-    rec.stream = row.get(8)?;
-    rec.prompt_tokens = get_u64(row, 9)?;
-    rec.completion_tokens = get_u64(row, 10)?;
-    rec.total_tokens = get_u64(row, 11)?;
-    rec.cost = row.get(12)?;
-    rec.latency_ms = get_u64(row, 13)?;
-    rec.ttft_ms = row
-        .get::<_, Option<i64>>(14)?
-        .map(|v| u64::try_from(v).unwrap_or(0));
-    set_text(&mut rec.upstream, row, 15)?;
-    rec.estimated = row.get(16)?;
-    rec.attempts = u32::try_from(row.get::<_, i64>(17)?).unwrap_or(0);
-    set_text(&mut rec.served_model, row, 18)?;
-    set_text(&mut rec.cut, row, 19)?;
-    Ok(seq)
-}
-
-fn text<'r>(row: &'r Row<'_>, i: usize) -> rusqlite::Result<&'r [u8]> {
-    Ok(row.get_ref(i)?.as_bytes()?)
-}
-
-fn int_u64(row: &Row<'_>, i: usize) -> rusqlite::Result<u64> {
-    Ok(u64::try_from(row.get_ref(i)?.as_i64()?).unwrap_or(0))
-}
-
-/// One `SELECT_COLUMNS` row as CSV fields, borrowed from the row (what `read_row` and
-/// `UsageRecord::write_csv` would give, without copying a string). Returns its `seq` too.
-pub(super) fn csv_row<'r>(row: &'r Row<'_>) -> rusqlite::Result<(i64, CsvRow<'r>)> {
-    let seq = row.get_ref(0)?.as_i64()?;
-    let status = u16::try_from(row.get_ref(7)?.as_i64()?).map_or(0, u64::from);
-    let ttft_ms = row
-        .get_ref(14)?
-        .as_i64_or_null()?
-        .map(|v| u64::try_from(v).unwrap_or(0));
-    Ok((
-        seq,
-        CsvRow {
-            time_ms: row.get_ref(1)?.as_i64()?,
-            request_id: text(row, 2)?,
-            key_id: text(row, 3)?,
-            listener: text(row, 4)?,
-            endpoint: text(row, 5)?,
-            model: text(row, 6)?,
-            status,
-            stream: row.get_ref(8)?.as_i64()? != 0,
-            prompt_tokens: int_u64(row, 9)?,
-            completion_tokens: int_u64(row, 10)?,
-            total_tokens: int_u64(row, 11)?,
-            cost: row.get(12)?,
-            latency_ms: int_u64(row, 13)?,
-            ttft_ms,
-            upstream: text(row, 15)?,
-            estimated: row.get_ref(16)?.as_i64()? != 0,
-            attempts: int_u64(row, 17)?,
-            served_model: text(row, 18)?,
-            cut: text(row, 19)?,
-        },
-    ))
-}
-
-/// An empty record for `read_row` to fill.
-pub(super) fn blank_record() -> UsageRecord {
-    UsageRecord {
-        time_ms: 0,
-        request_id: String::new(),
-        key_id: String::new(),
-        listener: String::new(),
-        endpoint: String::new(),
-        model: String::new(),
-        status: 0,
-        stream: false,
-        prompt_tokens: 0,
-        completion_tokens: 0,
-        total_tokens: 0,
-        cost: 0.0,
-        latency_ms: 0,
-        ttft_ms: None,
-        upstream: String::new(),
-        estimated: false,
-        attempts: 0,
-        served_model: String::new(),
-        cut: String::new(),
-    }
 }
 
 /// A record whose fields all differ by `i`, for the store's tests.

@@ -656,6 +656,16 @@ pub async fn await_key_record(
     }
 }
 
+/// A key's spend, as the balance endpoint tells it.
+pub async fn spend_of(g: &Gateway, key: &str) -> f64 {
+    let v: serde_json::Value = get(&g.main, "/v1/dashboard/billing/subscription", Some(key))
+        .await
+        .json()
+        .await
+        .expect("json");
+    v["modelgate"]["spend"].as_f64().expect("spend")
+}
+
 /// The admin listener's `/metrics` text.
 pub async fn metrics_text(g: &Gateway) -> String {
     reqwest::get(format!("{}/metrics", g.admin))
