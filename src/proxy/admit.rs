@@ -67,6 +67,10 @@ impl Gateway {
             endpoint: ctx.group,
         };
         ctx.journal = self.shared.store.journal_open(opened);
+        // Nothing goes upstream for a request before its entry is written.
+        if let Some(entry) = &ctx.journal {
+            entry.durable().await;
+        }
         let fleet_spend = self.limit(&key, ctx).await?;
         let endpoint = match target {
             Target::Proxy(ep) => ep,

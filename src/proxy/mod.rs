@@ -500,7 +500,8 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
     let written = record::as_preclosed(ctx, &r);
     shared
         .store
-        .record_journaled(r, ctx.journal.take(), written);
+        .record_journaled(r, ctx.journal.take(), written)
+        .await;
 }
 
 /// The contract's 400 for a connection's first request that Pingora's reader refuses (a

@@ -123,8 +123,8 @@ pub fn build(
 /// succeeds goes to the journal: a crash right after the write leaves that record, not one cut
 /// by the crash. Only for a reply whose usage the upstream reported (an estimate is counted
 /// later, off this thread). The request's end writes its record again only if it differs.
-pub fn preclose(ctx: &mut Ctx) {
-    let (Some(entry), Some(status)) = (ctx.journal.as_ref(), ctx.sent.status) else {
+pub async fn preclose(ctx: &mut Ctx) {
+    let (Some(_), Some(status)) = (ctx.journal.as_ref(), ctx.sent.status) else {
         return;
     };
     if ctx.meter.cut_by_budget().is_some() {
@@ -141,7 +141,9 @@ pub fn preclose(ctx: &mut Ctx) {
         std::time::Instant::now(),
         (complete(usage), false),
     );
-    entry.preclose(&r);
+    if let Some(entry) = ctx.journal.as_mut() {
+        entry.preclose(&r).await;
+    }
     ctx.preclosed = Some((r.status, r.prompt_tokens, r.completion_tokens));
 }
 

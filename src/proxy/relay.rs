@@ -157,7 +157,7 @@ pub(super) async fn relay_body<D: Downstream>(
         let piece = out.take();
         if done && failed.is_none() {
             // The record goes to the journal before the reply's last byte goes to the client.
-            super::record::preclose(ctx);
+            super::record::preclose(ctx).await;
         }
         if piece.is_some() || done {
             let bound = bound(ctx, life.as_deref());

@@ -8,6 +8,12 @@
 //! database already has). The writer syncs the journal with its batches, at most once a second
 //! (`SYNC_EVERY`): a power loss costs at most that second.
 //!
+//! Lines are written in groups: a request adds its line to its segment's pending lines and
+//! yields once, so the requests its thread (or another) runs meanwhile add theirs, and the first
+//! to come back writes them all in one `pwrite(2)` (`Segment::durable`); a request goes on
+//! (upstream, or its reply's last byte to the client) only once its line is written. Under
+//! load that is one system call for many requests instead of two for each.
+//!
 //! The journal is a folder of segments; lines go to the current one, which is sealed when it
 //! passes `SEGMENT_BYTES` and a new one started. A segment is made at twice that size (sparse)
 //! and each line written at an offset reserved for it: an append that grew the file would
@@ -76,26 +82,20 @@ pub struct OpenedRef<'a> {
     pub endpoint: &'a str,
 }
 
-thread_local! {
-    /// Each thread encodes its lines here (a line is one `pwrite(2)`, never a new buffer).
-    static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+/// Lines added to a segment and not yet written.
+#[derive(Default)]
+struct Pending {
+    lines: Vec<u8>,
+    /// The buffer the last group was written from, kept for the next.
+    spare: Vec<u8>,
+    /// Lines added so far (a line's ticket is this count once it is added).
+    added: u64,
+    /// A group is being written: the others wait for it rather than write theirs beside it.
+    writing: bool,
 }
 
-/// Appends `line` to `segment` in one write, encoded in the thread's buffer.
-fn write_line(segment: &Segment, line: &LineRef<'_>) -> std::io::Result<()> {
-    LINE.with(|buf| {
-        let mut buf = buf.borrow_mut();
-        buf.clear();
-        serde_json::to_writer(&mut *buf, line).map_err(std::io::Error::other)?;
-        buf.push(b'\n');
-        let result = segment.append(&buf);
-        // A huge record's buffer is not kept.
-        if buf.capacity() > 64 * 1024 {
-            *buf = Vec::new();
-        }
-        result
-    })
-}
+/// A pending buffer past this is not kept for the next group (a burst of huge records).
+const SPARE_KEPT: usize = 1 << 20;
 
 pub(super) struct Segment {
     id: u64,
@@ -104,13 +104,84 @@ pub(super) struct Segment {
     /// `SEALED`, and the entries opened here and not yet closed.
     state: AtomicU64,
     bytes: AtomicU64,
+    pending: Mutex<Pending>,
+    /// Lines written so far (tickets up to this are in the kernel's hands).
+    written: AtomicU64,
 }
 
 impl Segment {
-    fn append(&self, line: &[u8]) -> std::io::Result<()> {
-        // The line's place is reserved first: lines of other threads never overlap it.
-        let at = self.bytes.fetch_add(line.len() as u64, Ordering::Relaxed);
-        self.file.write_all_at(line, at)
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds `line`, encoded at the end of the pending lines; returns its ticket.
+    fn add(&self, line: &LineRef<'_>) -> u64 {
+        let mut p = self.pending();
+        let len = p.lines.len();
+        if serde_json::to_writer(&mut p.lines, line).is_err() {
+            // (A record always encodes; a failure leaves no half line behind.)
+            p.lines.truncate(len);
+            return p.added;
+        }
+        p.lines.push(b'\n');
+        p.added += 1;
+        p.added
+    }
+
+    /// Returns once the line of `ticket` is written: it yields first, so that the lines other
+    /// requests add meanwhile go in the same write; then the first back writes them all.
+    async fn durable(&self, ticket: u64, journal: &Journal) {
+        if self.written.load(Ordering::Acquire) >= ticket {
+            return;
+        }
+        tokio::task::yield_now().await;
+        while !self.write_pending(ticket, journal) {
+            // Another thread is writing a group: it may hold this line.
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Writes the pending lines unless the line of `ticket` is written already; false while
+    /// another caller writes a group.
+    fn write_pending(&self, ticket: u64, journal: &Journal) -> bool {
+        if self.written.load(Ordering::Acquire) >= ticket {
+            return true;
+        }
+        let (lines, upto) = {
+            let mut p = self.pending();
+            if p.writing {
+                return false;
+            }
+            if p.lines.is_empty() {
+                return true;
+            }
+            p.writing = true;
+            let spare = std::mem::take(&mut p.spare);
+            (std::mem::replace(&mut p.lines, spare), p.added)
+        };
+        // The group's place is reserved first: groups of other threads never overlap it.
+        let at = self.bytes.fetch_add(lines.len() as u64, Ordering::Relaxed);
+        if let Err(e) = self.file.write_all_at(&lines, at) {
+            journal.failed("lines not written", &e);
+        }
+        journal.writes.fetch_add(1, Ordering::Relaxed);
+        self.written.store(upto, Ordering::Release);
+        let mut p = self.pending();
+        p.writing = false;
+        if lines.capacity() <= SPARE_KEPT {
+            let mut lines = lines;
+            lines.clear();
+            p.spare = lines;
+        }
+        true
+    }
+
+    /// Writes whatever is pending (the writer, before it syncs): a line whose request went
+    /// away before writing it is not left in memory.
+    fn write_all_pending(&self, journal: &Journal) {
+        while !self.write_pending(u64::MAX, journal) {
+            std::thread::yield_now();
+        }
     }
 
     pub(super) fn path(&self) -> &Path {
@@ -123,15 +194,21 @@ impl Segment {
 pub struct Entry {
     segment: Arc<Segment>,
     journal: Arc<Journal>,
+    /// The ticket of the entry's last line.
+    ticket: u64,
 }
 
 impl Entry {
+    /// Returns once the entry's lines are in the kernel's hands.
+    pub async fn durable(&self) {
+        self.segment.durable(self.ticket, &self.journal).await;
+    }
+
     /// Writes the request's record (the entry stays open until it drops, once the record is
     /// queued for the writer; written ahead of the request's end, a later line replaces it).
-    pub fn preclose(&self, record: &UsageRecord) {
-        if let Err(e) = write_line(&self.segment, &LineRef::Close(record)) {
-            self.journal.failed("a record not written", &e);
-        }
+    pub async fn preclose(&mut self, record: &UsageRecord) {
+        self.ticket = self.segment.add(&LineRef::Close(record));
+        self.durable().await;
     }
 }
 
@@ -158,6 +235,8 @@ pub struct Journal {
     failed_log: super::writer::LogGate,
     /// Appends that failed (a full disk): counted, logged once a second.
     pub failures: AtomicU64,
+    /// Groups of lines written (one `pwrite(2)` each).
+    pub writes: AtomicU64,
     /// Wakes the writer when a segment is done.
     wake: Mutex<Option<std::thread::Thread>>,
     /// Sealed segments not synced since.
@@ -184,6 +263,8 @@ fn open_segment(dir: &Path, id: u64) -> std::io::Result<Segment> {
         file,
         state: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
+        pending: Mutex::default(),
+        written: AtomicU64::new(0),
     })
 }
 
@@ -223,6 +304,7 @@ impl Journal {
             done: Mutex::new(Vec::new()),
             failed_log: super::writer::LogGate::default(),
             failures: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
             wake: Mutex::new(None),
             unsynced: Mutex::new(Vec::new()),
             synced: Mutex::new(std::time::Instant::now()),
@@ -244,7 +326,8 @@ impl Journal {
         }
     }
 
-    /// Opens an entry for a request that passed auth.
+    /// Opens an entry for a request that passed auth; its line is written once `durable`
+    /// returns.
     pub fn open_entry(self: &Arc<Self>, opened: OpenedRef<'_>) -> Option<Entry> {
         let segment = loop {
             let segment = self.current.load_full();
@@ -254,15 +337,14 @@ impl Journal {
             }
             self.release(&segment);
         };
-        if let Err(e) = write_line(&segment, &LineRef::Open(opened)) {
-            self.failed("an entry not written", &e);
-        }
+        let ticket = segment.add(&LineRef::Open(opened));
         if segment.bytes.load(Ordering::Relaxed) > SEGMENT_BYTES {
             self.rotate(&segment);
         }
         Some(Entry {
             segment,
             journal: Arc::clone(self),
+            ticket,
         })
     }
 
@@ -321,6 +403,7 @@ impl Journal {
             .iter()
             .chain(std::iter::once(&self.current.load_full()))
         {
+            s.write_all_pending(self);
             if let Err(e) = s.file.sync_data() {
                 self.failed("not synced", &e);
             }
@@ -434,5 +517,93 @@ mod indexmap_lite {
             v.sort_by_key(|(seq, _)| *seq);
             v.into_iter().map(|(_, o)| o)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    fn opened(id: &str) -> OpenedRef<'_> {
+        OpenedRef {
+            time_ms: 1,
+            request_id: id,
+            key_id: "k",
+            listener: "main",
+            endpoint: "chat",
+        }
+    }
+
+    /// Requests a thread runs together share a write, and each goes on only once its own line
+    /// is in the file: a crash then leaves a record of each (cut by the crash).
+    #[test]
+    fn lines_added_together_go_in_one_write_and_each_is_written_before_its_request_goes_on() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let journal = Journal::open(dir.path()).expect("open");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("rt");
+        let ids: Vec<String> = (0..100).map(|i| format!("req_{i}")).collect();
+        rt.block_on(async {
+            let tasks: Vec<_> = ids
+                .iter()
+                .map(|id| {
+                    let entry = journal.open_entry(opened(id)).expect("entry");
+                    let journal = Arc::clone(&journal);
+                    let id = id.clone();
+                    tokio::spawn(async move {
+                        entry.durable().await;
+                        // Its line is in the file now, whatever the others do.
+                        let segment = journal.current.load_full();
+                        let mut text = vec![0; segment.bytes.load(Ordering::Relaxed) as usize];
+                        File::open(&segment.path)
+                            .and_then(|f| f.read_exact_at(&mut text, 0))
+                            .expect("read");
+                        let line = format!("\"request_id\":\"{id}\",");
+                        let text = String::from_utf8_lossy(&text);
+                        assert!(text.contains(&line), "{id}");
+                        entry
+                    })
+                })
+                .collect();
+            for t in tasks {
+                drop(t.await.expect("task"));
+            }
+        });
+        let writes = journal.writes.load(Ordering::Relaxed);
+        assert!((1..10).contains(&writes), "{writes} writes for 100 lines");
+        let (records, _) = recover(dir.path()).expect("recover");
+        assert_eq!(records.len(), 100);
+        assert!(records.iter().all(|r| r.cut == "crash"));
+    }
+
+    /// A record written ahead of the end replaces the entry; the writer's sync writes a line
+    /// whose request went away before writing it.
+    #[test]
+    fn a_closed_entry_leaves_its_record_and_sync_writes_what_is_pending() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let journal = Journal::open(dir.path()).expect("open");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("rt");
+        let mut closed = journal.open_entry(opened("req_closed")).expect("entry");
+        let record = UsageRecord {
+            request_id: "req_closed".into(),
+            status: 200,
+            completion_tokens: 7,
+            ..UsageRecord::default()
+        };
+        rt.block_on(closed.preclose(&record));
+        // Added, never awaited: only the sync writes it.
+        let _gone = journal.open_entry(opened("req_gone")).expect("entry");
+        let (records, _) = recover(dir.path()).expect("recover");
+        assert_eq!(records.len(), 1, "{records:?}");
+        *journal.synced.lock().expect("lock") -= SYNC_EVERY;
+        journal.sync();
+        let (records, _) = recover(dir.path()).expect("recover");
+        let by_id = |id: &str| records.iter().find(|r| r.request_id == id).cloned();
+        assert_eq!(by_id("req_closed").map(|r| r.completion_tokens), Some(7));
+        assert_eq!(by_id("req_gone").map(|r| r.cut), Some("crash".to_string()));
     }
 }

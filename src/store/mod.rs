@@ -289,16 +289,22 @@ impl Store {
         }))
     }
 
-    /// Opens the journal entry of a request that passed auth (see `journal`).
+    /// Opens the journal entry of a request that passed auth (see `journal`): written once
+    /// the entry's `durable` returns.
     pub fn journal_open(&self, opened: journal::OpenedRef<'_>) -> Option<journal::Entry> {
         self.journal.as_ref()?.open_entry(opened)
     }
 
     /// `record`, closing the request's journal entry with the record first (`written`: the
     /// journal has this record already).
-    pub fn record_journaled(&self, r: UsageRecord, entry: Option<journal::Entry>, written: bool) {
-        if let (Some(e), false) = (&entry, written) {
-            e.preclose(&r);
+    pub async fn record_journaled(
+        &self,
+        r: UsageRecord,
+        mut entry: Option<journal::Entry>,
+        written: bool,
+    ) {
+        if let (Some(e), false) = (&mut entry, written) {
+            e.preclose(&r).await;
         }
         self.record(r);
         // Only once the record is queued: a segment goes when all its entries are closed, after

@@ -40,9 +40,16 @@ pub struct Gateway {
 }
 
 impl Drop for Gateway {
+    /// Kills the gateway; when a test failed, what it wrote to stderr (warnings and errors)
+    /// goes to the test's output, to tell a gateway's fault from the test's.
     fn drop(&mut self) {
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        let status = self.child.wait();
+        if std::thread::panicking() {
+            if let Some(Ok(err)) = self.stderr.take().map(|t| t.join()) {
+                eprintln!("gateway ({status:?}) stderr:\n{err}");
+            }
+        }
     }
 }
 
