@@ -74,7 +74,14 @@ impl Admin {
         if snapshot.keys.is_empty() {
             reasons.push("no keys are loaded".to_string());
         }
-        if !self.shared.store.writable() {
+        let store = self.shared.store.stats();
+        if store.full {
+            reasons.push(
+                "the usage store is full: records wait in memory up to \
+                 [storage] memory_max_records"
+                    .to_string(),
+            );
+        } else if !self.shared.store.writable() {
             reasons.push("the usage store is failing to write".to_string());
         }
         for pool in &snapshot.router.pools {

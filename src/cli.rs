@@ -267,6 +267,9 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         // batches wait on disk (the file is made only then).
         spool: Some(c.spool.clone()),
         journal: c.journal.clone(),
+        overflow_max: c.memory_max_records,
+        refuse_when_full: c.on_store_full == crate::config::OnStoreFull::Refuse,
+        spool_max_bytes: c.spool_max_bytes,
         ..StoreOptions::default()
     };
     let (store, where_) = match &c.postgres {

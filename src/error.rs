@@ -62,6 +62,9 @@ pub enum GatewayError {
     NoHealthyUpstream(String),
     /// `[limits] on_redis_down = "deny"` and the shared limits cannot be counted now.
     LimiterUnavailable,
+    /// The usage store is full (`[storage] on_store_full = "refuse"`): a new request would
+    /// leave a record that nothing can store.
+    StoreUnavailable,
     UpstreamTimeout(String),
     /// The gateway is shutting down and ended the request.
     ShuttingDown,
@@ -246,6 +249,14 @@ impl GatewayError {
                 "rate_limiter_unavailable",
                 None,
                 "The shared rate limiter cannot be reached; retry in a moment.".into(),
+            ),
+            E::StoreUnavailable => (
+                503,
+                "api_error",
+                "usage_store_unavailable",
+                None,
+                "The gateway cannot record usage now (its store is full); retry in a moment."
+                    .into(),
             ),
             E::UpstreamTimeout(m) => (504, "api_error", "upstream_timeout", None, m.clone()),
             E::ShuttingDown => (

@@ -162,6 +162,7 @@ impl BackgroundService for Drain {
         if lost > 0 {
             tracing::error!(
                 written = stats.written,
+                spooled = stats.spooled,
                 spooled_bytes = stats.spool_bytes,
                 not_written = lost,
                 dropped = stats.dropped,
@@ -173,6 +174,7 @@ impl BackgroundService for Drain {
         } else if stats.spool_bytes > 0 {
             tracing::warn!(
                 written = stats.written,
+                spooled = stats.spooled,
                 spooled_bytes = stats.spool_bytes,
                 after_ms = started.elapsed().as_millis() as u64,
                 "usage records written or spooled (the spooled ones are written at the next \

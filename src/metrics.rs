@@ -107,6 +107,9 @@ pub struct Metrics {
     journal_failures: IntCounter,
     records_queued: IntGauge,
     spool_bytes: IntGauge,
+    records_held: IntGauge,
+    store_full: IntGauge,
+    store_refused: IntCounter,
     batch_rows: Histogram,
     batch_seconds: Histogram,
 }
@@ -306,7 +309,7 @@ impl Metrics {
             )?,
             records_dropped: counter(
                 "usage_records_dropped_total",
-                "Usage records dropped because the overflow queue was full too",
+                "Usage records dropped: more waited in memory than its bound (on_store_full = \"serve\"), or the store was closed",
             )?,
             record_write_errors: counter("usage_record_write_errors_total", "Failed store writes")?,
             journal_failures: counter(
@@ -320,6 +323,18 @@ impl Metrics {
             spool_bytes: gauge(
                 "usage_spool_bytes",
                 "Bytes of usage records waiting on disk for the database to come back",
+            )?,
+            records_held: gauge(
+                "usage_records_held",
+                "Usage records waiting in memory because neither the database nor the spool takes them (a full disk)",
+            )?,
+            store_full: gauge(
+                "usage_store_full",
+                "1 while as many usage records wait in memory as [storage] memory_max_records",
+            )?,
+            store_refused: counter(
+                "usage_store_refused_total",
+                "Requests refused with 503 usage_store_unavailable while the usage store was full",
             )?,
             batch_rows: histogram(
                 "usage_batch_rows",
@@ -481,6 +496,10 @@ impl Metrics {
         self.records_queued.set(store.queued as i64);
         self.spool_bytes
             .set(i64::try_from(store.spool_bytes).unwrap_or(i64::MAX));
+        self.records_held
+            .set(i64::try_from(store.held).unwrap_or(i64::MAX));
+        self.store_full.set(i64::from(store.full));
+        bump(&self.store_refused, store.refused);
         // Pools come and go with reloads: show only the ones in force.
         self.upstream_healthy.reset();
         self.upstream_in_flight.reset();

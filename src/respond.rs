@@ -273,6 +273,7 @@ pub async fn error(
     let retry_after = match e {
         GatewayError::RateLimited { retry_after, .. } => Some(*retry_after),
         GatewayError::LimiterUnavailable => Some(1),
+        GatewayError::StoreUnavailable => Some(5),
         _ => None,
     };
     let allow = match e {

@@ -632,37 +632,44 @@ impl Config {
             }
             Some(secret)
         });
-        let on_redis_down = match raw.limits.as_ref().and_then(|l| l.on_redis_down.as_ref()) {
-            None => crate::limit::shared::OnDown::Local,
-            Some(v) => match v.get_ref().as_str() {
-                "local" => crate::limit::shared::OnDown::Local,
-                "deny" => crate::limit::shared::OnDown::Deny,
-                _ => {
-                    p.push(Problem::new(
-                        &file,
-                        at(v.span()),
-                        "limits.on_redis_down",
-                        "must be \"local\" or \"deny\"",
-                    ));
-                    crate::limit::shared::OnDown::Local
+        // An option's value, one of `choices` (the first is its default).
+        let mut choose = |v: Option<&Spanned<String>>, field: &str, choices: &[(&str, u8)]| {
+            let Some(v) = v else { return choices[0].1 };
+            match choices.iter().find(|(name, _)| name == v.get_ref()) {
+                Some((_, c)) => *c,
+                None => {
+                    let names: Vec<String> =
+                        choices.iter().map(|(n, _)| format!("\"{n}\"")).collect();
+                    let message = format!("must be {}", names.join(" or "));
+                    p.push(Problem::new(&file, at(v.span()), field, message));
+                    choices[0].1
                 }
-            },
+            }
         };
-        let budget_mode = match raw.limits.as_ref().and_then(|l| l.budget_mode.as_ref()) {
-            None => BudgetMode::Reserve,
-            Some(v) => match v.get_ref().as_str() {
-                "reserve" => BudgetMode::Reserve,
-                "after" => BudgetMode::After,
-                _ => {
-                    p.push(Problem::new(
-                        &file,
-                        at(v.span()),
-                        "limits.budget_mode",
-                        "must be \"reserve\" or \"after\"",
-                    ));
-                    BudgetMode::Reserve
-                }
-            },
+        let limits = raw.limits.as_ref();
+        let on_redis_down = match choose(
+            limits.and_then(|l| l.on_redis_down.as_ref()),
+            "limits.on_redis_down",
+            &[("local", 0), ("deny", 1)],
+        ) {
+            0 => crate::limit::shared::OnDown::Local,
+            _ => crate::limit::shared::OnDown::Deny,
+        };
+        let budget_mode = match choose(
+            limits.and_then(|l| l.budget_mode.as_ref()),
+            "limits.budget_mode",
+            &[("reserve", 0), ("after", 1)],
+        ) {
+            0 => BudgetMode::Reserve,
+            _ => BudgetMode::After,
+        };
+        let on_store_full = match choose(
+            raw.storage.as_ref().and_then(|s| s.on_store_full.as_ref()),
+            "storage.on_store_full",
+            &[("refuse", 0), ("serve", 1)],
+        ) {
+            0 => OnStoreFull::Refuse,
+            _ => OnStoreFull::Serve,
         };
         let keys_in_postgres = match &raw.keys.source {
             None => false,
@@ -711,6 +718,17 @@ impl Config {
                 .and_then(|s| s.retention_days)
                 .filter(|d| *d > 0)
                 .map(|d| Duration::from_secs(d * 86_400)),
+            on_store_full,
+            memory_max_records: raw
+                .storage
+                .as_ref()
+                .and_then(|s| s.memory_max_records)
+                .map_or(200_000, |n| usize::try_from(n.max(1)).unwrap_or(usize::MAX)),
+            spool_max_bytes: raw
+                .storage
+                .as_ref()
+                .and_then(|s| s.spool_max_bytes)
+                .unwrap_or(1 << 30),
             pools,
             models,
             demo_mock_upstream,

@@ -146,6 +146,9 @@ pub(super) struct RawStorage {
     pub(super) postgres: Option<Spanned<String>>,
     pub(super) spool: Option<String>,
     pub(super) journal: Option<String>,
+    pub(super) on_store_full: Option<Spanned<String>>,
+    pub(super) memory_max_records: Option<u64>,
+    pub(super) spool_max_bytes: Option<u64>,
     #[serde(default, deserialize_with = "retention_days")]
     pub(super) retention_days: Option<u64>,
 }

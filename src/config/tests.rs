@@ -188,6 +188,18 @@ fn fleet_settings_are_read_and_their_mistakes_named() {
     assert_eq!(c.redis_timeout, Duration::from_millis(50));
     assert!(!c.keys_in_postgres);
     assert!(c.spool.ends_with("usage-spool.jsonl"));
+    assert_eq!(
+        (c.on_store_full, c.memory_max_records, c.spool_max_bytes),
+        (OnStoreFull::Refuse, 200_000, 1 << 30)
+    );
+    let c = with(
+        "[storage]\non_store_full = \"serve\"\nmemory_max_records = 10\nspool_max_bytes = 4096\n",
+    )
+    .expect("valid");
+    assert_eq!(
+        (c.on_store_full, c.memory_max_records, c.spool_max_bytes),
+        (OnStoreFull::Serve, 10, 4096)
+    );
     // The secrets never show in Debug.
     let dbg = format!("{c:?}");
     assert!(
@@ -226,6 +238,11 @@ fn fleet_settings_are_read_and_their_mistakes_named() {
             "[limits]\non_redis_down = \"maybe\"\n",
             "limits.on_redis_down",
             "\"local\" or \"deny\"",
+        ),
+        (
+            "[storage]\non_store_full = \"drop\"\n",
+            "storage.on_store_full",
+            "\"refuse\" or \"serve\"",
         ),
     ] {
         let e = with(extra).expect_err(extra).to_string();

@@ -42,6 +42,13 @@ pub struct Config {
     pub journal: Option<PathBuf>,
     /// Usage records older than this are deleted; None keeps them forever.
     pub retention: Option<Duration>,
+    /// `[storage] on_store_full`: what happens once records that cannot be stored fill
+    /// their bounds.
+    pub on_store_full: OnStoreFull,
+    /// `[storage] memory_max_records`: records that may wait in memory (default 200,000).
+    pub memory_max_records: usize,
+    /// `[storage] spool_max_bytes`: bytes that may wait in the spool (default 1 GiB).
+    pub spool_max_bytes: u64,
     pub pools: Vec<PoolConfig>,
     pub models: Vec<ModelConfig>,
     pub demo_mock_upstream: Option<String>,
@@ -88,6 +95,17 @@ pub struct Config {
     pub redis_timeout: Duration,
     /// `[limits] budget_mode`: when a budget is checked against a request's cost.
     pub budget_mode: BudgetMode,
+}
+
+/// What the gateway does once records that neither the database nor the spool takes fill
+/// their bound in memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnStoreFull {
+    /// New requests are refused with 503 `usage_store_unavailable`; no record is dropped.
+    #[default]
+    Refuse,
+    /// Requests are served; their records past the bound are dropped and counted.
+    Serve,
 }
 
 /// When a key's budget is checked against a request's cost.

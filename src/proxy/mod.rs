@@ -103,6 +103,13 @@ impl Gateway {
             // Boxed: the pages' futures are large and no part of a `/v1` request's.
             return Box::pin(self.web(session, ctx)).await;
         }
+        // A full usage store (`on_store_full = "refuse"`) takes no new request: its record
+        // could not be kept. Refused before auth, it leaves none.
+        if self.shared.store.refuses() {
+            let e = crate::error::GatewayError::StoreUnavailable;
+            respond::error(session, ctx, &e).await?;
+            return Ok(true);
+        }
         match self.decide(session, ctx).await {
             Ok(()) if detach::early(session, ctx) => {
                 detach::spawn_early(self, session, ctx);

@@ -20,7 +20,7 @@ mod writer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -93,8 +93,15 @@ pub struct StoreOptions {
     pub batch_interval: Duration,
     /// Rows older than this are deleted (spend is kept); None keeps them forever.
     pub retention: Option<Duration>,
-    /// Records the overflow queue holds before further ones are dropped (counted, logged).
+    /// Records that wait in memory (the overflow queue, and batches neither the database nor
+    /// the spool could take) past which the store is full: new requests are refused
+    /// (`refuse_when_full`), or further records dropped (counted, logged).
     pub overflow_max: usize,
+    /// `on_store_full = "refuse"` (default): past `overflow_max` the gateway refuses new
+    /// requests and drops no record; false: it serves them and drops their records (counted).
+    pub refuse_when_full: bool,
+    /// The spool takes no batch past this many bytes waiting in it (then they wait in memory).
+    pub spool_max_bytes: u64,
     /// Where batches wait on disk while a database server is away (Postgres).
     pub spool: Option<PathBuf>,
     /// The crash journal's folder (`journal`); None: records wait in memory only.
@@ -108,7 +115,9 @@ impl Default for StoreOptions {
             batch_max: 4_096,
             batch_interval: Duration::from_millis(100),
             retention: None,
-            overflow_max: 1_000_000,
+            overflow_max: 200_000,
+            refuse_when_full: true,
+            spool_max_bytes: 1 << 30,
             spool: None,
             journal: None,
         }
@@ -129,6 +138,14 @@ pub struct StoreStats {
     pub write_errors: u64,
     /// Bytes of records waiting in the spool for the database to come back.
     pub spool_bytes: u64,
+    /// Records this process put in the spool and has not written from it yet.
+    pub spooled: u64,
+    /// Records waiting in memory because neither the database nor the spool takes them.
+    pub held: u64,
+    /// Past its bound of records waiting in memory (`Store::full`).
+    pub full: bool,
+    /// Requests refused with 503 `usage_store_unavailable` while the store was full.
+    pub refused: u64,
     /// Journal lines that could not be written (a full or failing disk).
     pub journal_failures: u64,
 }
@@ -138,6 +155,9 @@ pub struct Store {
     tx: SyncSender<Msg>,
     shared: Arc<Shared>,
     overflow_max: usize,
+    refuse_when_full: bool,
+    /// Requests refused because the store was full.
+    refused: AtomicU64,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// Set by `close`; `record` calls that see it drop their record instead of queueing it.
     closed: AtomicBool,
@@ -263,6 +283,9 @@ impl Store {
             batch_interval: opts.batch_interval,
             retention: opts.retention,
             spool: opts.spool.clone(),
+            spool_max_bytes: opts.spool_max_bytes,
+            memory_max: opts.overflow_max,
+            refuse_when_full: opts.refuse_when_full,
         };
         let writer = Writer::new(conn, rx, Arc::clone(&shared), cfg, journal.clone());
         let handle = std::thread::Builder::new()
@@ -281,6 +304,8 @@ impl Store {
             tx,
             shared,
             overflow_max: opts.overflow_max,
+            refuse_when_full: opts.refuse_when_full,
+            refused: AtomicU64::new(0),
             writer: Mutex::new(Some(handle)),
             closed: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
@@ -358,9 +383,13 @@ impl Store {
         self.writer_thread.unpark();
         give_way();
         let mut q = s.overflow();
-        if q.len() < self.overflow_max {
+        // With `on_store_full = "refuse"` no record is dropped: new requests are refused
+        // instead (`refuses`), so only those in flight add to the queue past its bound.
+        let waiting = q.len() + s.held.load(Ordering::Relaxed) as usize;
+        if self.refuse_when_full || waiting < self.overflow_max {
             q.push_back(r);
             let len = q.len();
+            s.overflow_len.store(len as u64, Ordering::Relaxed);
             drop(q);
             let total = s.overflowed.fetch_add(1, Ordering::Relaxed) + 1;
             if s.spill_log.allow() {
@@ -467,6 +496,24 @@ impl Store {
         !self.shared.failing.load(Ordering::Relaxed)
     }
 
+    /// Past its bound: as many records wait in memory (the overflow queue, and batches that
+    /// neither the database nor the spool takes) as `overflow_max`.
+    pub fn full(&self) -> bool {
+        let s = &self.shared;
+        s.held.load(Ordering::Relaxed) + s.overflow_len.load(Ordering::Relaxed)
+            >= self.overflow_max as u64
+    }
+
+    /// Whether a new request is to be refused (503 `usage_store_unavailable`): the store is
+    /// full and `on_store_full = "refuse"`. A refusal is counted.
+    pub fn refuses(&self) -> bool {
+        if self.refuse_when_full && self.full() {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
     pub fn stats(&self) -> StoreStats {
         let s = &self.shared;
         let written = s.written.load(Ordering::SeqCst);
@@ -479,6 +526,10 @@ impl Store {
             queued: accepted.saturating_sub(written + write_errors),
             write_errors,
             spool_bytes: s.spool_bytes.load(Ordering::Relaxed),
+            spooled: s.spooled.load(Ordering::Relaxed),
+            held: s.held.load(Ordering::Relaxed),
+            full: self.full(),
+            refused: self.refused.load(Ordering::Relaxed),
             journal_failures: self
                 .journal
                 .as_ref()

@@ -76,9 +76,16 @@ impl Spool {
             .append(true)
             .open(&self.path)
             .map_err(|e| io_err("opening", &self.path, e))?;
-        f.write_all(&buf)
-            .and_then(|()| f.sync_data())
-            .map_err(|e| io_err("writing", &self.path, e))
+        let before = f
+            .metadata()
+            .map_err(|e| io_err("reading", &self.path, e))?
+            .len();
+        if let Err(e) = f.write_all(&buf).and_then(|()| f.sync_data()) {
+            // A part written (a full disk) goes: the batch waits elsewhere, whole.
+            let _ = f.set_len(before);
+            return Err(io_err("writing", &self.path, e));
+        }
+        Ok(())
     }
 
     /// Up to `max` records from the front, and the offset just past them (pass it to

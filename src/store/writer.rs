@@ -42,6 +42,13 @@ pub(super) struct Shared {
     pub memory_releases: AtomicU64,
     /// Bytes of records waiting in the spool for the database to come back.
     pub spool_bytes: AtomicU64,
+    /// Records put in the spool by this process and not yet written from it.
+    pub spooled: AtomicU64,
+    /// Records neither the database nor the spool could take (a full disk), waiting in the
+    /// writer's memory.
+    pub held: AtomicU64,
+    /// Records in the overflow queue (the channel was full).
+    pub overflow_len: AtomicU64,
     /// The last batch failed to commit (cleared by the next that commits): `/readyz`.
     pub failing: std::sync::atomic::AtomicBool,
     pub spill_log: LogGate,
@@ -88,6 +95,14 @@ pub(super) struct WriterConfig {
     pub retention: Option<Duration>,
     /// Where batches wait while the database is away (engines with transient failures).
     pub spool: Option<std::path::PathBuf>,
+    /// The spool takes no batch past this many bytes waiting in it.
+    pub spool_max_bytes: u64,
+    /// Records that wait in memory (the overflow queue and batches held) past which the
+    /// store is full.
+    pub memory_max: usize,
+    /// `on_store_full = "refuse"`: past `memory_max` new requests are refused and no record
+    /// is dropped; else records past it are dropped (counted).
+    pub refuse_when_full: bool,
 }
 
 /// How long an idle writer sleeps before looking at retention again.
@@ -125,6 +140,11 @@ pub(super) struct Writer {
     journal: Option<Arc<super::journal::Journal>>,
     /// A `Stop` taken while emptying the channel for a trim.
     stop_seen: bool,
+    /// Batches neither the database nor the spool could take (a full disk), oldest first:
+    /// they wait in memory and are tried again (`retry_held`).
+    held: VecDeque<Vec<UsageRecord>>,
+    /// Since when batches are held (one log line when it starts, one when it ends).
+    held_since: Option<Instant>,
 }
 
 impl Writer {
@@ -151,6 +171,8 @@ impl Writer {
             holds_memory: false,
             journal,
             stop_seen: false,
+            held: VecDeque::new(),
+            held_since: None,
             cfg,
         }
     }
@@ -187,7 +209,7 @@ impl Writer {
                     None => {
                         let wait = if self.retention_backlog {
                             Duration::ZERO
-                        } else if self.spooling() {
+                        } else if self.spooling() || !self.held.is_empty() {
                             self.retry_at.map_or(Duration::ZERO, |t| {
                                 t.saturating_duration_since(Instant::now()).min(IDLE_TICK)
                             })
@@ -234,9 +256,10 @@ impl Writer {
             if flush {
                 self.drain_overflow();
             }
+            self.retry_held();
             self.replay();
-            // A flush is acknowledged once nothing waits in the spool either.
-            if !self.acks.is_empty() && !self.spooling() {
+            // A flush is acknowledged once nothing waits in the spool or memory either.
+            if !self.acks.is_empty() && !self.spooling() && self.held.is_empty() {
                 self.ack();
             }
             if self.batch.is_empty() {
@@ -331,7 +354,11 @@ impl Writer {
         let taken: Vec<Box<UsageRecord>> = {
             let mut q = self.shared.overflow();
             let n = room.min(q.len());
-            q.drain(..n).collect()
+            let taken = q.drain(..n).collect();
+            self.shared
+                .overflow_len
+                .store(q.len() as u64, Ordering::Relaxed);
+            taken
         };
         let n = taken.len();
         for r in taken {
@@ -376,9 +403,21 @@ impl Writer {
         self.commit();
         self.drain_overflow();
         // The database may be back: one last round, and what is left waits for the next start.
+        self.retry_at = None;
+        self.retry_held();
         if self.spooling() {
             self.retry_at = None;
             self.replay();
+        }
+        // What still waits in memory is lost to this process (the journal keeps those it
+        // could write, for the next start).
+        let held: usize = self.held.drain(..).map(|b| b.len()).sum();
+        if held > 0 {
+            self.shared.held.store(0, Ordering::Relaxed);
+            self.lose(
+                held,
+                &WriteError::from("the store is still full at the stop".to_string()),
+            );
         }
         if let Some(j) = self.journal.as_ref() {
             // Every record is committed or in the spool; a batch that failed keeps its
@@ -414,6 +453,10 @@ impl Writer {
             return;
         }
         // Records already waiting go in first: newer ones queue behind them.
+        if !self.held.is_empty() {
+            self.hold_batch("records wait in memory before them");
+            return;
+        }
         if self.spooling() {
             self.spool_batch();
             return;
@@ -449,6 +492,11 @@ impl Writer {
                 self.retry_wait = RETRY_FIRST;
                 self.spool_batch();
             }
+            Err(e) if e.transient => {
+                self.retry_at = Some(Instant::now() + RETRY_FIRST);
+                self.retry_wait = RETRY_FIRST;
+                self.hold_batch(&e.msg);
+            }
             Err(e) => self.lose(self.batch.len(), &e),
         }
         self.batch.clear();
@@ -469,23 +517,126 @@ impl Writer {
         }
     }
 
-    /// Appends the batch to the spool (synced before this returns).
+    /// Appends the batch to the spool (synced before this returns); a spool at its bound or
+    /// failing (a full disk) leaves the batch in memory (`hold_batch`).
     fn spool_batch(&mut self) {
-        let Some(spool) = self.spool.as_mut() else {
-            return;
-        };
-        match spool.append(&self.batch) {
-            Ok(()) => {
-                self.shared
-                    .spool_bytes
-                    .store(spool.pending_bytes(), Ordering::Relaxed);
-            }
-            Err(msg) => {
-                let n = self.batch.len();
-                self.lose(n, &WriteError::from(msg));
+        let batch = std::mem::take(&mut self.batch);
+        match self.append_to_spool(&batch) {
+            Ok(()) => self.batch = batch,
+            Err(why) => {
+                self.batch = batch;
+                self.hold_batch(&why);
             }
         }
         self.batch.clear();
+    }
+
+    /// `records` into the spool, unless it is at its bound or the write fails.
+    fn append_to_spool(&mut self, records: &[UsageRecord]) -> Result<(), String> {
+        let Some(spool) = self.spool.as_mut() else {
+            return Err("no spool".into());
+        };
+        let waiting = spool.pending_bytes();
+        if waiting >= self.cfg.spool_max_bytes {
+            return Err(format!(
+                "the spool {} holds {waiting} bytes, its bound",
+                spool.path().display()
+            ));
+        }
+        spool.append(records)?;
+        self.shared
+            .spool_bytes
+            .store(spool.pending_bytes(), Ordering::Relaxed);
+        self.shared
+            .spooled
+            .fetch_add(records.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Keeps the batch in memory: neither the database nor the spool can take it now (`why`).
+    /// Past the memory bound, with `on_store_full = "serve"`, it is dropped (counted).
+    fn hold_batch(&mut self, why: &str) {
+        let n = self.batch.len() as u64;
+        if n == 0 {
+            return;
+        }
+        let waiting = self.shared.held.load(Ordering::Relaxed)
+            + self.shared.overflow_len.load(Ordering::Relaxed);
+        if !self.cfg.refuse_when_full && waiting + n > self.cfg.memory_max as u64 {
+            self.shared.accepted.fetch_sub(n, Ordering::SeqCst);
+            let total = self.shared.dropped.fetch_add(n, Ordering::Relaxed) + n;
+            if self.shared.drop_log.allow() {
+                tracing::error!(
+                    rows = n,
+                    dropped_total = total,
+                    "usage records dropped: the store is full ({why}) and {waiting} records \
+                     wait in memory, its bound (on_store_full = \"serve\")"
+                );
+            }
+            self.batch.clear();
+            return;
+        }
+        self.shared.failing.store(true, Ordering::Relaxed);
+        self.shared.held.fetch_add(n, Ordering::Relaxed);
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(self.cfg.batch_max));
+        self.held.push_back(batch);
+        if self.held_since.is_none() {
+            self.held_since = Some(Instant::now());
+            if self.retry_at.is_none() {
+                self.retry_at = Some(Instant::now() + RETRY_FIRST);
+            }
+            let past = if self.cfg.refuse_when_full {
+                "new requests are refused with 503 usage_store_unavailable (on_store_full = \"refuse\")"
+            } else {
+                "records are dropped and counted (on_store_full = \"serve\")"
+            };
+            tracing::error!(
+                bound = self.cfg.memory_max,
+                "usage store full: neither the database nor the spool takes records ({why}); \
+                 they wait in memory, and past its bound {past}"
+            );
+        }
+    }
+
+    /// Writes the batches held in memory, oldest first, when the store is due to be tried
+    /// again: to the database, else to the spool if it has room again.
+    fn retry_held(&mut self) {
+        if self.held.is_empty() || self.retry_at.is_some_and(|t| Instant::now() < t) {
+            return;
+        }
+        while let Some(batch) = self.held.pop_front() {
+            let n = batch.len() as u64;
+            let stored = match self.conn.insert_batch(&batch) {
+                Ok(()) => {
+                    self.holds_memory = true;
+                    self.shared.written.fetch_add(n, Ordering::SeqCst);
+                    true
+                }
+                Err(e) if !e.transient => {
+                    self.lose(batch.len(), &e);
+                    true
+                }
+                Err(_) => self.append_to_spool(&batch).is_ok(),
+            };
+            if !stored {
+                self.held.push_front(batch);
+                self.retry_at = Some(Instant::now() + self.retry_wait);
+                self.retry_wait = (self.retry_wait * 2).min(RETRY_MAX);
+                return;
+            }
+            self.shared.held.fetch_sub(n, Ordering::Relaxed);
+        }
+        if let Some(since) = self.held_since.take() {
+            tracing::warn!(
+                after_ms = since.elapsed().as_millis() as u64,
+                "usage store: records are stored again; none waits in memory"
+            );
+        }
+        self.retry_wait = RETRY_FIRST;
+        if !self.spooling() {
+            self.retry_at = None;
+        }
+        self.shared.failing.store(false, Ordering::Relaxed);
     }
 
     /// Writes what waits in the spool, oldest first, when the database is due to be tried
@@ -515,9 +666,13 @@ impl Writer {
             match result {
                 Ok(()) => {
                     self.holds_memory = true;
-                    self.shared
-                        .written
-                        .fetch_add(records.len() as u64, Ordering::SeqCst);
+                    let n = records.len() as u64;
+                    self.shared.written.fetch_add(n, Ordering::SeqCst);
+                    let _ = self.shared.spooled.fetch_update(
+                        Ordering::Relaxed,
+                        Ordering::Relaxed,
+                        |s| Some(s.saturating_sub(n)),
+                    );
                 }
                 Err(e) if e.transient => {
                     self.retry_at = Some(Instant::now() + self.retry_wait);
@@ -582,239 +737,5 @@ impl Writer {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use std::path::Path;
-    use std::sync::atomic::Ordering;
-    use std::time::{Duration, Instant};
-
-    use crate::store::sqlite::sample_record;
-    use crate::store::{Query, Store, StoreOptions, StoreStats, UsageRecord};
-
-    fn rows(path: &Path) -> Vec<UsageRecord> {
-        let store = Store::open(path, StoreOptions::default()).unwrap();
-        let mut q = Query {
-            key_id: None,
-            start_ms: i64::MIN,
-            end_ms: i64::MAX,
-            limit: 10_000,
-            ..Query::default()
-        };
-        let mut out = Vec::new();
-        loop {
-            let page = store.query(&q).unwrap();
-            out.extend(page.records);
-            match page.next_cursor {
-                Some(c) => q.cursor = Some(c),
-                None => return out,
-            }
-        }
-    }
-
-    #[test]
-    fn a_lone_record_is_committed_within_the_batch_interval() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("u.db"), StoreOptions::default()).unwrap();
-        let start = Instant::now();
-        store.record(sample_record(1, "k", 1));
-        while store.stats().written == 0 {
-            assert!(start.elapsed() < Duration::from_secs(2), "not committed");
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        let took = start.elapsed();
-        assert!(
-            took >= Duration::from_millis(90),
-            "{took:?}: committed before the interval"
-        );
-        assert!(took < Duration::from_millis(750), "{took:?}");
-        assert_eq!(
-            store.stats(),
-            StoreStats {
-                written: 1,
-                ..StoreStats::default()
-            }
-        );
-    }
-
-    /// After a burst the idle writer gives its page cache back, once per burst, and the
-    /// records written before and after are all there.
-    #[test]
-    fn an_idle_writer_gives_its_memory_back_once_per_burst() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(&dir.path().join("u.db"), StoreOptions::default()).unwrap();
-        let released = |n: u64| {
-            let start = Instant::now();
-            while store.memory_releases() < n {
-                assert!(start.elapsed() < Duration::from_secs(10), "not released");
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        };
-        for round in 0..2u64 {
-            for i in 0..5_000 {
-                store.record(sample_record(round * 5_000 + i, "k", i as i64));
-            }
-            assert!(store.flush(Duration::from_secs(10)));
-            released(round + 1);
-        }
-        // Idle without new records: nothing more to give back.
-        std::thread::sleep(Duration::from_millis(2_500));
-        assert_eq!(store.memory_releases(), 2);
-        assert_eq!(store.stats().written, 10_000);
-    }
-
-    #[test]
-    fn close_drains_a_burst_sent_right_before_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("u.db");
-        let store = Store::open(&path, StoreOptions::default()).unwrap();
-        for i in 0..100_000 {
-            store.record(sample_record(i, "k", i as i64));
-        }
-        store.close();
-        store.close();
-        let stats = store.stats();
-        assert_eq!(
-            (stats.written, stats.dropped, stats.queued),
-            (100_000, 0, 0)
-        );
-        // After close: counted, not queued.
-        store.record(sample_record(0, "k", 0));
-        assert_eq!(store.stats().dropped, 1);
-        assert!(store.flush(Duration::from_secs(1)));
-        drop(store);
-        let back = rows(&path);
-        assert_eq!(back.len(), 100_000);
-        assert!(
-            back.iter()
-                .enumerate()
-                .all(|(i, r)| r.request_id == format!("req_{i}"))
-        );
-    }
-
-    #[test]
-    fn a_full_channel_spills_to_the_overflow_queue_and_loses_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("u.db");
-        let opts = StoreOptions {
-            channel_capacity: 1,
-            batch_max: 64,
-            ..StoreOptions::default()
-        };
-        let store = Store::open(&path, opts).unwrap();
-        store.shared.paused.store(true, Ordering::SeqCst);
-        for i in 0..20_000 {
-            store.record(sample_record(i, "k", i as i64));
-        }
-        let stats = store.stats();
-        assert!(stats.overflowed >= 19_000, "{stats:?}");
-        assert_eq!(stats.dropped, 0);
-        assert!(
-            !store.flush(Duration::from_millis(20)),
-            "paused writer cannot flush"
-        );
-        store.shared.paused.store(false, Ordering::SeqCst);
-        assert!(store.flush(Duration::from_secs(30)));
-        assert_eq!(store.stats().written, 20_000);
-        // Keep going through a cramped channel with the writer running.
-        for i in 20_000..60_000 {
-            store.record(sample_record(i, "k", i as i64));
-        }
-        store.close();
-        assert_eq!(store.stats().dropped, 0);
-        drop(store);
-        let back = rows(&path);
-        assert_eq!(back.len(), 60_000);
-        let mut ids: Vec<u64> = back
-            .iter()
-            .map(|r| r.request_id["req_".len()..].parse().unwrap())
-            .collect();
-        ids.sort_unstable();
-        assert!(ids.iter().enumerate().all(|(i, &id)| id == i as u64));
-    }
-
-    #[test]
-    fn past_the_overflow_bound_records_are_dropped_and_counted() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("u.db");
-        let opts = StoreOptions {
-            channel_capacity: 10,
-            overflow_max: 100,
-            ..StoreOptions::default()
-        };
-        let store = Store::open(&path, opts).unwrap();
-        store.shared.paused.store(true, Ordering::SeqCst);
-        for i in 0..1_000 {
-            store.record(sample_record(i, "k", i as i64));
-        }
-        let stats = store.stats();
-        assert!(stats.dropped >= 880 && stats.dropped < 900, "{stats:?}");
-        assert_eq!(stats.overflowed, 100);
-        assert_eq!(stats.queued + stats.written + stats.dropped, 1_000);
-        store.shared.paused.store(false, Ordering::SeqCst);
-        store.close();
-        let stats = store.stats();
-        drop(store);
-        assert_eq!(rows(&path).len() as u64, stats.written);
-        assert_eq!(stats.written + stats.dropped, 1_000);
-    }
-
-    #[test]
-    fn spend_survives_reopen_and_is_not_lowered_by_retention() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("u.db");
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64;
-        let store = Store::open(&path, StoreOptions::default()).unwrap();
-        for i in 0..1_000 {
-            // Half the rows are a year old.
-            let t = if i % 2 == 0 {
-                now - 365 * 86_400_000
-            } else {
-                now
-            };
-            let mut r = sample_record(i, ["a", "b"][i as usize % 4 / 2], t);
-            r.cost = 0.25;
-            store.record(r);
-        }
-        store.close();
-        drop(store);
-
-        let opts = StoreOptions {
-            retention: Some(Duration::from_secs(86_400)),
-            ..StoreOptions::default()
-        };
-        let store = Store::open(&path, opts).unwrap();
-        assert!(store.flush(Duration::from_secs(10)));
-        let spend = store.spend_totals().unwrap();
-        assert_eq!(spend.len(), 2);
-        assert_eq!(spend["a"], 125.0);
-        assert_eq!(spend["b"], 125.0);
-        store.record(sample_record(9, "a", now));
-        store.close();
-        drop(store);
-        let left = rows(&path);
-        assert_eq!(left.len(), 501, "the year-old rows are gone");
-        let store = Store::open(&path, StoreOptions::default()).unwrap();
-        let q = crate::store::rollup::RollupQuery {
-            key_id: None,
-            start_ms: 0,
-            end_ms: now + 1,
-            model: None,
-        };
-        let counted: u64 = store
-            .rollup(&q)
-            .unwrap()
-            .rows
-            .iter()
-            .map(|r| r.sums.requests)
-            .sum();
-        assert_eq!(counted, 501, "and so are their rollups");
-        drop(store);
-        let store = Store::open(&path, StoreOptions::default()).unwrap();
-        let spend = store.spend_totals().unwrap();
-        assert_eq!(spend["a"], 125.0 + 0.125);
-        assert_eq!(spend["b"], 125.0);
-    }
-}
+#[path = "writer_tests.rs"]
+mod tests;
