@@ -245,4 +245,10 @@ async fn a_full_store_in_serve_mode_serves_and_counts_every_dropped_record() {
         common::metric_value(&g, "modelgate_usage_record_write_errors_total").await,
         0.0
     );
+    // The exit line says as much.
+    let (_, log) = g.terminate_and_stderr();
+    assert!(
+        log.contains(&format!("usage records: {dropped} not written")),
+        "{log}"
+    );
 }
