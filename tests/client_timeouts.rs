@@ -446,10 +446,15 @@ async fn a_request_sent_while_a_stream_goes_out_is_answered_after_it() {
 }
 
 /// A client that sent a stream with a request pipelined behind it and then hangs up while the
-/// stream is quiet is noticed at once (499), not only at the stream's next event.
+/// stream is quiet is noticed at once (499), not only at the stream's next event. (With
+/// `on_client_gone = "cancel"`, so the stream ends when it is noticed; by default it is read
+/// on for its usage: `tests/client_gone.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_after_pipelining_behind_a_stream_is_noticed_while_it_is_quiet() {
-    let g = start();
+    let g = start_with(Setup {
+        server_extra: "on_client_gone = \"cancel\"".into(),
+        ..Setup::default()
+    });
     let (id, closed) = tokio::task::block_in_place(|| {
         let mut s = blocking_connect(&g.main, Duration::from_secs(10));
         let streamed = chat_json(true);

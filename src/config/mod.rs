@@ -646,6 +646,11 @@ impl Config {
                 }
             }
         };
+        let finish_when_gone = choose(
+            server.as_ref().and_then(|s| s.on_client_gone.as_ref()),
+            "server.on_client_gone",
+            &[("finish", 0), ("cancel", 1)],
+        ) == 0;
         let limits = raw.limits.as_ref();
         let on_redis_down = match choose(
             limits.and_then(|l| l.on_redis_down.as_ref()),
@@ -786,6 +791,7 @@ impl Config {
                     .and_then(|s| s.client_body_timeout_ms)
                     .unwrap_or(60_000),
             ),
+            finish_when_gone,
             client_send_timeout: Duration::from_millis(
                 server
                     .as_ref()

@@ -258,4 +258,5 @@ pub(super) struct RawServer {
     pub(super) client_send_timeout_ms: Option<u64>,
     #[serde(default, deserialize_with = "duration_ms")]
     pub(super) keepalive_timeout_ms: Option<u64>,
+    pub(super) on_client_gone: Option<Spanned<String>>,
 }

@@ -75,6 +75,9 @@ pub struct Config {
     pub client_send_timeout: Duration,
     /// An idle keep-alive connection is closed after this.
     pub keepalive_timeout: Duration,
+    /// `[server] on_client_gone = "finish"` (default): the upstream's reply to a client that
+    /// left is read to its end (not sent) so its usage is billed; false: `"cancel"`.
+    pub finish_when_gone: bool,
     /// Share of requests in the access log (0: off).
     pub access_log_rate: f64,
     pub access_log_format: crate::access_log::Format,

@@ -49,6 +49,12 @@ pub struct Ctx {
     /// The upstream took the request: its success header came back, so it read the prompt,
     /// which counts even if no content follows (a reply cut or abandoned at once).
     pub accepted: bool,
+    /// `on_client_gone = "finish"`: the upstream's reply to a client that left is read to its
+    /// end, not sent, and metered (`relay::finish_unsent`).
+    pub finish_when_gone: bool,
+    /// The client left while its request was with the upstream and the gateway did not wait
+    /// for the reply (`on_client_gone = "cancel"`): its prompt is billed, estimated.
+    pub abandoned: bool,
     /// The call spends nothing, not even the per-request price (`Metering::Free`).
     pub free: bool,
     /// The key's limits as of this request, for the `x-ratelimit-*` headers.
@@ -131,6 +137,8 @@ impl Ctx {
             ttft_ms: None,
             proxied: false,
             accepted: false,
+            finish_when_gone: true,
+            abandoned: false,
             free: false,
             headroom: Headroom::default(),
             slot: None,

@@ -37,6 +37,9 @@ enum Try {
     OutOfTime(GatewayError),
     /// The client went away.
     ClientGone,
+    /// The client went away while the upstream worked, and the reply (header) was waited
+    /// for all the same (`on_client_gone = "finish"`), if one came.
+    GoneBeforeReply(Option<(Upstreamed, Box<ResponseHeader>)>),
     /// The gateway is shutting down and ends the request.
     ShuttingDown,
 }
@@ -163,7 +166,15 @@ async fn try_pool(
             _ => Tried::Failed,
         };
         let upstream = match tried_once {
-            Try::ClientGone => return gone(),
+            Try::ClientGone => {
+                // Its prompt was with the upstream (`on_client_gone = "cancel"`): billed,
+                // estimated.
+                ctx.abandoned = true;
+                return gone();
+            }
+            Try::GoneBeforeReply(reply) => {
+                return finish_gone(gw, ctx, (pool, up), reply, &mut counted_5xx).await;
+            }
             Try::ShuttingDown => return shutting_down(session, ctx).await,
             Try::OutOfTime(e) => {
                 last_error = Some(e);
@@ -214,6 +225,31 @@ async fn try_pool(
     PoolEnd::CannotAnswer(
         last_error.unwrap_or_else(|| GatewayError::NoHealthyUpstream(pool.name.clone())),
     )
+}
+
+/// The client left while the upstream worked (`on_client_gone = "finish"`): a success is read
+/// to its end, unsent, for its usage (`relay::finish_unsent`). The request ends as the
+/// client's.
+async fn finish_gone(
+    gw: &Gateway,
+    ctx: &mut Ctx,
+    (pool, up): (&Pool, &Upstream),
+    reply: Option<(Upstreamed, Box<ResponseHeader>)>,
+    counted_5xx: &mut bool,
+) -> PoolEnd {
+    let left = super::outcome::client_left();
+    let Some((upstream, mut resp)) = reply else {
+        return PoolEnd::Done(Err(left));
+    };
+    answered(pool, up, resp.status.as_u16(), counted_5xx);
+    if !resp.status.is_success()
+        || reply::on_upstream_header(ctx, &mut resp, &pool.cfg.pass_headers).is_err()
+    {
+        return PoolEnd::Done(Err(left));
+    }
+    ctx.accepted = true;
+    let finished = relay::finish_unsent(&gw.connections, ctx, pool, upstream, left);
+    PoolEnd::Done(Box::pin(finished).await)
 }
 
 /// Counts a try in the metrics and, unless it brought a reply (whose try ends with its relay),
@@ -371,7 +407,7 @@ fn outcome(tried: &Try) -> &'static str {
         },
         Try::Failed(GatewayError::UpstreamTimeout(_)) | Try::OutOfTime(_) => "timeout",
         Try::Failed(_) => "error",
-        Try::ClientGone => "client_gone",
+        Try::ClientGone | Try::GoneBeforeReply(_) => "client_gone",
         Try::ShuttingDown => "shutting_down",
     }
 }
@@ -422,12 +458,32 @@ async fn try_once(
     let left =
         time_left(ctx, pool, Instant::now()).filter(|left| *left < pool.cfg.first_byte_timeout);
     let timed = fast_timeout(left.unwrap_or(pool.cfg.first_byte_timeout), exchange);
-    let result = tokio::select! {
-        biased;
-        r = timed => r,
-        () = session.gone() => return Try::ClientGone,
-        () = cut(life) => return Try::ShuttingDown,
+    tokio::pin!(timed);
+    // A client that leaves while the upstream works: with `on_client_gone = "finish"` the
+    // reply is still waited for (and read, unsent, for its usage: `finish_gone`).
+    let mut gone = false;
+    let result = loop {
+        tokio::select! {
+            biased;
+            r = &mut timed => break r,
+            () = session.gone(), if !gone => {
+                if !ctx.finish_when_gone {
+                    return Try::ClientGone;
+                }
+                gone = true;
+            }
+            () = cut(life) => return Try::ShuttingDown,
+        }
     };
+    if gone {
+        return match result {
+            Ok(Ok(mut client)) => match client.take_response_header() {
+                Some(resp) => Try::GoneBeforeReply(Some((Upstreamed { client }, resp))),
+                None => Try::GoneBeforeReply(None),
+            },
+            _ => Try::GoneBeforeReply(None),
+        };
+    }
     match result {
         Err(_) if left.is_some() => Try::OutOfTime(GatewayError::UpstreamTimeout(format!(
             "the upstream's reply was not whole within the request timeout ({} ms)",

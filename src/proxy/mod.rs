@@ -327,6 +327,7 @@ impl ProxyHttp for Gateway {
         let mut ctx = Ctx::new(self.listener);
         ctx.life = Some(self.shared.lifecycle.enter());
         ctx.send_timeout = self.shared.live.config.client_send_timeout;
+        ctx.finish_when_gone = self.shared.live.config.finish_when_gone;
         ctx
     }
 

@@ -34,7 +34,10 @@ impl Tokens {
         match ctx.meter.usage() {
             Some(u) => Tokens::Reported(complete(u)),
             None if ctx.meter.estimates()
-                && (succeeded(status) || ctx.accepted || ctx.ttft_ms.is_some()) =>
+                && (succeeded(status)
+                    || ctx.accepted
+                    || ctx.abandoned
+                    || ctx.ttft_ms.is_some()) =>
             {
                 Tokens::Estimate(estimate_job(ctx))
             }

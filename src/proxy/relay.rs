@@ -94,24 +94,21 @@ pub(super) async fn relay_body<D: Downstream>(
     mut upstream: Upstreamed,
 ) -> pingora_error::Result<()> {
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    // A stream may go quiet for `idle_timeout` between events; a plain reply must be whole
-    // within `request_timeout` of the start.
-    let deadline = (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout);
+    let limits = ReadLimits::of(ctx, pool);
     loop {
-        // One clock read per piece: the idle limit, capped by what is left of the whole deadline.
-        let limit = deadline.map_or(pool.cfg.idle_timeout, |d| {
-            d.saturating_duration_since(Instant::now())
-                .min(pool.cfg.idle_timeout)
-        });
-        let read = fast_timeout(limit, upstream.client.read_response_body());
+        let read = fast_timeout(limits.next(), upstream.client.read_response_body());
         // The upstream's piece first: when one is already there, the client's connection is not
         // polled (a read that would only say EAGAIN) and the shutdown signal not looked at; a
         // client that left is still noticed while the upstream is quiet, or by the next write.
         let chunk = tokio::select! {
             biased;
-            r = read => r,
-            () = session.gone() => return Err(super::outcome::client_left()),
+            r = read => Some(r),
+            () = session.gone() => None,
             () = cut(life.as_deref()) => return Err(crate::respond::shutdown_cut()),
+        };
+        let Some(chunk) = chunk else {
+            let left = super::outcome::client_left();
+            return finish_unsent(connections, ctx, pool, upstream, left).await;
         };
         let mut chunk = match chunk {
             Ok(Ok(c)) => c,
@@ -161,7 +158,15 @@ pub(super) async fn relay_body<D: Downstream>(
         }
         if piece.is_some() || done {
             let bound = bound(ctx, life.as_deref());
-            crate::respond::body(session, &mut ctx.sent, bound, piece, done).await?;
+            let wrote = crate::respond::body(session, &mut ctx.sent, bound, piece, done).await;
+            match wrote {
+                Ok(()) => {}
+                // A client that left, or stopped reading: the rest is read for its usage.
+                Err(e) if !done && !crate::respond::is_shutdown_cut(&e) && failed.is_none() => {
+                    return finish_unsent(connections, ctx, pool, upstream, e).await;
+                }
+                Err(e) => return Err(e),
+            }
         }
         if let Some(e) = failed {
             pool.transport_failed(up);
@@ -176,6 +181,69 @@ pub(super) async fn relay_body<D: Downstream>(
         upstream.release(connections).await;
     }
     Ok(())
+}
+
+/// The client is gone (`left` says how) while the upstream still sends its reply. With
+/// `on_client_gone = "finish"` the rest is read to its end, within the pool's deadlines and the
+/// shutdown's cut, metered and not sent on, so the usage of the work the upstream did is
+/// billed; with `"cancel"` the upstream's connection is dropped at once. Either way the
+/// request ends as the client's (`left`).
+pub(super) async fn finish_unsent(
+    connections: &upstream::Connections,
+    ctx: &mut Ctx,
+    pool: &Pool,
+    mut upstream: Upstreamed,
+    left: Box<Error>,
+) -> pingora_error::Result<()> {
+    if !ctx.finish_when_gone {
+        return Err(left);
+    }
+    let life = ctx.life.as_ref().map(|l| l.lifecycle());
+    let limits = ReadLimits::of(ctx, pool);
+    loop {
+        let read = fast_timeout(limits.next(), upstream.client.read_response_body());
+        let chunk = tokio::select! {
+            biased;
+            r = read => r,
+            () = cut(life.as_deref()) => return Err(left),
+        };
+        // An upstream that fails or stalls now ends it: what was metered counts.
+        let Ok(Ok(mut chunk)) = chunk else {
+            return Err(left);
+        };
+        let done = chunk.is_none() || upstream.client.response_done();
+        reply::on_body(ctx, &mut chunk, done);
+        if ctx.meter.cut_by_budget().is_some() {
+            return Err(left);
+        }
+        if done {
+            upstream.release(connections).await;
+            return Err(left);
+        }
+    }
+}
+
+/// How long each read of a reply's body may wait: a stream may go quiet for `idle_timeout`
+/// between events; a plain reply must be whole within `request_timeout` of the start.
+struct ReadLimits {
+    idle: std::time::Duration,
+    deadline: Option<Instant>,
+}
+
+impl ReadLimits {
+    fn of(ctx: &Ctx, pool: &Pool) -> ReadLimits {
+        ReadLimits {
+            idle: pool.cfg.idle_timeout,
+            deadline: (!ctx.stream).then(|| ctx.started + pool.cfg.request_timeout),
+        }
+    }
+
+    /// One clock read per piece: the idle limit, capped by what is left of the whole deadline.
+    fn next(&self) -> std::time::Duration {
+        self.deadline.map_or(self.idle, |d| {
+            d.saturating_duration_since(Instant::now()).min(self.idle)
+        })
+    }
 }
 
 /// What bounds a write of the reply: a client that does not read holds it for at most
