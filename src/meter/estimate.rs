@@ -39,6 +39,8 @@ pub enum Output {
     Text(String),
     /// A plain reply's JSON body.
     Reply(Vec<u8>),
+    /// A plain reply too large to keep: its length (about four bytes a token).
+    Bytes(u64),
 }
 
 impl Job {
@@ -52,6 +54,7 @@ impl Job {
             Output::Nothing => 0,
             Output::Text(text) => t.count(model, text),
             Output::Reply(body) => t.count(model, &reply_text(body)),
+            Output::Bytes(n) => n.div_ceil(4),
         };
         usage(prompt, completion)
     }
@@ -87,6 +90,7 @@ impl Job {
             Output::Nothing => 0,
             Output::Text(t) => rough(t.as_bytes()),
             Output::Reply(b) => rough_json_text(b),
+            Output::Bytes(n) => n.div_ceil(4),
         };
         usage(prompt, completion)
     }

@@ -3,6 +3,7 @@
 //! held (bounded) and their `usage` read at the end; images and audio are priced per request.
 //! When the upstream reports no usage, `estimate` counts with a tokenizer.
 
+pub mod decode;
 pub mod estimate;
 #[cfg(test)]
 mod props;
@@ -170,6 +171,27 @@ pub fn usage_from_json(body: &[u8]) -> Option<Usage> {
         .counts()
 }
 
+/// The counts of the top-level `usage` of a JSON reply of which only the tail is at hand: the
+/// last `"usage":` key there (a string's own quotes are escaped, so the bytes `"usage"` are a
+/// key or a string value; a value is not followed by `:`).
+pub fn usage_from_tail(tail: &[u8]) -> Option<Usage> {
+    const KEY: &[u8] = b"\"usage\"";
+    let mut end = tail.len();
+    while let Some(at) = tail[..end].windows(KEY.len()).rposition(|w| w == KEY) {
+        end = at;
+        let rest = &tail[at + KEY.len()..];
+        let rest = rest.trim_ascii_start();
+        let Some(value) = rest.strip_prefix(b":") else {
+            continue;
+        };
+        let mut values = serde_json::Deserializer::from_slice(value).into_iter::<RawUsage>();
+        if let Some(Ok(raw)) = values.next() {
+            return raw.counts();
+        }
+    }
+    None
+}
+
 /// `MODELGATE_METERING=off` turns metering off (records then carry no tokens). It exists only
 /// so `benches/load.sh` can measure what metering costs against the same build without it.
 pub fn enabled() -> bool {
@@ -177,8 +199,12 @@ pub fn enabled() -> bool {
     *ON.get_or_init(|| std::env::var("MODELGATE_METERING").map_or(true, |v| v != "off"))
 }
 
-/// Largest plain reply held to read its usage; a larger one is passed on unmetered.
+/// Largest plain reply held whole to read its usage; of a larger one only its last `TAIL`
+/// bytes are kept, where its `usage` is (servers write it last).
 const MAX_JSON: usize = 16 * 1024 * 1024;
+
+/// What is kept of the end of a plain reply larger than `MAX_JSON`.
+const TAIL: usize = 64 * 1024;
 
 /// How a reply is metered, decided from the endpoint and `stream` before it is sent.
 #[derive(Debug, Default)]
@@ -188,8 +214,10 @@ pub enum Meter {
     None,
     /// A plain JSON reply with `usage` (chat, completions, embeddings, moderations).
     Json {
+        /// The reply, or once it is larger than `MAX_JSON`, its last `TAIL` bytes at least.
         buf: Vec<u8>,
-        too_big: bool,
+        /// The reply's length when it is larger than `MAX_JSON` (0: `buf` is all of it).
+        too_big: u64,
         /// Estimate with the tokenizer when the reply has no usage (false: only what the
         /// upstream reports counts, for endpoints whose body is not a prompt).
         estimate: bool,
@@ -201,7 +229,7 @@ impl Meter {
     pub fn json() -> Meter {
         Meter::Json {
             buf: Vec::new(),
-            too_big: false,
+            too_big: 0,
             estimate: true,
         }
     }
@@ -210,7 +238,7 @@ impl Meter {
     pub fn json_reported() -> Meter {
         Meter::Json {
             buf: Vec::new(),
-            too_big: false,
+            too_big: 0,
             estimate: false,
         }
     }
@@ -222,12 +250,19 @@ impl Meter {
             Meter::None => body.as_ref().is_some_and(|b| !b.is_empty()),
             Meter::Json { buf, too_big, .. } => {
                 let Some(b) = body.as_ref() else { return false };
-                if !*too_big {
-                    if buf.len() + b.len() > MAX_JSON {
-                        *too_big = true;
-                        *buf = Vec::new();
-                    } else {
-                        buf.extend_from_slice(b);
+                if *too_big == 0 && buf.len() + b.len() <= MAX_JSON {
+                    buf.extend_from_slice(b);
+                } else {
+                    // Past the bound only the tail is kept (at most twice `TAIL`, cut back
+                    // to `TAIL` when it grows past that).
+                    if *too_big == 0 {
+                        *too_big = buf.len() as u64;
+                    }
+                    *too_big += b.len() as u64;
+                    buf.extend_from_slice(b);
+                    if buf.len() > 2 * TAIL {
+                        buf.drain(..buf.len() - TAIL);
+                        buf.shrink_to(2 * TAIL);
                     }
                 }
                 !b.is_empty()
@@ -245,7 +280,10 @@ impl Meter {
     pub fn usage(&self) -> Option<Usage> {
         match self {
             Meter::None => None,
-            Meter::Json { buf, .. } => usage_from_json(buf),
+            Meter::Json {
+                buf, too_big: 0, ..
+            } => usage_from_json(buf),
+            Meter::Json { buf, .. } => usage_from_tail(buf),
             Meter::Sse(m) => m.usage,
         }
     }
@@ -257,7 +295,10 @@ impl Meter {
             id: Option<String>,
         }
         match self {
-            Meter::Json { buf, .. } => serde_json::from_slice::<WithId>(buf).ok()?.id,
+            Meter::Json {
+                buf, too_big: 0, ..
+            } => serde_json::from_slice::<WithId>(buf).ok()?.id,
+            Meter::Json { .. } => None,
             Meter::Sse(m) => m.response_id.clone(),
             Meter::None => None,
         }
@@ -267,7 +308,10 @@ impl Meter {
     pub fn output(&self) -> estimate::Output {
         match self {
             Meter::Sse(m) => estimate::Output::Text(m.text()),
-            Meter::Json { buf, .. } => estimate::Output::Reply(buf.clone()),
+            Meter::Json {
+                buf, too_big: 0, ..
+            } => estimate::Output::Reply(buf.clone()),
+            Meter::Json { too_big, .. } => estimate::Output::Bytes(*too_big),
             Meter::None => estimate::Output::Nothing,
         }
     }
@@ -382,5 +426,36 @@ mod tests {
         );
         let zero = counted(r#"{"usage":{"prompt_tokens":0,"completion_tokens":0}}"#);
         assert_eq!(zero, Some(Usage::default()), "zero is a count");
+    }
+
+    /// A reply too large to hold is metered from its tail: the last `"usage":` key there,
+    /// not a string value `"usage"`, nor the text of one inside a string (escaped).
+    #[test]
+    fn usage_is_read_from_a_tail() {
+        let tail = br#"xx","note":"usage","text":"say \"usage\": {\"prompt_tokens\":9}","usage":{"prompt_tokens":4,"completion_tokens":8,"total_tokens":12}}"#;
+        let u = usage_from_tail(tail).expect("usage");
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (4, 8));
+        assert_eq!(usage_from_tail(br#"a","usage":"none"}"#), None);
+        assert_eq!(
+            usage_from_tail(br#"{"usage": {"input_tokens":2,"output_tokens":3}}"#)
+                .map(|u| u.total_tokens),
+            Some(5)
+        );
+        // Held past the bound, only the tail stays, and the usage is read from it.
+        let mut m = Meter::json();
+        let big = vec![b' '; MAX_JSON];
+        let mut piece = Some(Bytes::from_static(b"{\"pad\":\""));
+        m.feed(&mut piece, false);
+        for _ in 0..2 {
+            let mut p = Some(Bytes::from(big.clone()));
+            m.feed(&mut p, false);
+        }
+        let mut end = Some(Bytes::from_static(
+            br#"","usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+        ));
+        m.feed(&mut end, true);
+        assert_eq!(m.usage().map(|u| u.completion_tokens), Some(2));
+        assert!(matches!(&m, Meter::Json { buf, .. } if buf.len() <= 2 * TAIL));
+        assert!(matches!(m.output(), estimate::Output::Bytes(n) if n > 2 * MAX_JSON as u64));
     }
 }

@@ -136,9 +136,13 @@ fn string_literal(value: &[u8]) -> Option<&[u8]> {
     }
 }
 
-/// Longest line or event held while waiting for its end; past it the bytes are passed on
-/// unmetered, so a misbehaving upstream cannot grow memory without bound.
+/// Longest line or event held while waiting for its end; past it the bytes are passed on, and
+/// of a longer line only its last `LONG_TAIL` bytes are kept, where its `usage` is (a
+/// Responses `response.completed` carries the whole response, then its usage): memory stays
+/// bounded whatever the upstream sends.
 const MAX_HELD: usize = 1024 * 1024;
+/// What is kept of the end of a line longer than `MAX_HELD`.
+const LONG_TAIL: usize = 64 * 1024;
 /// Most output text kept for the tokenizer fallback.
 const MAX_TEXT: usize = 4 * 1024 * 1024;
 
@@ -356,9 +360,15 @@ impl SseMeter {
         if !self.edits() {
             self.observe(&piece);
             // The last line of a stream that ends without a newline is a line all the same.
-            if end && !self.held.is_empty() && !self.skipping {
+            if end && !self.held.is_empty() {
                 let last = std::mem::take(&mut self.held);
-                self.line(&last);
+                if std::mem::take(&mut self.skipping) {
+                    if let Some(u) = super::usage_from_tail(&last) {
+                        self.usage = Some(u);
+                    }
+                } else {
+                    self.line(&last);
+                }
             }
             return piece;
         }
@@ -412,6 +422,12 @@ impl SseMeter {
             let (line, after) = rest.split_at(nl);
             rest = &after[1..];
             if std::mem::take(&mut self.skipping) {
+                // The end of a line too long to hold: its usage, if its tail has one.
+                let mut tail = std::mem::take(&mut self.held);
+                tail.extend_from_slice(line);
+                if let Some(u) = super::usage_from_tail(&tail) {
+                    self.usage = Some(u);
+                }
                 continue;
             }
             if self.held.is_empty() {
@@ -422,12 +438,11 @@ impl SseMeter {
                 self.line(&whole);
             }
         }
-        if !self.skipping {
-            self.held.extend_from_slice(rest);
-            if self.held.len() > MAX_HELD {
-                self.held = Vec::new();
-                self.skipping = true;
-            }
+        self.held.extend_from_slice(rest);
+        if self.held.len() > MAX_HELD || (self.skipping && self.held.len() > 2 * LONG_TAIL) {
+            self.held.drain(..self.held.len() - LONG_TAIL);
+            self.held.shrink_to(2 * LONG_TAIL);
+            self.skipping = true;
         }
     }
 

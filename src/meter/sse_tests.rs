@@ -390,3 +390,38 @@ fn an_overlong_line_is_passed_on_without_growing_memory() {
         "strip mode gives up and passes the bytes on"
     );
 }
+
+/// An event longer than the meter holds (a Responses `response.completed` with a large
+/// response) passes on whole, and its usage is read from its tail.
+#[test]
+fn an_event_longer_than_the_meter_holds_is_metered_from_its_tail() {
+    let text = "x".repeat(3 * 1024 * 1024);
+    let event = format!(
+        "event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":\
+         {{\"output_text\":\"{text}\",\"usage\":{{\"input_tokens\":5,\"output_tokens\":7,\
+         \"total_tokens\":12}}}}}}\n\n"
+    );
+    let run = |input: &[u8], size: usize| {
+        let mut m = SseMeter::of(Dialect::Responses);
+        let mut out = Vec::new();
+        let pieces: Vec<&[u8]> = input.chunks(size).collect();
+        for (i, p) in pieces.iter().enumerate() {
+            out.extend_from_slice(&m.feed(Bytes::copy_from_slice(p), i + 1 == pieces.len()));
+        }
+        (m, out)
+    };
+    for size in [4096, 1_000_000, event.len()] {
+        let (m, out) = run(event.as_bytes(), size);
+        assert!(
+            out == event.as_bytes(),
+            "{size}: {} bytes out of {}",
+            out.len(),
+            event.len()
+        );
+        let u = m.usage.expect("usage");
+        assert_eq!((u.prompt_tokens, u.completion_tokens), (5, 7), "{size}");
+    }
+    // Without a newline at the end, too.
+    let (m, _) = run(event.trim_end().as_bytes(), 65_536);
+    assert_eq!(m.usage.map(|u| u.completion_tokens), Some(7));
+}

@@ -329,7 +329,17 @@ async fn write_reply(
     if let Some(id) = &ov.echoed_request_id {
         header.insert_header("x-request-id", id.clone())?;
     }
-    match reply.body {
+    let mut body = reply.body;
+    if reply.status == 200 {
+        if let (ReplyBody::Full(full), Some(n)) = (&body, ov.pad_bytes) {
+            body = ReplyBody::Full(padded(full, n));
+        }
+        if ov.gzip {
+            header.insert_header("content-encoding", "gzip")?;
+            body = gzipped(body);
+        }
+    }
+    match body {
         ReplyBody::Full(body) if ov.body_delay_ms > 0 && body.len() > 1 => {
             // Chunked, so that the header and the first byte go out (a chunk is flushed; a
             // header before a body with a length is not).
@@ -358,6 +368,41 @@ async fn write_reply(
         }
     }
     Ok(())
+}
+
+/// A JSON reply with a `padding` string making it about `n` bytes (keys stay in order, so
+/// `usage` is still last).
+fn padded(body: &bytes::Bytes, n: usize) -> bytes::Bytes {
+    let Ok(serde_json::Value::Object(mut reply)) = serde_json::from_slice(body) else {
+        return body.clone();
+    };
+    let pad = n.saturating_sub(body.len() + 16);
+    reply.insert("padding".into(), serde_json::Value::String("x".repeat(pad)));
+    bytes::Bytes::from(serde_json::Value::Object(reply).to_string())
+}
+
+/// The body gzip-compressed; a stream's events as one gzip stream sent in a few pieces.
+fn gzipped(body: ReplyBody) -> ReplyBody {
+    use std::io::Write;
+    let gzip = |parts: &[bytes::Bytes]| {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        for p in parts {
+            let _ = e.write_all(p);
+        }
+        e.finish().unwrap_or_default()
+    };
+    match body {
+        ReplyBody::Full(b) => ReplyBody::Full(bytes::Bytes::from(gzip(&[b]))),
+        ReplyBody::Events(events) => {
+            let all = gzip(&events);
+            let piece = all.len().div_ceil(4).max(1);
+            ReplyBody::Events(
+                all.chunks(piece)
+                    .map(bytes::Bytes::copy_from_slice)
+                    .collect(),
+            )
+        }
+    }
 }
 
 /// `x-mock-garbage`: announce 100 bytes, send 10, then close the connection (as a stream's

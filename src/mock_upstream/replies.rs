@@ -482,6 +482,8 @@ mod tests {
             body_delay_ms: 0,
             provider_headers: false,
             echoed_request_id: None,
+            gzip: false,
+            pad_bytes: None,
             plain_reply: false,
             ignore_max_tokens: false,
             length_limited: false,

@@ -17,6 +17,9 @@ use super::MockOptions;
 pub(super) const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 /// Upper bound for `chunks` (option or `x-mock-chunks`), to keep replies bounded.
 const MAX_CHUNKS: usize = 100_000;
+/// Upper bound for `x-mock-pad-bytes`.
+const MAX_PAD_BYTES: usize = 64 * 1024 * 1024;
+
 /// Upper bound for `delay_ms` (option or `x-mock-delay-ms`).
 const MAX_DELAY_MS: u64 = 60_000;
 
@@ -63,6 +66,12 @@ pub(super) struct Overrides {
     /// `x-mock-echo-request-id`: the reply's `x-request-id` is the one the request carried,
     /// as some OpenAI-compatible servers answer.
     pub(super) echoed_request_id: Option<HeaderValue>,
+    /// `x-mock-gzip: 1`: a success goes gzip-compressed (`Content-Encoding: gzip`), whatever
+    /// the request's `Accept-Encoding` said, as from a server that ignores it.
+    pub(super) gzip: bool,
+    /// `x-mock-pad-bytes: N`: a plain success is padded (a `padding` field) to about N bytes,
+    /// its `usage` still last.
+    pub(super) pad_bytes: Option<usize>,
     /// `x-mock-plain-reply: 1`: a chat request that asks for a stream gets a plain JSON reply
     /// (with its `usage`), as from an upstream that ignores `stream`.
     pub(super) plain_reply: bool,
@@ -119,6 +128,9 @@ impl Overrides {
             echoed_request_id: header_flag(headers, "x-mock-echo-request-id")
                 .then(|| headers.get("x-request-id").cloned())
                 .flatten(),
+            gzip: header_flag(headers, "x-mock-gzip"),
+            pad_bytes: header_parse::<usize>(headers, "x-mock-pad-bytes")
+                .map(|n| n.min(MAX_PAD_BYTES)),
         }
     }
 }

@@ -42,6 +42,9 @@ pub struct Ctx {
     /// request's final status is settled from (`outcome::settle`).
     pub sent: crate::respond::Sent,
     pub meter: Meter,
+    /// A compressed reply (an upstream that ignored `Accept-Encoding: identity`): decoded for
+    /// the meter only, the bytes pass on as they came.
+    pub decoder: Option<Box<crate::meter::decode::Decoder>>,
     /// Time to the first content byte sent to the client.
     pub ttft_ms: Option<u64>,
     /// The upstream was asked (so a per-request price applies on success).
@@ -134,6 +137,7 @@ impl Ctx {
             stream: false,
             sent: crate::respond::Sent::default(),
             meter: Meter::None,
+            decoder: None,
             ttft_ms: None,
             proxied: false,
             accepted: false,

@@ -104,6 +104,15 @@ pub fn on_upstream_header(
         // A stream request answered with a plain reply: metered from its `usage`.
         ctx.meter.plain_reply();
     }
+    if resp.status.is_success() && ctx.meter.is_metered() {
+        // Compressed anyway: metered from a decoded copy.
+        ctx.decoder = resp
+            .headers
+            .get(http::header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok())
+            .and_then(crate::meter::decode::Decoder::for_coding)
+            .map(Box::new);
+    }
     if !resp.status.is_success() {
         // An error reply carries no usage; it passes through unmetered.
         ctx.meter = Meter::None;
@@ -115,7 +124,7 @@ pub fn on_upstream_header(
             "the upstream answered a web page",
         )
         .into_up());
-    } else if ctx.meter.edits_body() {
+    } else if ctx.meter.edits_body() && ctx.decoder.is_none() {
         // Events are edited on the way (usage stripped): the length is no longer known.
         resp.remove_header(&http::header::CONTENT_LENGTH);
     }
@@ -125,7 +134,15 @@ pub fn on_upstream_header(
 /// Called for each piece of the reply body as it passes: the meter, which may edit streamed
 /// events; notes when content first reaches the client.
 pub fn on_body(ctx: &mut Ctx, body: &mut Option<Bytes>, end: bool) {
-    if ctx.meter.feed(body, end) && ctx.ttft_ms.is_none() {
+    let content = match ctx.decoder.as_mut() {
+        // The meter reads (and may edit) a decoded copy; the bytes pass on unchanged.
+        Some(d) => {
+            let mut decoded = body.as_ref().map(|b| Bytes::from(d.decode(b)));
+            ctx.meter.feed(&mut decoded, end)
+        }
+        None => ctx.meter.feed(body, end),
+    };
+    if content && ctx.ttft_ms.is_none() {
         ctx.ttft_ms = Some(ctx.started.elapsed().as_millis() as u64);
     }
 }
