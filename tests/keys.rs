@@ -418,10 +418,14 @@ async fn a_key_used_from_a_throttled_address_works_on_after_a_reload() {
 }
 
 /// A concurrency limit a reload gives a key counts the requests the key already has running
-/// (they were not counted while it had none).
+/// (they were not counted while it had none). (With `on_client_gone = "cancel"`, so a stream
+/// the client drops ends, and frees its slot, at once.)
 #[tokio::test]
 async fn a_concurrency_limit_added_by_a_reload_counts_the_requests_already_running() {
-    let g = start();
+    let g = start_with(Setup {
+        server_extra: "on_client_gone = \"cancel\"".into(),
+        ..Setup::default()
+    });
     let keys = g.dir.path().join("keys.toml");
     let entry = "[[keys]]\nid = \"grows\"\nsecret = \"sk-test-grows-0700\"\n";
     let before = std::fs::read_to_string(&keys).expect("keys");

@@ -109,8 +109,9 @@ async fn both_listeners_speak_https_with_http2_and_http1_streaming_included() {
     }
 
     // An HTTP/2 stream the client resets mid-way (the connection stays up for others) is
-    // recorded as 499 with the tokens so far, and a request waiting for the upstream's first
-    // byte is also one record when reset.
+    // recorded as 499 with the upstream's own usage (read on to its end: `on_client_gone =
+    // "finish"`), and a request waiting for the upstream's first byte is also one record when
+    // reset.
     let mut cut = h2
         .post(format!("{main}/v1/chat/completions"))
         .bearer_auth(KEY)
@@ -130,8 +131,8 @@ async fn both_listeners_speak_https_with_http2_and_http1_streaming_included() {
     drop(cut);
     let r = await_record_via(&h2, &direct, &id).await;
     assert_eq!(r["status"], 499, "{r}");
-    let completion = r["completion_tokens"].as_u64().expect("tokens");
-    assert!((1..40).contains(&completion), "tokens so far: {r}");
+    assert_eq!(r["estimated"], false, "{r}");
+    assert!(r["completion_tokens"].as_u64() > Some(0), "{r}");
 
     // HEAD of the CSV export over HTTP/2: its header, no body.
     let head = h2

@@ -451,7 +451,9 @@ fn hanging_stream_upstream() -> (u16, std::sync::mpsc::Receiver<std::time::Insta
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_cancels_makes_the_gateway_close_the_upstream_within_a_second() {
     let (port, closed) = hanging_stream_upstream();
+    // (`on_client_gone = "cancel"`: by default the reply would be read on for its usage.)
     let g = start_with(Setup {
+        server_extra: "on_client_gone = \"cancel\"".into(),
         extra_config: format!(
             r#"
 [[pools]]
