@@ -340,6 +340,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         web: crate::web::WebState {
             throttle: crate::web::Throttle::per_minute(c.auth_failures_per_minute),
             logins: Default::default(),
+            sign_ins: Default::default(),
             usage_calls: Default::default(),
         },
         lifecycle: Default::default(),

@@ -70,6 +70,7 @@ pub struct Metrics {
     upstream_healthy: IntGaugeVec,
     upstream_in_flight: IntGaugeVec,
     auth_failures: IntCounterVec,
+    sign_ins: IntCounterVec,
     auth_clients: Mutex<HashSet<IpAddr>>,
     key_requests: IntCounterVec,
     key_tokens: IntCounterVec,
@@ -227,6 +228,13 @@ impl Metrics {
                 "Wrong keys presented, by client address (the first 1000 addresses; then \
                  'other')",
                 &["client"],
+            )?,
+            sign_ins: counters(
+                "console_sign_ins_total",
+                "Console sign-ins by result: ok, failed (wrong user or password), throttled \
+                 (its address past its limit), held (too many failures from all addresses: \
+                 429 before its password was checked)",
+                &["result"],
             )?,
             auth_clients: Mutex::new(HashSet::new()),
             key_requests: counters(
@@ -449,6 +457,11 @@ impl Metrics {
             None => "unknown".to_string(),
         };
         self.auth_failures.with_label_values(&[&label]).inc();
+    }
+
+    /// A console sign-in: `ok`, `failed`, `throttled` or `held`.
+    pub fn sign_in(&self, result: &str) {
+        self.sign_ins.with_label_values(&[result]).inc();
     }
 
     /// A listener's certificate files changed and were loaded (`ok`) or refused.

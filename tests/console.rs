@@ -699,3 +699,66 @@ async fn usage_models_and_sessions_across_a_restart() {
         )
         .await;
 }
+
+/// A sign-in from `address` (behind the trusted loopback proxy).
+async fn login_from(base: &str, address: &str, password: &str) -> reqwest::Response {
+    client_no_cookies()
+        .post(format!("{base}/console/login"))
+        .header("x-forwarded-for", address)
+        .json(&json!({"user": "admin", "password": password}))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Guessing from a crowd of addresses, each under its own limit: past 30 failures a minute
+/// across them all, a new address waits its turn (one password check a second for all of
+/// them, 429 past a wait of two seconds), while an address that signed in before goes
+/// straight on. Every attempt is counted on `/metrics`.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_crowd_of_addresses_guessing_is_held_and_a_known_user_still_signs_in() {
+    let mut setup = console_setup();
+    setup.server_extra = "trusted_proxies = [\"127.0.0.1/32\"]".into();
+    let g = start_with(setup);
+    assert_eq!(
+        login_from(&g.main, "10.9.0.1", PASSWORD).await.status(),
+        204
+    );
+    for i in 0..30 {
+        let r = login_from(&g.main, &format!("10.1.0.{i}"), "guess").await;
+        assert_eq!(r.status(), 401);
+    }
+    // Forty more guesses from forty new addresses at once: about three get their turn in the
+    // two seconds a wait may last, the rest are 429.
+    let started = std::time::Instant::now();
+    let guesses: Vec<_> = (0..40)
+        .map(|i| {
+            let base = g.main.clone();
+            tokio::spawn(async move { login_from(&base, &format!("10.2.0.{i}"), "guess").await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in guesses {
+        statuses.push(t.await.unwrap().status().as_u16());
+    }
+    let checked = statuses.iter().filter(|s| **s == 401).count();
+    let held = statuses.iter().filter(|s| **s == 429).count();
+    assert!((1..=4).contains(&checked), "{statuses:?}");
+    assert_eq!(checked + held, 40, "{statuses:?}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(6));
+    // The console's own user, from where it signed in before, at once.
+    let at = std::time::Instant::now();
+    assert_eq!(
+        login_from(&g.main, "10.9.0.1", PASSWORD).await.status(),
+        204
+    );
+    assert!(at.elapsed() < std::time::Duration::from_secs(1));
+    let metric = |result: &str| {
+        let g = &g;
+        let prefix = format!("modelgate_console_sign_ins_total{{result=\"{result}\"}}");
+        async move { common::metric_value(g, &prefix).await }
+    };
+    assert_eq!(metric("ok").await, 2.0);
+    assert_eq!(metric("failed").await, (30 + checked) as f64);
+    assert_eq!(metric("held").await, held as f64);
+}

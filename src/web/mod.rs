@@ -35,6 +35,8 @@ pub struct WebState {
     pub throttle: Throttle,
     /// Failed console sign-ins per client address.
     pub logins: Throttle,
+    /// Failed console sign-ins across all addresses.
+    pub sign_ins: console::guard::Guard,
     /// Each key's usage and billing calls (apart from its rpm).
     pub usage_calls: UsageCalls,
 }

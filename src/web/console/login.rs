@@ -1,5 +1,6 @@
 //! Console sign-in: `[console] user` with `password_hash` (argon2id) or `password`, checked off
-//! the runtime; failed attempts throttled per address. A session is a random token in an
+//! the runtime; failed attempts throttled per address, and across all addresses
+//! (`guard`). A session is a random token in an
 //! HttpOnly, SameSite=Strict cookie (Secure over TLS); the store keeps only its SHA-256, so
 //! sessions survive a restart and a copy of the database cannot be replayed as a cookie.
 //! State-changing calls also need a same-origin `Origin` or the page's CSRF token.
@@ -13,6 +14,7 @@ use pingora_proxy::Session;
 use subtle::ConstantTimeEq;
 
 use super::super::{Exchange, blocking, fail, store_failed};
+use super::guard::Audit;
 use crate::config::ConsoleConfig;
 use crate::error::GatewayError;
 use crate::state::Shared;
@@ -161,26 +163,6 @@ pub fn check_csrf(
     }
 }
 
-/// Failed sign-ins written to the audit log in a minute, at most: the log has no retention
-/// and a guessing crowd of addresses (each under the throttle) could otherwise fill it.
-const AUDITED_FAILURES: u32 = 60;
-
-/// Whether this failed sign-in goes into the audit log (see `AUDITED_FAILURES`).
-fn failure_audited(now: Instant) -> bool {
-    static WINDOW: std::sync::Mutex<Option<(Instant, u32)>> = std::sync::Mutex::new(None);
-    let mut w = WINDOW.lock().unwrap_or_else(|e| e.into_inner());
-    match w.as_mut() {
-        Some((start, n)) if now.saturating_duration_since(*start).as_secs() < 60 => {
-            *n += 1;
-            *n <= AUDITED_FAILURES
-        }
-        _ => {
-            *w = Some((now, 1));
-            true
-        }
-    }
-}
-
 fn password_ok(console: &ConsoleConfig, user: &str, password: &str) -> bool {
     use argon2::{PasswordHash, PasswordVerifier};
     let user_ok = bool::from(user.as_bytes().ct_eq(console.user.as_bytes()));
@@ -205,15 +187,43 @@ pub async fn login(
     body: &[u8],
 ) -> pingora_error::Result<()> {
     let now = Instant::now();
+    let metric = |result: &str| {
+        if let Some(m) = crate::metrics::get() {
+            m.sign_in(result);
+        }
+    };
+    let refused = |message: &str, wait| GatewayError::RateLimited {
+        message: message.into(),
+        retry_after: crate::limit::rate::retry_after_secs(wait),
+        reason: "sign_ins",
+    };
     // Each attempt is counted before its password is checked, so parallel attempts cannot slip
     // past the limit; a right one is taken back below.
     if let Some(ip) = ex.client {
         if let Err(wait) = shared.web.logins.begin(ip, now) {
-            let e = GatewayError::RateLimited {
-                message: "Too many failed sign-ins from this address; try again later.".into(),
-                retry_after: crate::limit::rate::retry_after_secs(wait),
-                reason: "sign_ins",
-            };
+            metric("throttled");
+            let e = refused(
+                "Too many failed sign-ins from this address; try again later.",
+                wait,
+            );
+            return fail(session, ex, &e).await;
+        }
+    }
+    // Past the failures all addresses may make, a new address waits its turn.
+    let client = ex.client.map(crate::web::throttle::client_id);
+    match shared.web.sign_ins.turn(client, now) {
+        Ok(None) => {}
+        Ok(Some(wait)) => tokio::time::sleep(wait).await,
+        Err(wait) => {
+            if let Some(ip) = ex.client {
+                // Its password was not checked: not a failure of its address.
+                shared.web.logins.forgive(ip);
+            }
+            metric("held");
+            let e = refused(
+                "Too many failed sign-ins to this console; try again in a moment.",
+                wait,
+            );
             return fail(session, ex, &e).await;
         }
     }
@@ -237,6 +247,7 @@ pub async fn login(
         Err(_) => false,
     };
     if !ok {
+        metric("failed");
         tracing::info!(client = ?ex.client, "console sign-in refused");
         // In the audit log too, where an operator looks for someone guessing: at most as
         // many entries as passwords can be checked (the throttle and the argon2 slots bound
@@ -259,11 +270,36 @@ pub async fn login(
             .to_string(),
         };
         // Written beside the answer, not before it (a locked store would hold the 401), and
-        // at most `AUDITED_FAILURES` a minute whatever comes from how many addresses.
-        if failure_audited(now) {
+        // at most `AUDITED_FAILURES` a minute one by one, whatever comes from how many
+        // addresses: the rest are summed up in one entry.
+        let entries = match shared.web.sign_ins.failed(now) {
+            Audit::Entry => vec![audit],
+            Audit::Skip => Vec::new(),
+            Audit::SummaryThenEntry(n) => {
+                let summary = AuditEntry {
+                    time_ms: audit.time_ms,
+                    user: String::new(),
+                    action: "login_failed_summary".into(),
+                    key_id: String::new(),
+                    detail: serde_json::json!({
+                        "failed_sign_ins_not_listed": n,
+                        "in_the_minute_before": true,
+                    })
+                    .to_string(),
+                };
+                vec![summary, audit]
+            }
+        };
+        if !entries.is_empty() {
             let store = shared.store.clone();
             tokio::spawn(async move {
-                if let Err(e) = blocking(move || store.console.audit_add(&audit)).await {
+                let written = blocking(move || {
+                    entries
+                        .iter()
+                        .try_for_each(|entry| store.console.audit_add(entry))
+                })
+                .await;
+                if let Err(e) = written {
                     tracing::warn!(error = %e, "console: a failed sign-in was not audited");
                 }
             });
@@ -273,6 +309,8 @@ pub async fn login(
     if let Some(ip) = ex.client {
         shared.web.logins.forgive(ip);
     }
+    shared.web.sign_ins.signed_in(client);
+    metric("ok");
     let token = random_token(32);
     let now_ms = super::super::now_ms();
     let stored = Stored {
@@ -356,17 +394,4 @@ pub async fn logout(
         |h| h.insert_header("set-cookie", clear),
     )
     .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn at_most_sixty_failed_sign_ins_a_minute_are_audited() {
-        let t0 = Instant::now() + std::time::Duration::from_secs(3600);
-        let audited = (0..100).filter(|_| failure_audited(t0)).count();
-        assert_eq!(audited, AUDITED_FAILURES as usize);
-        assert!(failure_audited(t0 + std::time::Duration::from_secs(61)));
-    }
 }

@@ -4,6 +4,7 @@
 //! configured, and the audit log. Every call but sign-in needs a session; every state-changing
 //! one also a same-origin `Origin` or the page's CSRF token.
 
+pub(super) mod guard;
 mod keys;
 mod login;
 
