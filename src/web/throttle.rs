@@ -4,6 +4,12 @@
 //! window, for any key it has not used before. So no path can be used to try keys at speed,
 //! while one client with a wrong key cannot lock out the others behind its address (a NAT):
 //! a key already used from that address goes on working (`Key::last_client`).
+//!
+//! Counted exactly, per address, not with pingora-limits' count-min sketch (which the usage
+//! calls' bound uses): a sketch's counts are shared between addresses whose hashes collide,
+//! so an attack from many addresses (100,000 each under the limit fill every cell of 4 × 1024)
+//! would make every address look over it and lock out the legitimate clients too. Memory is
+//! bounded here instead by sweeping (`MAX_TRACKED`).
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
