@@ -107,6 +107,8 @@ pub(super) struct Segment {
     pending: Mutex<Pending>,
     /// Lines written so far (tickets up to this are in the kernel's hands).
     written: AtomicU64,
+    /// Wakes those waiting while another wrote a group.
+    group_written: tokio::sync::Notify,
 }
 
 impl Segment {
@@ -135,9 +137,16 @@ impl Segment {
             return;
         }
         tokio::task::yield_now().await;
-        while !self.write_pending(ticket, journal) {
+        loop {
+            // Registered before looking, so a group written meanwhile is not missed.
+            let written = self.group_written.notified();
+            tokio::pin!(written);
+            written.as_mut().enable();
+            if self.write_pending(ticket, journal) {
+                return;
+            }
             // Another thread is writing a group: it may hold this line.
-            tokio::task::yield_now().await;
+            written.await;
         }
     }
 
@@ -166,13 +175,16 @@ impl Segment {
         }
         journal.writes.fetch_add(1, Ordering::Relaxed);
         self.written.store(upto, Ordering::Release);
-        let mut p = self.pending();
-        p.writing = false;
-        if lines.capacity() <= SPARE_KEPT {
-            let mut lines = lines;
-            lines.clear();
-            p.spare = lines;
+        {
+            let mut p = self.pending();
+            p.writing = false;
+            if lines.capacity() <= SPARE_KEPT {
+                let mut lines = lines;
+                lines.clear();
+                p.spare = lines;
+            }
         }
+        self.group_written.notify_waiters();
         true
     }
 
@@ -265,6 +277,7 @@ fn open_segment(dir: &Path, id: u64) -> std::io::Result<Segment> {
         bytes: AtomicU64::new(0),
         pending: Mutex::default(),
         written: AtomicU64::new(0),
+        group_written: tokio::sync::Notify::new(),
     })
 }
 
