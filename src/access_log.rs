@@ -1,9 +1,10 @@
-//! The access log: one structured line per request on stderr (JSON, or logfmt), made from the
-//! request's usage record plus what the record does not hold (method, path, attempts are in
-//! it). Lines are formatted on the request's thread and written by one background thread
-//! through a buffer flushed whenever the queue runs dry, so a request never waits on stderr.
-//! `[log] access = "on" | "off" | <sample rate in 0..1>`; secrets never appear (the record
-//! holds the key's id, never the key).
+//! The access log: one structured line per request (JSON, or logfmt) on stdout, apart from the
+//! gateway's own log on stderr (so `jq` reads it whole), or appended to `[log] access_file`;
+//! made from the request's usage record plus what the record does not hold (method, path,
+//! client address, user agent, trace id). Lines are formatted on the request's thread and
+//! written by one background thread through a buffer flushed whenever the queue runs dry, so a
+//! request never waits on the output. `[log] access = "on" | "off" | <sample rate in 0..1>`;
+//! secrets never appear (the record holds the key's id, never the key).
 
 use std::io::Write;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
@@ -13,6 +14,18 @@ use crate::store::record::format_time;
 
 /// Lines queued for the writer; past this they are dropped (and counted), never blocking.
 const QUEUE: usize = 65_536;
+
+/// What a request's line carries beside its record.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Seen<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    /// The client's address (the one `[server] trusted_proxies` name, behind them).
+    pub client: Option<std::net::IpAddr>,
+    pub user_agent: Option<&'a str>,
+    /// The W3C trace id (32 hex digits) the request was traced under.
+    pub trace_id: Option<u128>,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Format {
@@ -29,15 +42,32 @@ pub struct AccessLog {
 }
 
 impl AccessLog {
-    /// Starts the writer thread; None when the log is off.
-    pub fn start(rate: f64, format: Format) -> Option<AccessLog> {
+    /// Starts the writer thread, to `file` (appended) or stdout; None when the log is off.
+    pub fn start(rate: f64, format: Format, file: Option<&std::path::Path>) -> Option<AccessLog> {
         if rate <= 0.0 {
             return None;
         }
+        let out: Box<dyn Write + Send> = match file {
+            Some(path) => match std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+            {
+                Ok(f) => Box::new(f),
+                Err(e) => {
+                    tracing::error!(
+                        "access log: cannot open {}: {e}; writing to stdout",
+                        path.display()
+                    );
+                    Box::new(std::io::stdout())
+                }
+            },
+            None => Box::new(std::io::stdout()),
+        };
         let (tx, rx) = sync_channel(QUEUE);
         std::thread::Builder::new()
             .name("access-log".into())
-            .spawn(move || write_lines(rx))
+            .spawn(move || write_lines(rx, out))
             .ok()?;
         Some(AccessLog {
             tx,
@@ -48,13 +78,13 @@ impl AccessLog {
     }
 
     /// Logs the request, if sampled.
-    pub fn log(&self, r: &UsageRecord, method: &str, path: &str) {
+    pub fn log(&self, r: &UsageRecord, seen: &Seen<'_>) {
         if self.rate < 1.0 && rand::random::<f64>() >= self.rate {
             return;
         }
         let line = match self.format {
-            Format::Json => json_line(r, method, path),
-            Format::Logfmt => logfmt_line(r, method, path),
+            Format::Json => json_line(r, seen),
+            Format::Logfmt => logfmt_line(r, seen),
         };
         if let Err(TrySendError::Full(_)) = self.tx.try_send(line) {
             self.dropped
@@ -63,10 +93,10 @@ impl AccessLog {
     }
 }
 
-fn write_lines(rx: Receiver<String>) {
-    // Not `stderr().lock()`: a lock held while waiting for lines would block every other
-    // writer of stderr (the tracing log) for good. The buffer locks it once per flush.
-    let mut out = std::io::BufWriter::with_capacity(64 * 1024, std::io::stderr());
+fn write_lines(rx: Receiver<String>, out: Box<dyn Write + Send>) {
+    // Not `stdout().lock()`: a lock held while waiting for lines would block every other
+    // writer of stdout for good. The buffer locks it once per flush.
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
     while let Ok(line) = rx.recv() {
         let _ = out.write_all(line.as_bytes());
         // Write what else is queued, then flush once the queue is empty.
@@ -77,14 +107,21 @@ fn write_lines(rx: Receiver<String>) {
     }
 }
 
-fn json_line(r: &UsageRecord, method: &str, path: &str) -> String {
+fn trace_hex(id: Option<u128>) -> String {
+    id.map(|t| format!("{t:032x}")).unwrap_or_default()
+}
+
+fn json_line(r: &UsageRecord, seen: &Seen<'_>) -> String {
     let mut line = serde_json::json!({
         "time": format_time(r.time_ms),
         "type": "access",
         "request_id": r.request_id,
         "listener": r.listener,
-        "method": method,
-        "path": path,
+        "method": seen.method,
+        "path": seen.path,
+        "client": seen.client.map(|c| c.to_string()),
+        "user_agent": seen.user_agent,
+        "trace_id": seen.trace_id.map(|t| trace_hex(Some(t))),
         "key_id": r.key_id,
         "endpoint": r.endpoint,
         "model": r.model,
@@ -107,7 +144,7 @@ fn json_line(r: &UsageRecord, method: &str, path: &str) -> String {
 }
 
 /// `key=value` pairs; a value with a space, quote or `=` is quoted with `"` escaped.
-fn logfmt_line(r: &UsageRecord, method: &str, path: &str) -> String {
+fn logfmt_line(r: &UsageRecord, seen: &Seen<'_>) -> String {
     let mut line = String::with_capacity(256);
     let mut put = |k: &str, v: &str| {
         if !line.is_empty() {
@@ -135,8 +172,14 @@ fn logfmt_line(r: &UsageRecord, method: &str, path: &str) -> String {
     put("type", "access");
     put("request_id", &r.request_id);
     put("listener", &r.listener);
-    put("method", method);
-    put("path", path);
+    put("method", seen.method);
+    put("path", seen.path);
+    put(
+        "client",
+        &seen.client.map(|c| c.to_string()).unwrap_or_default(),
+    );
+    put("user_agent", seen.user_agent.unwrap_or_default());
+    put("trace_id", &trace_hex(seen.trace_id));
     put("key_id", &r.key_id);
     put("endpoint", &r.endpoint);
     put("model", &r.model);
@@ -187,12 +230,26 @@ mod tests {
             served_model: "a".into(),
             cut: String::new(),
         };
-        let j: serde_json::Value =
-            serde_json::from_str(&json_line(&r, "POST", "/v1/chat/completions")).unwrap();
+        let seen = Seen {
+            method: "POST",
+            path: "/v1/chat/completions",
+            client: "192.0.2.7".parse().ok(),
+            user_agent: Some("OpenAI/Python 1.99.0"),
+            trace_id: Some(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736),
+        };
+        let j: serde_json::Value = serde_json::from_str(&json_line(&r, &seen)).unwrap();
         assert_eq!(j["model"], "a \"quoted\" model=x");
         assert_eq!(j["status"], 200);
         assert_eq!(j["path"], "/v1/chat/completions");
-        let l = logfmt_line(&r, "POST", "/v1/chat/completions");
+        assert_eq!(j["client"], "192.0.2.7");
+        assert_eq!(j["user_agent"], "OpenAI/Python 1.99.0");
+        assert_eq!(j["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        let l = logfmt_line(&r, &seen);
+        assert!(l.contains(r#" user_agent="OpenAI/Python 1.99.0" "#), "{l}");
+        assert!(
+            l.contains(" trace_id=4bf92f3577b34da6a3ce929d0e0e4736 "),
+            "{l}"
+        );
         assert!(l.contains(r#"model="a \"quoted\" model=x""#), "{l}");
         assert!(l.contains(" status=200 ") && l.ends_with('\n'), "{l}");
         assert!(l.contains(r#"ttft_ms="""#), "{l}");

@@ -344,7 +344,11 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
             usage_calls: Default::default(),
         },
         lifecycle: Default::default(),
-        access_log: crate::access_log::AccessLog::start(c.access_log_rate, c.access_log_format),
+        access_log: crate::access_log::AccessLog::start(
+            c.access_log_rate,
+            c.access_log_format,
+            c.access_log_file.as_deref(),
+        ),
         stored: Default::default(),
     });
     if let Some(sync) = &spend_sync {

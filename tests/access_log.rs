@@ -1,9 +1,35 @@
-//! The access log: one JSON line per request on stderr (refused ones included), with the
-//! record's fields and never a secret; logfmt and sampling by config.
+//! The access log: one JSON line per request (refused ones included) to stdout or
+//! `[log] access_file`, apart from the gateway's own log on stderr, with the record's fields,
+//! the client's address, user agent and trace id, and never a secret; logfmt and sampling by
+//! config.
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::*;
+
+/// A gateway whose access log goes to `access.log` beside its config, with `extra` in `[log]`.
+fn logging_to_a_file(extra: &str) -> Gateway {
+    start_with(Setup {
+        extra_config: format!("[log]\naccess_file = \"access.log\"\n{extra}"),
+        ..Setup::default()
+    })
+}
+
+/// The access log file's text once it has `n` lines (up to 10 s).
+fn await_lines(g: &Gateway, n: usize) -> String {
+    let path = g.dir.path().join("access.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.lines().count() >= n {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{text}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 
 fn access_lines(stderr: &str) -> Vec<serde_json::Value> {
     stderr
@@ -15,8 +41,21 @@ fn access_lines(stderr: &str) -> Vec<serde_json::Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_gets_one_json_line_with_its_record_and_no_secret() {
-    let g = start();
-    let ok = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
+    let g = logging_to_a_file("");
+    let ok = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &chat_body("echo-1", false),
+        &[
+            ("user-agent", "OpenAI/Python 1.99.0"),
+            (
+                "traceparent",
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            ),
+        ],
+    )
+    .await;
     assert_eq!(ok.status(), 200);
     let ok_id = request_id(&ok);
     let stream = post_json(
@@ -37,10 +76,14 @@ async fn every_request_gets_one_json_line_with_its_record_and_no_secret() {
     .await;
     assert_eq!(refused.status(), 401);
     let refused_id = request_id(&refused);
+    let text = tokio::task::block_in_place(|| await_lines(&g, 3));
     let (status, stderr) = tokio::task::block_in_place(|| g.terminate_and_stderr());
     assert!(status.success());
-    let lines = access_lines(&stderr);
-    assert_eq!(lines.len(), 3, "{stderr}");
+    // Every line of the file is JSON (`jq` reads it whole); none is on stderr.
+    let lines = access_lines(&text);
+    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert!(access_lines(&stderr).is_empty(), "{stderr}");
     let by_id = |id: &str| {
         lines
             .iter()
@@ -64,6 +107,19 @@ async fn every_request_gets_one_json_line_with_its_record_and_no_secret() {
         )
     );
     assert_eq!(l["key_id"], "full", "{l}");
+    assert_eq!(
+        (
+            l["client"].as_str(),
+            l["user_agent"].as_str(),
+            l["trace_id"].as_str()
+        ),
+        (
+            Some("127.0.0.1"),
+            Some("OpenAI/Python 1.99.0"),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        ),
+        "{l}"
+    );
     assert!(
         l["total_tokens"].as_u64() > Some(0) && l["attempts"] == 1,
         "{l}"
@@ -85,8 +141,10 @@ async fn every_request_gets_one_json_line_with_its_record_and_no_secret() {
         (r["status"].as_u64(), r["key_id"].as_str()),
         (Some(401), Some(""))
     );
+    assert!(r["trace_id"].as_str().is_some_and(|t| t.len() == 32), "{r}");
     for secret in [KEY, "sk-wrong-key-1234567890", POOL_KEY] {
         assert!(!stderr.contains(secret), "a secret in the log");
+        assert!(!text.contains(secret), "a secret in the access log");
     }
     // Lines are plain: no terminal colours when stderr is not a terminal.
     assert!(!stderr.contains('\u{1b}'), "ANSI escapes in the log");
@@ -94,37 +152,30 @@ async fn every_request_gets_one_json_line_with_its_record_and_no_secret() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn logfmt_and_off_are_honoured() {
-    let g = start_with(Setup {
-        extra_config: "[log]\nformat = \"logfmt\"\n".into(),
-        ..Setup::default()
-    });
+    let g = logging_to_a_file("format = \"logfmt\"\n");
     assert_eq!(
         post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false))
             .await
             .status(),
         200
     );
-    let (_, stderr) = tokio::task::block_in_place(|| g.terminate_and_stderr());
-    let line = stderr
+    let text = tokio::task::block_in_place(|| await_lines(&g, 1));
+    let line = text
         .lines()
         .find(|l| l.contains("type=access"))
-        .unwrap_or_else(|| panic!("{stderr}"));
+        .unwrap_or_else(|| panic!("{text}"));
     assert!(
         line.contains(" status=200 ") && line.contains(" key_id=full "),
         "{line}"
     );
 
-    let g = start_with(Setup {
-        extra_config: "[log]\naccess = \"off\"\n".into(),
-        ..Setup::default()
-    });
-    assert_eq!(
-        post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false))
-            .await
-            .status(),
-        200
-    );
+    let g = logging_to_a_file("access = \"off\"\n");
+    let r = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
+    assert_eq!(r.status(), 200);
+    await_record(&g, &request_id(&r)).await;
+    let text = std::fs::read_to_string(g.dir.path().join("access.log")).unwrap_or_default();
     let (_, stderr) = tokio::task::block_in_place(|| g.terminate_and_stderr());
+    assert!(text.is_empty(), "{text}");
     assert!(
         access_lines(&stderr).is_empty() && !stderr.contains("type=access"),
         "{stderr}"

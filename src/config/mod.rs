@@ -807,6 +807,11 @@ impl Config {
             ),
             access_log_rate,
             access_log_format,
+            access_log_file: raw
+                .log
+                .as_ref()
+                .and_then(|l| l.access_file.as_ref())
+                .map(|f| dir.join(f)),
             cors,
             trusted_proxies,
             upgrade_sock: dir.join(

@@ -107,6 +107,8 @@ pub(super) struct RawLog {
     pub(super) access: Option<Spanned<toml::Value>>,
     /// "json" (default) or "logfmt".
     pub(super) format: Option<Spanned<String>>,
+    /// The access log to a file (appended) instead of stdout.
+    pub(super) access_file: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -81,6 +81,8 @@ pub struct Config {
     /// Share of requests in the access log (0: off).
     pub access_log_rate: f64,
     pub access_log_format: crate::access_log::Format,
+    /// `[log] access_file`: the access log appended to this file; None: stdout.
+    pub access_log_file: Option<PathBuf>,
     /// `[cors]`; None: no CORS.
     pub cors: Option<crate::cors::Cors>,
     /// Wrong keys one client address may present a minute before it gets 429 (on `/v1`, the

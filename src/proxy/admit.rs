@@ -230,7 +230,7 @@ impl Gateway {
         session: &Session,
         ctx: &mut Ctx,
     ) -> Result<Arc<Key>, Stop> {
-        let client = crate::client::ip(session, &self.shared.live.config.trusted_proxies);
+        let client = ctx.client;
         // Anthropic's clients send the key in `x-api-key`; elsewhere only `Authorization:
         // Bearer` carries it (the contract).
         let anthropic = ctx.shape == crate::error::ErrorShape::Anthropic;

@@ -92,6 +92,9 @@ pub struct Ctx {
     pub refusal: Option<&'static str>,
     /// The W3C trace context (set as the request is read).
     pub trace: Option<crate::telemetry::Trace>,
+    /// The client's address, as the throttles count it (behind `trusted_proxies`), once the
+    /// request came to auth.
+    pub client: Option<std::net::IpAddr>,
     /// The body was asked for: a client waiting on `Expect: 100-continue` got its `100`.
     pub body_asked: bool,
     /// `client_send_timeout_ms`: how long a reply write may wait on a client reading nothing.
@@ -158,6 +161,7 @@ impl Ctx {
             upstream_time: std::time::Duration::ZERO,
             waited: std::time::Duration::ZERO,
             refusal: None,
+            client: None,
             body_asked: false,
             send_timeout: std::time::Duration::from_secs(60),
             answered: None,

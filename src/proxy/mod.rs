@@ -58,6 +58,8 @@ impl Gateway {
         ctx.trace = Some(crate::telemetry::Trace::from_headers(
             &session.req_header().headers,
         ));
+        // The client's address, for the throttles and the access log.
+        ctx.client = crate::client::ip(session, &self.shared.live.config.trusted_proxies);
         // An idle keep-alive connection is closed after `keepalive_timeout_ms`; the body left
         // unread by a reply (drained before the connection is used again) is waited for
         // `client_body_timeout_ms` at most.
@@ -479,7 +481,17 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
                 path = "[redacted]";
             }
         }
-        log.log(&r, req.method.as_str(), path);
+        let seen = crate::access_log::Seen {
+            method: req.method.as_str(),
+            path,
+            client: ctx.client,
+            user_agent: req
+                .headers
+                .get(http::header::USER_AGENT)
+                .and_then(|v| v.to_str().ok()),
+            trace_id: ctx.trace.as_ref().map(|t| t.trace_id),
+        };
+        log.log(&r, &seen);
     }
     if let Some(m) = crate::metrics::get() {
         observe(m, ctx, &r, ended);
