@@ -194,11 +194,10 @@ impl Gateway {
     /// Hands a non-proxied path to the web stage; a key that passed auth there makes the
     /// request leave its usage record (group `usage`) like any other.
     async fn web(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {
-        let client = crate::client::ip(session, &self.shared.live.config.trusted_proxies);
         let mut ex = web::Exchange {
             request_id: ctx.request_id.clone(),
             listener: self.listener,
-            client,
+            client: ctx.client,
             key: None,
             sent: Default::default(),
             refusal: None,

@@ -94,6 +94,11 @@ struct Pending {
     writing: bool,
 }
 
+thread_local! {
+    /// Each thread encodes its lines here before adding them (`Segment::add`).
+    static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A pending buffer past this is not kept for the next group (a burst of huge records).
 const SPARE_KEPT: usize = 1 << 20;
 
@@ -116,18 +121,29 @@ impl Segment {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds `line`, encoded at the end of the pending lines; returns its ticket.
+    /// Adds `line` at the end of the pending lines; returns its ticket. The line is encoded in
+    /// the thread's own buffer first: the lock shared by every proxy thread is held for a copy
+    /// only.
     fn add(&self, line: &LineRef<'_>) -> u64 {
-        let mut p = self.pending();
-        let len = p.lines.len();
-        if serde_json::to_writer(&mut p.lines, line).is_err() {
-            // (A record always encodes; a failure leaves no half line behind.)
-            p.lines.truncate(len);
-            return p.added;
-        }
-        p.lines.push(b'\n');
-        p.added += 1;
-        p.added
+        LINE.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            buf.clear();
+            // (A record always encodes; a failure adds nothing.)
+            let encoded = serde_json::to_writer(&mut *buf, line).is_ok();
+            buf.push(b'\n');
+            let mut p = self.pending();
+            if encoded {
+                p.lines.extend_from_slice(&buf);
+                p.added += 1;
+            }
+            let ticket = p.added;
+            drop(p);
+            // A huge record's buffer is not kept.
+            if buf.capacity() > 64 * 1024 {
+                *buf = Vec::new();
+            }
+            ticket
+        })
     }
 
     /// Returns once the line of `ticket` is written: it yields first, so that the lines other
@@ -168,7 +184,7 @@ impl Segment {
             let spare = std::mem::take(&mut p.spare);
             (std::mem::replace(&mut p.lines, spare), p.added)
         };
-        // The group's place is reserved first: groups of other threads never overlap it.
+        // One group is written at a time (`writing`); `bytes` also tells `rotate` the size.
         let at = self.bytes.fetch_add(lines.len() as u64, Ordering::Relaxed);
         if let Err(e) = self.file.write_all_at(&lines, at) {
             journal.failed("lines not written", &e);
