@@ -120,6 +120,8 @@ pub struct Drain {
     pub lifecycle: Arc<Lifecycle>,
     pub store: Arc<Store>,
     pub grace: Duration,
+    /// Its pending lines are written before the exit.
+    pub access_log: Option<crate::access_log::AccessLog>,
 }
 
 #[async_trait]
@@ -149,9 +151,13 @@ impl BackgroundService for Drain {
             }
         }
         let store = self.store.clone();
+        let access_log = self.access_log.clone();
         let _ = tokio::task::spawn_blocking(move || {
             store.close();
             crate::telemetry::flush();
+            if let Some(log) = access_log {
+                log.flush();
+            }
         })
         .await;
         let stats = self.store.stats();

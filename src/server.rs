@@ -140,6 +140,7 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
             lifecycle: shared.lifecycle.clone(),
             store: shared.store.clone(),
             grace: std::time::Duration::from_secs(config.grace_period_seconds),
+            access_log: shared.access_log.clone(),
         },
     ));
     server.add_service(pingora_core::services::background::background_service(

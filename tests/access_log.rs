@@ -49,6 +49,8 @@ async fn every_request_gets_one_json_line_with_its_record_and_no_secret() {
         &chat_body("echo-1", false),
         &[
             ("user-agent", "OpenAI/Python 1.99.0"),
+            // The mock answers as a provider does, with a request id of its own.
+            ("x-mock-provider-headers", "1"),
             (
                 "traceparent",
                 "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
@@ -130,6 +132,19 @@ async fn every_request_gets_one_json_line_with_its_record_and_no_secret() {
             .is_some_and(|u| u.starts_with("http://127.0.0.1:")),
         "{l}"
     );
+    // The upstream's own request id (the mock's `req_mock…`), as the client got it.
+    assert_eq!(
+        l["upstream_request_id"].as_str(),
+        ok.headers()
+            .get("x-upstream-request-id")
+            .and_then(|v| v.to_str().ok())
+    );
+    assert!(
+        l["upstream_request_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("req_mock")),
+        "{l}"
+    );
     let s = by_id(&stream_id);
     assert_eq!(
         (s["stream"].as_bool(), s["listener"].as_str()),
@@ -180,4 +195,59 @@ async fn logfmt_and_off_are_honoured() {
         access_lines(&stderr).is_empty() && !stderr.contains("type=access"),
         "{stderr}"
     );
+}
+
+/// A chat request's status.
+async fn chat(g: &Gateway) -> u16 {
+    post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false))
+        .await
+        .status()
+        .as_u16()
+}
+
+/// Lines in `name` beside the config.
+fn lines_in(g: &Gateway, name: &str) -> usize {
+    std::fs::read_to_string(g.dir.path().join(name))
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_file_is_followed_after_a_rename_and_on_sigusr1() {
+    let mut g = logging_to_a_file("");
+    assert_eq!(chat(&g).await, 200);
+    tokio::task::block_in_place(|| await_lines(&g, 1));
+    // logrotate's default: rename, and the gateway notices the path names no file it has open.
+    let dir = g.dir.path().to_path_buf();
+    std::fs::rename(dir.join("access.log"), dir.join("access.log.1")).expect("rename");
+    let mut sent = 1;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lines_in(&g, "access.log") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "no new access.log after a rename"
+        );
+        assert_eq!(chat(&g).await, 200);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // SIGUSR1 (as logrotate's postrotate sends): reopened at once; the gateway goes on.
+    std::fs::rename(dir.join("access.log"), dir.join("access.log.2")).expect("rename");
+    g.send_signal("-USR1");
+    while lines_in(&g, "access.log") == 0 {
+        assert!(Instant::now() < deadline, "no new access.log after SIGUSR1");
+        assert_eq!(chat(&g).await, 200);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(g.running(), "SIGUSR1 ended the gateway");
+    let status = tokio::task::block_in_place(|| g.terminate());
+    assert!(status.success());
+    // No line lost or doubled across the three files.
+    let total: usize = ["access.log", "access.log.1", "access.log.2"]
+        .iter()
+        .map(|f| lines_in(&g, f))
+        .sum();
+    assert_eq!(total, sent);
 }

@@ -95,6 +95,8 @@ pub struct Ctx {
     /// The client's address, as the throttles count it (behind `trusted_proxies`), once the
     /// request came to auth.
     pub client: Option<std::net::IpAddr>,
+    /// The request id the upstream gave its reply (for the access log).
+    pub upstream_request_id: Option<http::HeaderValue>,
     /// The body was asked for: a client waiting on `Expect: 100-continue` got its `100`.
     pub body_asked: bool,
     /// `client_send_timeout_ms`: how long a reply write may wait on a client reading nothing.
@@ -162,6 +164,7 @@ impl Ctx {
             waited: std::time::Duration::ZERO,
             refusal: None,
             client: None,
+            upstream_request_id: None,
             body_asked: false,
             send_timeout: std::time::Duration::from_secs(60),
             answered: None,

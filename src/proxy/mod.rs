@@ -489,6 +489,10 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
                 .get(http::header::USER_AGENT)
                 .and_then(|v| v.to_str().ok()),
             trace_id: ctx.trace.as_ref().map(|t| t.trace_id),
+            upstream_request_id: ctx
+                .upstream_request_id
+                .as_ref()
+                .and_then(|v| v.to_str().ok()),
         };
         log.log(&r, &seen);
     }

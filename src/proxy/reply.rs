@@ -94,6 +94,7 @@ pub fn on_upstream_header(
     // The upstream's rate-limit headers describe the pool's account, not the client's key:
     // they are not kept, and the key's own (if it has limits) are written.
     keep_for_client(resp, pass, &ctx.request_id)?;
+    ctx.upstream_request_id = resp.headers.get("x-upstream-request-id").cloned();
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     super::respond::reply_headers(&ctx.decor(), resp)?;
     if ctx.reservation.as_ref().is_some_and(|r| r.budget_limited) {
