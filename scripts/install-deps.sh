@@ -4,7 +4,8 @@
 #   scripts/install-deps.sh          cmake (pingora's zlib-ng build needs it)
 #   scripts/install-deps.sh --test   also Debian's chromium (browser tests), postgresql and
 #                                    redis-server (the fleet tests start their own servers in
-#                                    temp dirs) and .venv with tests/sdk/requirements.txt
+#                                    temp dirs), .venv with tests/sdk/requirements.txt and
+#                                    mdbook (the book's build), by cargo install
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -71,4 +72,9 @@ if [ "$WITH_TEST" -eq 1 ]; then
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ"
     echo "$want" > "$STAMP"
   fi
+fi
+
+if [ "$WITH_TEST" -eq 1 ] && ! command -v mdbook >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/mdbook" ]; then
+  echo "install-deps: cargo install --locked mdbook (a few minutes, once)" >&2
+  cargo install --locked --quiet mdbook --version "^0.5"
 fi

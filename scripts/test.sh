@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one test command: the Rust tests, then the official OpenAI SDK against the real binary.
+# The one test command: the Rust tests, the official SDKs and the pages in Chromium against the
+# real binary, and the book's build.
 # Runs every stage it can and exits non-zero if any failed.
 set -euo pipefail
 
@@ -22,6 +23,9 @@ if [ -x target/debug/modelgate ] || cargo build; then
 else
   failed+=("cargo build")
 fi
+
+echo "== the book: mdbook build docs (its links are checked by tests/docs.rs)" >&2
+PATH="$HOME/.cargo/bin:$PATH" mdbook build docs || failed+=("mdbook build")
 
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "== FAILED: ${failed[*]}" >&2

@@ -40,6 +40,7 @@ DISABLED_KEY = "sk-sdk-test-disabled-0000000000000"
 UNKNOWN_KEY = "sk-sdk-test-nobody-knows-this-key"
 RATE_KEY = "sk-sdk-test-rate-limited-00000000"
 PAGE_KEY = "sk-sdk-test-usage-page-0000000000"
+GUIDE_RATE_KEY = "sk-sdk-test-client-guide-rpm-1-000"
 CONSOLE_USER = "admin"
 CONSOLE_PASSWORD = "console password for the tests"
 
@@ -69,12 +70,26 @@ secret = "{RATE_KEY}"
 rpm = 2
 
 [[keys]]
+id = "client-guide-rpm-1"
+secret = "{GUIDE_RATE_KEY}"
+rpm = 1
+
+[[keys]]
 id = "page"
 secret = "{PAGE_KEY}"
 budget = 50.0
 rpm = 600
 tpm = 100000
 """
+
+# Where the browser tests write their screenshots: target/screenshots, or the book's images
+# when scripts/screenshots.sh refreshes them.
+SCREENSHOTS = Path(os.environ.get("MODELGATE_SCREENSHOTS") or REPO_ROOT / "target" / "screenshots")
+
+
+def screenshot_path(name: str) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    return SCREENSHOTS / name
 
 STARTUP_DEADLINE_S = 30
 START_ATTEMPTS = 3

@@ -1,7 +1,7 @@
 """The web console on the main listener, in headless Chromium as an operator uses it: sign in
 wrong and right, create a key and use it on the API within 3 s, lower its rpm and see a 429,
 revoke it and see a 401, read usage across keys, models and the audit log. Screenshots of the
-console go to docs/ for the README.
+console go to target/screenshots (scripts/screenshots.sh writes them into the book).
 """
 
 import json
@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from playwright import sync_api as playwright_api
 
-from harness import CONSOLE_PASSWORD, CONSOLE_USER, FULL_KEY, REPO_ROOT, watch_errors
+from harness import CONSOLE_PASSWORD, CONSOLE_USER, FULL_KEY, screenshot_path, watch_errors
 
 expect = playwright_api.expect
 
@@ -71,8 +71,7 @@ def test_sign_in_wrong_then_right_and_out(console):
     sign_in(console, password="not the password")
     expect(console.locator("#login-status")).to_have_text("Wrong user or password.")
     assert console.locator("#app").is_hidden()
-    (REPO_ROOT / "docs").mkdir(exist_ok=True)
-    console.screenshot(path=str(REPO_ROOT / "docs" / "console-sign-in.png"))
+    console.screenshot(path=str(screenshot_path("console-sign-in.png")))
     sign_in(console)
     expect(console.locator("#who")).to_contain_text(f"Signed in as {CONSOLE_USER}")
     expect(console.locator("#keys tbody")).to_contain_text("full")
@@ -120,8 +119,7 @@ def test_a_key_made_in_the_console_works_then_is_limited_and_revoked(console, ga
     expect(row).to_contain_text("25")
     # Shown in the zone it was entered in, named, whatever the browser's zone.
     expect(row).to_contain_text("2031-01-01 00:00 UTC")
-    (REPO_ROOT / "docs").mkdir(exist_ok=True)
-    console.screenshot(path=str(REPO_ROOT / "docs" / "console-keys.png"), full_page=True)
+    console.screenshot(path=str(screenshot_path("console-keys.png")), full_page=True)
 
     console.get_by_role("button", name="Edit browser-made").click()
     console.get_by_label("Requests per minute").fill("1")
@@ -197,7 +195,7 @@ def test_usage_across_keys_and_models(console, gateway):
         "rows => rows.map(r => r.cells.length)")
     assert widths and set(widths) == {len(heads)}, (widths, heads)
     assert console.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
-    console.screenshot(path=str(REPO_ROOT / "docs" / "console-usage.png"), full_page=True)
+    console.screenshot(path=str(screenshot_path("console-usage.png")), full_page=True)
     console.get_by_label("Key", exact=True).select_option("full")
     console.get_by_role("button", name="Query").click()
     expect(console.locator("#status")).to_contain_text("Usage of full loaded")

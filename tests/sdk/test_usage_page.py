@@ -3,7 +3,7 @@ playwright) as a person would use it: query with a token, read the totals, chart
 records, switch the time zone, export the CSV, and see bad tokens, empty ranges and failures
 said in words. The browser runs in Asia/Kolkata (+05:30) so zone handling is exercised.
 
-A screenshot of the page is written to docs/usage-page.png for the README.
+A screenshot of the page is written for the book (see scripts/screenshots.sh).
 """
 
 import json
@@ -16,7 +16,7 @@ import pytest
 
 from playwright import sync_api as playwright_api
 
-from harness import ECHO_ONLY_KEY, PAGE_KEY, REPO_ROOT, watch_errors
+from harness import ECHO_ONLY_KEY, PAGE_KEY, screenshot_path, watch_errors
 
 MARKUP_MODEL = '<img src=x onerror="window.__xss=1">'
 IST = timezone(timedelta(hours=5, minutes=30))
@@ -107,8 +107,7 @@ def test_query_shows_the_key_totals_chart_models_and_every_record_field(page, se
     # The page's cost format: a small cost is never shown as 0, a large one keeps six decimals.
     shown = page.evaluate("[2e-7, 0.000019999999999999998, 0.0014981, 1234.5678901].map(window.MG.credits)")
     assert shown == ["0.0000002", "0.00002", "0.0014981", "1,234.56789"], shown
-    (REPO_ROOT / "docs").mkdir(exist_ok=True)
-    page.screenshot(path=str(REPO_ROOT / "docs" / "usage-page.png"), full_page=True)
+    page.screenshot(path=str(screenshot_path("usage-page.png")), full_page=True)
 
 
 def test_a_model_name_made_of_markup_shows_as_text_and_runs_nothing(page):
