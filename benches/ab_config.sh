@@ -14,6 +14,7 @@ BIN=${BIN:-target/release/modelgate}; ROUNDS=${ROUNDS:-7}; DUR=${DUR:-4}; C=${C:
 GW_CPU=${GW_CPU:-0}; MOCK_CPUS=${MOCK_CPUS:-0}; WRK_CPUS=${WRK_CPUS:-1}
 command -v wrk >/dev/null || { echo "ab_config: needs wrk (apt-get install wrk)" >&2; exit 1; }
 [ -x "$BIN" ] || cargo build --release
+BIN=$(realpath "$BIN")
 TMP=$(mktemp -d); PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill $p 2>/dev/null || true; done; rm -rf "$TMP"' EXIT
 MOCK=$(port)
@@ -25,7 +26,7 @@ for t in a b; do
     [ -n "${B:-}" ] && printf '%s\n' "$B" >> $TMP/b/modelgate.toml
   fi
   echo $M > $TMP/$t/port
-  (cd $TMP/$t && RUST_LOG=error exec taskset -c "$GW_CPU" "$OLDPWD/$BIN" serve --config modelgate.toml >/dev/null 2>&1) & PIDS+=($!)
+  (cd $TMP/$t && RUST_LOG=error exec taskset -c "$GW_CPU" "$BIN" serve --config modelgate.toml >/dev/null 2>&1) & PIDS+=($!)
 done
 for t in a b; do wait_port "$(cat $TMP/$t/port)"; done
 chat_script $TMP/plain.lua false; chat_script $TMP/stream.lua true

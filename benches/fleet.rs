@@ -4,6 +4,7 @@
 //! the local limiter's. `bash benches/fleet.sh` starts a throwaway Postgres and Redis and runs
 //! this; by hand: `MODELGATE_BENCH_PG=postgres://… MODELGATE_BENCH_REDIS=redis://… cargo bench
 //! --bench fleet`. Without those variables (as under `cargo test`) it says so and stops.
+#![allow(clippy::disallowed_methods)] // a test owns the tasks it starts; they end with it
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

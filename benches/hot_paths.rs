@@ -123,8 +123,8 @@ fn meter(c: &mut Criterion) {
 /// What a plain chat request's end costs in metrics: its counters and histograms, found by
 /// their labels.
 fn metrics(c: &mut Criterion) {
-    let m = modelgate::metrics::get().expect("metrics");
-    let end = modelgate::metrics::RequestEnd {
+    let m = modelgate::ops::metrics::get().expect("metrics");
+    let end = modelgate::ops::metrics::RequestEnd {
         listener: "main",
         endpoint: "chat",
         model: "echo-1",

@@ -80,8 +80,16 @@ fn timed<T>(runs: usize, mut f: impl FnMut() -> T) -> (Duration, T) {
     (median(times), out.expect("at least one run"))
 }
 
+/// A real run (`cargo bench`); under `cargo test` (a debug build, 20,000 rows) no timing is
+/// judged against its target.
+fn full() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
 fn verdict(took: Duration, target_ms: u128) -> &'static str {
-    if took.as_millis() < target_ms {
+    if !full() {
+        "not judged in a smoke run"
+    } else if took.as_millis() < target_ms {
         "within target"
     } else {
         "OVER TARGET"
@@ -114,7 +122,13 @@ fn export(store: &Store, what: &str, q: &Query) {
         bytes >> 20,
         took.as_secs_f64(),
         rate,
-        if rate >= 500_000.0 { "met" } else { "MISSED" },
+        if !full() {
+            "not judged in a smoke run"
+        } else if rate >= 500_000.0 {
+            "met"
+        } else {
+            "MISSED"
+        },
         anon_max.saturating_sub(anon_before),
         proc_kib("RssAnon:").saturating_sub(anon_before),
     );
@@ -141,7 +155,7 @@ fn exports(store: &Store, start_ms: i64, end_ms: i64) {
 }
 
 fn main() {
-    let full = std::env::args().any(|a| a == "--bench");
+    let full = full();
     // `cargo bench --bench usage_scale -- export` runs only the exports (for profiling).
     let only_export = std::env::args().skip(1).any(|a| a == "export");
     let n: u64 = if full { 10_000_000 } else { 20_000 };

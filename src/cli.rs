@@ -168,7 +168,7 @@ fn init_logging() {
         // Said whatever the filter lets through (it might leave out every warning).
         eprintln!(
             "{}",
-            crate::redact::redact(&format!(
+            crate::ops::redact::redact(&format!(
                 "RUST_LOG: a directive left out ({e}); the others are in force"
             ))
         );
@@ -176,7 +176,7 @@ fn init_logging() {
     use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(crate::redact::RedactingStderr)
+        .with_writer(crate::ops::redact::RedactingStderr)
         .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
@@ -301,11 +301,11 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         models = c.models.len(),
         "modelgate starting"
     );
-    if let Some(m) = crate::metrics::get() {
+    if let Some(m) = crate::ops::metrics::get() {
         m.set_key_label(c.metrics_key_label);
     }
     if let Some(t) = &c.telemetry {
-        if let Err(e) = crate::telemetry::start(t) {
+        if let Err(e) = crate::ops::telemetry::start(t) {
             eprintln!("{e}");
             return ExitCode::from(2);
         }
@@ -314,7 +314,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     let shared_limits = match &c.redis {
         Some(url) => match SharedLimits::start(url.expose(), c.on_redis_down, c.redis_timeout) {
             Ok(l) => {
-                if let Some(m) = crate::metrics::get() {
+                if let Some(m) = crate::ops::metrics::get() {
                     m.redis_up();
                 }
                 Some(l)
@@ -338,13 +338,13 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         limiter: Default::default(),
         shared_limits,
         web: crate::web::WebState {
-            throttle: crate::web::Throttle::per_minute(c.auth_failures_per_minute),
+            throttle: crate::auth::Throttle::per_minute(c.auth_failures_per_minute),
             logins: Default::default(),
             sign_ins: Default::default(),
             usage_calls: Default::default(),
         },
         lifecycle: Default::default(),
-        access_log: crate::access_log::AccessLog::start(
+        access_log: crate::ops::access_log::AccessLog::start(
             c.access_log_rate,
             c.access_log_format,
             c.access_log_file.as_deref(),
@@ -354,7 +354,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     if let Some(sync) = &spend_sync {
         sync.set_spend(Arc::downgrade(&shared));
     }
-    let signals = crate::lifecycle::Signals {
+    let signals = crate::ops::lifecycle::Signals {
         lifecycle: shared.lifecycle.clone(),
         delay: c.shutdown_delay,
     };
@@ -372,7 +372,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     drop(spend_sync);
     // Every runtime has exited, so every request has handed over its record: write them all.
     store.close();
-    crate::telemetry::flush();
+    crate::ops::telemetry::flush();
     tracing::info!(
         written = store.stats().written,
         "usage records drained; bye"

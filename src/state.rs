@@ -18,9 +18,9 @@ pub struct Shared {
     pub shared_limits: Option<Arc<crate::limit::shared::SharedLimits>>,
     pub web: crate::web::WebState,
     /// Requests in flight, and the signal that ends them at shutdown.
-    pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
+    pub lifecycle: Arc<crate::ops::lifecycle::Lifecycle>,
     /// One line per request on stderr; None when `[log] access = "off"`.
-    pub access_log: Option<crate::access_log::AccessLog>,
+    pub access_log: Option<crate::ops::access_log::AccessLog>,
     /// Which upstream made each stored response (Responses API).
     pub stored: crate::route::stored::StoredResponses,
 }

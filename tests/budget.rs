@@ -2,6 +2,7 @@
 //! held at admission, its output limit lowered to what the budget can pay, and settled at its
 //! end; concurrent clients and long streams never spend past the budget, and a stream whose
 //! upstream ignores the lowered limit is cut with an error event in its API's framing.
+#![allow(clippy::disallowed_methods)] // a test owns the tasks it starts; they end with it
 
 mod common;
 

@@ -2,7 +2,7 @@
 //! its survival across a restart, CSRF refusals, every console route, key create → use → edit
 //! → disable → rotate → delete through the keys file (comments kept), usage across keys, models,
 //! and the audit log. All console paths are 404 on `direct`.
-
+#![allow(clippy::disallowed_methods)] // a test owns the tasks it starts; they end with it
 #![allow(clippy::unwrap_used)]
 
 mod common;

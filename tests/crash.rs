@@ -3,6 +3,7 @@
 //! or one cut by the crash; its own, with its cost, when the client read the reply whole),
 //! and spend is the sum of the records. Also with the SQLite file
 //! locked by another connection at the moment of the kill.
+#![allow(clippy::disallowed_methods)] // a test owns the tasks it starts; they end with it
 
 mod common;
 

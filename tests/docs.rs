@@ -1,7 +1,8 @@
 //! The book (`docs/src`, built by mdBook) and the README hold together: every page is in
 //! `SUMMARY.md` and every entry there is a page; every relative link, image and include names a
-//! file that exists, and every `#anchor` a heading of its page (mdBook's ids); README stays
-//! one short page; no page cites a tracker's issue numbers.
+//! file that exists, every `#anchor` a heading of its page (mdBook's ids), and every source
+//! path quoted in backticks a path that exists; README stays one short page; no page cites a
+//! tracker's issue numbers.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -43,6 +44,34 @@ fn prose(text: &str) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The text outside fenced code blocks.
+fn unfenced(text: &str) -> String {
+    let mut fenced = false;
+    let mut out = String::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            out.push_str(line);
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Repository paths quoted in backticks: `src/…`, `tests/…`, `benches/…`, `scripts/…`,
+/// `docs/…`, `conf/…` (a `:line` or a trailing `/` dropped; globs and placeholders skipped).
+fn prose_paths(text: &str) -> Vec<String> {
+    const ROOTS: [&str; 6] = ["src/", "tests/", "benches/", "scripts/", "docs/", "conf/"];
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|q| ROOTS.iter().any(|r| q.starts_with(r)))
+        .filter(|q| !q.contains([' ', '*', '{', '<', '…']))
+        .map(|q| q.split(':').next().unwrap_or(q).to_string())
+        .collect()
 }
 
 /// Targets of `](target)` in `text` (links and images).
@@ -136,6 +165,12 @@ fn check_links(page: &Path, problems: &mut Vec<String>) {
         let file = file.split(':').next().unwrap_or(file);
         if !dir.join(file).exists() {
             problems.push(format!("{name}: include {file}: no such file"));
+        }
+    }
+    // A path in backticks (`src/proxy/`, `benches/load.sh`) names something that exists.
+    for part in prose_paths(&unfenced(&text)) {
+        if !root().join(&part).exists() {
+            problems.push(format!("{name}: `{part}`: no such path"));
         }
     }
     // Tracker issue numbers mean nothing to a reader.

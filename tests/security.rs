@@ -8,6 +8,7 @@
 //! The upstream here is a byte recorder (`Recorder`): it keeps every request exactly as it
 //! arrived on the wire and answers a fixed chat completion, so a test can count and read what
 //! the gateway really sent.
+#![allow(clippy::disallowed_methods)] // a test owns the tasks it starts; they end with it
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! W3C trace context through the gateway and OTLP/HTTP export, against a small OTLP receiver
 //! started here (it decodes what the gateway's exporter sends with the OpenTelemetry protos).
+#![allow(clippy::disallowed_methods)] // a test owns the tasks it starts; they end with it
 
 mod common;
 

@@ -394,7 +394,7 @@ fn follow_once(c: &mut Client, live: &Live, followed: &mut Followed) -> Result<(
             live.set_keys(table);
             followed.good = used;
             tracing::info!(keys = n, "keys reloaded from the postgres keys table");
-            if let Some(m) = crate::metrics::get() {
+            if let Some(m) = crate::ops::metrics::get() {
                 m.keys.set(n as i64);
                 m.keys_reloads.inc();
                 if !wrong.is_empty() {
@@ -406,7 +406,7 @@ fn follow_once(c: &mut Client, live: &Live, followed: &mut Followed) -> Result<(
             for p in &problems.0 {
                 tracing::error!("keys table rejected, previous keys stay in force: {p}");
             }
-            if let Some(m) = crate::metrics::get() {
+            if let Some(m) = crate::ops::metrics::get() {
                 m.keys_reload_errors.inc();
             }
         }

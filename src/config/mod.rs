@@ -189,11 +189,11 @@ impl Config {
                 ));
                 continue;
             }
-            let files = crate::tls::TlsFiles {
+            let files = crate::http1::tls::TlsFiles {
                 cert: dir.join(&raw_files.get_ref().cert),
                 key: dir.join(&raw_files.get_ref().key),
             };
-            if let Err(e) = crate::tls::load(&files) {
+            if let Err(e) = crate::http1::tls::load(&files) {
                 p.push(Problem::new(&file, line, &field, e));
             }
             *slot = Some(files);
@@ -539,13 +539,13 @@ impl Config {
         });
 
         let server = raw.server;
-        let trusted_proxies: Vec<crate::client::Cidr> = server
+        let trusted_proxies: Vec<crate::auth::client::Cidr> = server
             .as_ref()
             .and_then(|s| s.trusted_proxies.as_ref())
             .map(|list| {
                 list.get_ref()
                     .iter()
-                    .filter_map(|v| match crate::client::Cidr::parse(v) {
+                    .filter_map(|v| match crate::auth::client::Cidr::parse(v) {
                         Ok(c) => Some(c),
                         Err(m) => {
                             p.push(Problem::new(
@@ -562,7 +562,7 @@ impl Config {
             .unwrap_or_default();
         let cors = raw.cors.as_ref().and_then(|c| {
             let r = c.get_ref();
-            crate::cors::Cors::new(
+            crate::web::cors::Cors::new(
                 &r.allow_origins,
                 r.allow_methods.as_deref(),
                 r.allow_headers.as_deref(),
@@ -594,7 +594,7 @@ impl Config {
                 ));
                 return None;
             }
-            endpoint_ok.then(|| crate::telemetry::TelemetryConfig {
+            endpoint_ok.then(|| crate::ops::telemetry::TelemetryConfig {
                 otlp_endpoint: endpoint.clone(),
                 service_name: r.service_name.clone().unwrap_or_else(|| "modelgate".into()),
                 sample_rate,
@@ -746,7 +746,7 @@ impl Config {
                 .limits
                 .as_ref()
                 .and_then(|l| l.auth_failures_per_minute)
-                .unwrap_or(crate::web::throttle::FAILURES_PER_WINDOW),
+                .unwrap_or(crate::auth::throttle::FAILURES_PER_WINDOW),
             telemetry,
             redis,
             on_redis_down,
@@ -830,8 +830,8 @@ fn log_settings(
     file: &str,
     p: &mut Problems,
     at: &dyn Fn(std::ops::Range<usize>) -> Option<usize>,
-) -> (f64, crate::access_log::Format) {
-    use crate::access_log::Format;
+) -> (f64, crate::ops::access_log::Format) {
+    use crate::ops::access_log::Format;
     let rate = match log.and_then(|l| l.access.as_ref()) {
         None => 1.0,
         Some(v) => match v.get_ref() {

@@ -113,7 +113,7 @@ impl KeysReloader {
         match self.reload_router() {
             Ok(n) => {
                 tracing::info!(models = n, file = %self.config.display(), "pools, models and the console reloaded ({why})");
-                if let Some(m) = crate::metrics::get() {
+                if let Some(m) = crate::ops::metrics::get() {
                     m.config_reloads.inc();
                 }
                 let waiting = self.awaiting_restart();
@@ -130,7 +130,7 @@ impl KeysReloader {
                         "config file rejected, the pools and models in force stay: {p}"
                     );
                 }
-                if let Some(m) = crate::metrics::get() {
+                if let Some(m) = crate::ops::metrics::get() {
                     m.config_reload_errors.inc();
                 }
             }
@@ -168,7 +168,7 @@ impl KeysReloader {
             Ok(None) => return false,
             Ok(Some(n)) => {
                 tracing::info!(keys = n, file = %self.path.display(), "keys reloaded ({why})");
-                if let Some(m) = crate::metrics::get() {
+                if let Some(m) = crate::ops::metrics::get() {
                     m.keys.set(n as i64);
                     m.keys_reloads.inc();
                 }
@@ -177,7 +177,7 @@ impl KeysReloader {
                 for p in &problems.0 {
                     tracing::error!("keys file rejected, previous keys stay in force: {p}");
                 }
-                if let Some(m) = crate::metrics::get() {
+                if let Some(m) = crate::ops::metrics::get() {
                     m.keys_reload_errors.inc();
                 }
             }
@@ -228,7 +228,7 @@ impl BackgroundService for KeysReloader {
             .ok();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let (mut seen, mut seen_config) = self.loaded.clone();
-        if let Some(m) = crate::metrics::get() {
+        if let Some(m) = crate::ops::metrics::get() {
             m.keys.set(self.live.snapshot().keys.len() as i64);
         }
         loop {

@@ -63,8 +63,8 @@ pub struct Config {
     /// one (default `modelgate-upgrade.sock` beside the config file).
     pub upgrade_sock: PathBuf,
     /// `[server] trusted_proxies`: peers whose `X-Forwarded-For` names the client (see
-    /// `crate::client`).
-    pub trusted_proxies: Vec<crate::client::Cidr>,
+    /// `crate::auth::client`).
+    pub trusted_proxies: Vec<crate::auth::client::Cidr>,
     /// A request's header must be complete within this of its first byte, else the
     /// connection is closed.
     pub client_header_timeout: Duration,
@@ -80,18 +80,18 @@ pub struct Config {
     pub finish_when_gone: bool,
     /// Share of requests in the access log (0: off).
     pub access_log_rate: f64,
-    pub access_log_format: crate::access_log::Format,
+    pub access_log_format: crate::ops::access_log::Format,
     /// `[log] access_file`: the access log appended to this file; None: stdout.
     pub access_log_file: Option<PathBuf>,
     /// `[cors]`; None: no CORS.
-    pub cors: Option<crate::cors::Cors>,
+    pub cors: Option<crate::web::cors::Cors>,
     /// Wrong keys one client address may present a minute before it gets 429 (on `/v1`, the
     /// usage APIs and the page alike); 0: no limit.
     pub auth_failures_per_minute: usize,
     /// `[metrics] key_label`: per-key series on `/metrics`.
     pub metrics_key_label: bool,
     /// `[telemetry]`: OTLP export of traces; None: traces are only propagated.
-    pub telemetry: Option<crate::telemetry::TelemetryConfig>,
+    pub telemetry: Option<crate::ops::telemetry::TelemetryConfig>,
     /// `[limits] redis`: rpm, tpm, concurrency and spend shared by every gateway using it.
     pub redis: Option<Secret>,
     /// `[limits] on_redis_down`: what happens while Redis cannot be reached.
@@ -130,9 +130,9 @@ pub struct Listeners {
     pub direct: Option<String>,
     pub admin: Option<String>,
     /// `[listeners.tls.main]`: `main` speaks TLS (HTTP/2 and HTTP/1.1) with these files.
-    pub main_tls: Option<crate::tls::TlsFiles>,
+    pub main_tls: Option<crate::http1::tls::TlsFiles>,
     /// `[listeners.tls.direct]`.
-    pub direct_tls: Option<crate::tls::TlsFiles>,
+    pub direct_tls: Option<crate::http1::tls::TlsFiles>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

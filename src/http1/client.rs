@@ -638,6 +638,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let parts: Vec<Vec<u8>> = parts.iter().map(|p| p.to_vec()).collect();
+        // A test's own server.
+        #[allow(clippy::disallowed_methods)]
         let server = tokio::spawn(async move {
             let (mut s, _) = listener.accept().await.expect("accept");
             let mut got = vec![0u8; 4096];

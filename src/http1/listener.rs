@@ -75,6 +75,8 @@ impl<A: HttpServerApp + Send + Sync + 'static> ServerApp for HeaderDeadline<A> {
     ) -> Option<Stream> {
         let app = self.clone();
         let shutdown = shutdown.clone();
+        // Owned by the listener: the connection watches the shutdown.
+        #[allow(clippy::disallowed_methods)]
         tokio::spawn(async move { app.connection(stream, &shutdown).await });
         None
     }

@@ -13,6 +13,8 @@ pub mod conn;
 pub mod downstream;
 pub mod framing;
 pub mod listener;
+pub mod respond;
+pub mod tls;
 pub mod writer;
 
 pub use downstream::Downstream;

@@ -392,7 +392,7 @@ impl SharedLimits {
                     OnDown::Deny => "refused",
                 }
             );
-            if let Some(m) = crate::metrics::get() {
+            if let Some(m) = crate::ops::metrics::get() {
                 m.redis_down();
             }
         }
@@ -401,7 +401,7 @@ impl SharedLimits {
     fn answered(&self) {
         if self.down.swap(false, Ordering::Relaxed) {
             tracing::warn!("limits: redis is back; limits are shared again");
-            if let Some(m) = crate::metrics::get() {
+            if let Some(m) = crate::ops::metrics::get() {
                 m.redis_up();
             }
         }

@@ -217,7 +217,7 @@ fn estimate_loop(rx: &Mutex<mpsc::Receiver<Request>>, tokenizers: &Tokenizers, k
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 tokenizers.unload();
-                crate::alloc::trim_thread_cache();
+                crate::ops::alloc::trim_thread_cache();
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }

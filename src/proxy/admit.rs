@@ -17,11 +17,11 @@ use crate::auth;
 use crate::config::Config;
 use crate::config::keys::{Key, KeyTable};
 use crate::error::GatewayError;
-use crate::lifecycle::InFlight;
 use crate::limit::rate::Refusal;
 use crate::limit::shared::OnDown;
 use crate::meter::Meter;
 use crate::meter::sse::{Dialect, SseMeter};
+use crate::ops::lifecycle::InFlight;
 use crate::route::body as route_body;
 use crate::route::endpoint::{BodyKind, Endpoint, Group, Metering, Target, classify};
 use crate::route::stored::StoredResponses;
@@ -198,7 +198,7 @@ impl Gateway {
                     };
                 }
             }
-            if let Some(m) = crate::metrics::get() {
+            if let Some(m) = crate::ops::metrics::get() {
                 m.limits_fallback.inc();
             }
             if shared.on_down == OnDown::Deny {
@@ -431,7 +431,8 @@ async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Res
         let downstream = session.as_downstream_mut();
         downstream.set_close_on_response_before_downstream_finish(false);
         let bound = ctx.bound();
-        let written = crate::respond::bounded(bound, downstream.write_continue_response()).await;
+        let written =
+            crate::http1::respond::bounded(bound, downstream.write_continue_response()).await;
         session
             .as_downstream_mut()
             .set_close_on_response_before_downstream_finish(true);
@@ -442,7 +443,7 @@ async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Res
     // A slow upload does not hold a shutdown's exit (and its record) back either.
     let read = tokio::select! {
         r = read => r.map_err(|_| GatewayError::RequestTimeout(limit.as_millis() as u64)),
-        () = crate::lifecycle::cut(ctx.life.as_ref().map(InFlight::get)) => {
+        () = crate::ops::lifecycle::cut(ctx.life.as_ref().map(InFlight::get)) => {
             Err(GatewayError::ShuttingDown)
         }
     };

@@ -55,7 +55,7 @@ pub async fn read(
         let chunk = match session.read_request_body().await {
             Ok(Some(chunk)) => chunk,
             Ok(None) => break,
-            Err(e) => return crate::respond::unreadable(session, e).map(Err),
+            Err(e) => return crate::http1::respond::unreadable(session, e).map(Err),
         };
         buf.extend_from_slice(&chunk);
         if buf.len() > limit {

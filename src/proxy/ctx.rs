@@ -40,7 +40,7 @@ pub struct Ctx {
     pub stream: bool,
     /// What went to the client, as the writer recorded it (`respond::Sent`): what the
     /// request's final status is settled from (`outcome::settle`).
-    pub sent: crate::respond::Sent,
+    pub sent: crate::http1::respond::Sent,
     pub meter: Meter,
     /// A compressed reply (an upstream that ignored `Accept-Encoding: identity`): decoded for
     /// the meter only, the bytes pass on as they came.
@@ -77,7 +77,7 @@ pub struct Ctx {
     pub preclosed: Option<(u16, u64, u64)>,
     /// Counts the request as in flight until it ends (its record written); carries the
     /// shutdown's signal to end it.
-    pub life: Option<crate::lifecycle::InFlight>,
+    pub life: Option<crate::ops::lifecycle::InFlight>,
     /// `Access-Control-Allow-Origin` for this request's allowed `Origin` (CORS on).
     pub cors: Option<http::HeaderValue>,
     /// The error shape of the API the path speaks.
@@ -91,7 +91,7 @@ pub struct Ctx {
     /// The code of the gateway's own 4xx refusal, for the metrics.
     pub refusal: Option<&'static str>,
     /// The W3C trace context (set as the request is read).
-    pub trace: Option<crate::telemetry::Trace>,
+    pub trace: Option<crate::ops::telemetry::Trace>,
     /// The client's address, as the throttles count it (behind `trusted_proxies`), once the
     /// request came to auth.
     pub client: Option<std::net::IpAddr>,
@@ -140,7 +140,7 @@ impl Ctx {
             fallbacks: None,
             body: Bytes::new(),
             stream: false,
-            sent: crate::respond::Sent::default(),
+            sent: crate::http1::respond::Sent::default(),
             meter: Meter::None,
             decoder: None,
             ttft_ms: None,
@@ -174,10 +174,10 @@ impl Ctx {
     }
 
     /// What bounds this request's writes to its client (see `respond::Bound`).
-    pub fn bound(&self) -> crate::respond::Bound<'_> {
-        crate::respond::Bound {
+    pub fn bound(&self) -> crate::http1::respond::Bound<'_> {
+        crate::http1::respond::Bound {
             limit: self.send_timeout,
-            life: self.life.as_ref().map(crate::lifecycle::InFlight::get),
+            life: self.life.as_ref().map(crate::ops::lifecycle::InFlight::get),
         }
     }
 
@@ -192,12 +192,12 @@ impl Ctx {
 
     /// This request's reply as the writer writes it, and what its replies carry besides
     /// (`respond::reply_headers`).
-    pub fn writing(&mut self) -> (crate::respond::Writing<'_>, Decor<'_>) {
-        let writing = crate::respond::Writing {
+    pub fn writing(&mut self) -> (crate::http1::respond::Writing<'_>, Decor<'_>) {
+        let writing = crate::http1::respond::Writing {
             request_id: &self.request_id,
-            bound: crate::respond::Bound {
+            bound: crate::http1::respond::Bound {
                 limit: self.send_timeout,
-                life: self.life.as_ref().map(crate::lifecycle::InFlight::get),
+                life: self.life.as_ref().map(crate::ops::lifecycle::InFlight::get),
             },
             sent: &mut self.sent,
         };
@@ -212,7 +212,7 @@ impl Ctx {
 
 /// What every reply of a request carries besides `x-request-id` (see `respond::reply_headers`).
 pub struct Decor<'a> {
-    pub trace: Option<&'a crate::telemetry::Trace>,
+    pub trace: Option<&'a crate::ops::telemetry::Trace>,
     pub headroom: &'a Headroom,
     pub cors: Option<&'a http::HeaderValue>,
 }

@@ -76,6 +76,8 @@ fn take_client(session: &mut Session) -> Box<ServerSession> {
 /// its awaits hold, a stream's 2.4 KB for as long as the stream lasts.
 fn go_on(part: impl Future<Output = Option<ReusedHttpStream>> + Send + 'static) {
     let part = Box::pin(part);
+    // Owned by the request: it holds the in-flight guard and writes the record.
+    #[allow(clippy::disallowed_methods)]
     tokio::spawn(async move {
         if let Some(reused) = part.await {
             Box::pin(crate::http1::listener::resume(reused)).await;

@@ -19,7 +19,7 @@ use super::relay::{self, Counted, Upstreamed};
 use super::{Gateway, reply, respond};
 use crate::error::GatewayError;
 use crate::http1::Downstream;
-use crate::lifecycle::{Lifecycle, cut};
+use crate::ops::lifecycle::{Lifecycle, cut};
 use crate::route::balance::{InFlight, backoff};
 use crate::route::body as route_body;
 use crate::route::retry::{self, Next, Standing, Tried};
@@ -264,7 +264,7 @@ fn count_try(
     started: Instant,
 ) -> &'static str {
     let outcome = outcome(tried);
-    if let Some(m) = crate::metrics::get() {
+    if let Some(m) = crate::ops::metrics::get() {
         m.attempt(&pool.name, &up.cfg.url, outcome, attempt > 1);
     }
     if !matches!(tried, Try::Reply(..)) {
@@ -385,7 +385,7 @@ fn note_try(
         return;
     };
     if trace.recording() {
-        trace.tries.push(crate::telemetry::TrySpan {
+        trace.tries.push(crate::ops::telemetry::TrySpan {
             span_id,
             start,
             end: Instant::now(),
@@ -590,6 +590,6 @@ async fn pass_on(
             m.keep_unterminated();
         }
     }
-    crate::respond::frame_unknown_length(session.asked(), &mut resp).map_err(Err)?;
+    crate::http1::respond::frame_unknown_length(session.asked(), &mut resp).map_err(Err)?;
     Ok((upstream, resp))
 }

@@ -55,11 +55,11 @@ impl Gateway {
 
     /// Decides the request. `Ok(true)`: answered here; `Ok(false)`: proxy it.
     async fn admit(&self, session: &mut Session, ctx: &mut Ctx) -> pingora_error::Result<bool> {
-        ctx.trace = Some(crate::telemetry::Trace::from_headers(
+        ctx.trace = Some(crate::ops::telemetry::Trace::from_headers(
             &session.req_header().headers,
         ));
         // The client's address, for the throttles and the access log.
-        ctx.client = crate::client::ip(session, &self.shared.live.config.trusted_proxies);
+        ctx.client = crate::auth::client::ip(session, &self.shared.live.config.trusted_proxies);
         // An idle keep-alive connection is closed after `keepalive_timeout_ms`; the body left
         // unread by a reply (drained before the connection is used again) is waited for
         // `client_body_timeout_ms` at most.
@@ -173,7 +173,7 @@ impl Gateway {
         &self,
         session: &mut Session,
         ctx: &mut Ctx,
-        cors: &crate::cors::Cors,
+        cors: &crate::web::cors::Cors,
     ) -> pingora_error::Result<()> {
         let Some(allow) = ctx.cors.clone() else {
             let e = crate::error::GatewayError::OriginNotAllowed;
@@ -188,7 +188,7 @@ impl Gateway {
         resp.insert_header("x-request-id", ctx.request_id.as_str())?;
         cors.preflight(&mut resp, &allow, requested.as_ref())?;
         let (w, _) = ctx.writing();
-        crate::respond::header(session, w.sent, w.bound, Box::new(resp), true).await
+        crate::http1::respond::header(session, w.sent, w.bound, Box::new(resp), true).await
     }
 
     /// Hands a non-proxied path to the web stage; a key that passed auth there makes the
@@ -203,7 +203,10 @@ impl Gateway {
             refusal: None,
             cors: ctx.cors.clone(),
             send_timeout: ctx.send_timeout,
-            life: ctx.life.as_ref().map(crate::lifecycle::InFlight::lifecycle),
+            life: ctx
+                .life
+                .as_ref()
+                .map(crate::ops::lifecycle::InFlight::lifecycle),
         };
         let sent = web::serve(&self.shared, session, &mut ex).await;
         ctx.key = ex.key;
@@ -253,7 +256,7 @@ fn trace(
         KeyValue::new("modelgate.cost", r.cost),
         KeyValue::new("modelgate.estimated", r.estimated),
     ];
-    crate::telemetry::export(crate::telemetry::Finished {
+    crate::ops::telemetry::export(crate::ops::telemetry::Finished {
         name: format!("{} {route}", req.method),
         started: ctx.started,
         started_at: std::time::UNIX_EPOCH + std::time::Duration::from_millis(ctx.time_ms as u64),
@@ -267,13 +270,13 @@ fn trace(
 
 /// The request's figures for the metrics.
 fn observe(
-    m: &crate::metrics::Metrics,
+    m: &crate::ops::metrics::Metrics,
     ctx: &Ctx,
     r: &crate::store::UsageRecord,
     ended: std::time::Instant,
 ) {
     let ms = |v: u64| std::time::Duration::from_millis(v);
-    m.request_end(&crate::metrics::RequestEnd {
+    m.request_end(&crate::ops::metrics::RequestEnd {
         listener: ctx.listener.name(),
         endpoint: ctx.group,
         model: ctx.asked.as_ref().map_or("", |r| r.model.name.as_str()),
@@ -460,7 +463,7 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
     // The request is over: its concurrency slot is free before any estimate is counted.
     ctx.slot = None;
     ctx.lease = None;
-    let life = in_flight.as_ref().map(crate::lifecycle::InFlight::get);
+    let life = in_flight.as_ref().map(crate::ops::lifecycle::InFlight::get);
     let tokens = record::Tokens::of(ctx, status).resolve(life).await;
     let r = record::build(
         ctx,
@@ -470,33 +473,10 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
         tokens,
     );
     // Every request gets its access-log line, refused ones (no key) included.
-    if let Some(log) = &shared.access_log {
-        let mut path = req.uri.path();
-        // A key pasted into a path (a model id, say) stays out of the log: such a request
-        // was refused, so only refusals are looked into.
-        if r.status >= 400 && r.status < 500 {
-            let keys = &shared.live.snapshot().keys;
-            if crate::auth::mentions_secret(keys, path) {
-                path = "[redacted]";
-            }
-        }
-        let seen = crate::access_log::Seen {
-            method: req.method.as_str(),
-            path,
-            client: ctx.client,
-            user_agent: req
-                .headers
-                .get(http::header::USER_AGENT)
-                .and_then(|v| v.to_str().ok()),
-            trace_id: ctx.trace.as_ref().map(|t| t.trace_id),
-            upstream_request_id: ctx
-                .upstream_request_id
-                .as_ref()
-                .and_then(|v| v.to_str().ok()),
-        };
-        log.log(&r, &seen);
+    if let Some(log) = shared.access_log.as_ref().filter(|l| l.sampled()) {
+        log.log(&access_line(shared, req, ctx, &r));
     }
-    if let Some(m) = crate::metrics::get() {
+    if let Some(m) = crate::ops::metrics::get() {
         observe(m, ctx, &r, ended);
     }
     if ctx.trace.as_ref().is_some_and(|t| t.recording()) {
@@ -538,7 +518,7 @@ pub fn unparseable_reply(listener: &'static str) -> Vec<u8> {
             .into(),
     };
     let body = e.body();
-    if let Some(m) = crate::metrics::get() {
+    if let Some(m) = crate::ops::metrics::get() {
         m.unparseable(listener);
     }
     let mut out = format!(
@@ -550,4 +530,55 @@ pub fn unparseable_reply(listener: &'static str) -> Vec<u8> {
     .into_bytes();
     out.extend_from_slice(&body);
     out
+}
+
+/// The request's access-log line.
+fn access_line<'a>(
+    shared: &Shared,
+    req: &'a http::request::Parts,
+    ctx: &'a Ctx,
+    r: &'a crate::store::UsageRecord,
+) -> crate::ops::access_log::Line<'a> {
+    let mut path = req.uri.path();
+    // A key pasted into a path (a model id, say) stays out of the log: such a request was
+    // refused, so only refusals are looked into.
+    if r.status >= 400 && r.status < 500 {
+        let keys = &shared.live.snapshot().keys;
+        if crate::auth::mentions_secret(keys, path) {
+            path = "[redacted]";
+        }
+    }
+    crate::ops::access_log::Line {
+        time: crate::store::record::format_time(r.time_ms),
+        kind: "access",
+        request_id: &r.request_id,
+        listener: &r.listener,
+        method: req.method.as_str(),
+        path,
+        client: ctx.client,
+        user_agent: req
+            .headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok()),
+        trace_id: ctx.trace.as_ref().map(|t| format!("{:032x}", t.trace_id)),
+        key_id: &r.key_id,
+        endpoint: &r.endpoint,
+        model: &r.model,
+        served_model: &r.served_model,
+        upstream: &r.upstream,
+        upstream_request_id: ctx
+            .upstream_request_id
+            .as_ref()
+            .and_then(|v| v.to_str().ok()),
+        status: r.status,
+        stream: r.stream,
+        prompt_tokens: r.prompt_tokens,
+        completion_tokens: r.completion_tokens,
+        total_tokens: r.total_tokens,
+        cost: r.cost,
+        latency_ms: r.latency_ms,
+        ttft_ms: r.ttft_ms,
+        attempts: r.attempts,
+        cut: &r.cut,
+    }
 }

@@ -5,7 +5,7 @@
 
 use pingora_error::{Error, ErrorSource, ErrorType};
 
-use crate::respond::{Cut, Sent};
+use crate::http1::respond::{Cut, Sent};
 
 /// The failure that ended a request, as its error says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +21,7 @@ pub enum Failure {
 
 impl Failure {
     pub fn of(e: &Error) -> Failure {
-        if crate::respond::is_shutdown_cut(e) {
+        if crate::http1::respond::is_shutdown_cut(e) {
             return Failure::Shutdown;
         }
         match super::reply::classify_failure(e) {
@@ -236,7 +236,7 @@ mod tests {
         let client = Error::explain(ErrorType::WriteError, "gone").into_down();
         let upstream = Error::explain(ErrorType::ReadError, "cut").into_up();
         let stalled = Error::explain(ErrorType::ReadTimedout, "slow").into_up();
-        let shutdown = crate::respond::shutdown_cut();
+        let shutdown = crate::http1::respond::shutdown_cut();
         assert_eq!(Failure::of(&client), Failure::Client);
         assert_eq!(Failure::of(&client_left()), Failure::Client);
         assert_eq!(Failure::of(&upstream), Failure::Status(502));

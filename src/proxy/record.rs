@@ -47,15 +47,15 @@ impl Tokens {
 
     /// The usage, and whether it is estimated; an estimate is counted off the proxy's thread,
     /// or roughly once the shutdown cuts.
-    pub async fn resolve(self, life: Option<&crate::lifecycle::Lifecycle>) -> (Usage, bool) {
+    pub async fn resolve(self, life: Option<&crate::ops::lifecycle::Lifecycle>) -> (Usage, bool) {
         match self {
             Tokens::Reported(u) => (u, false),
             Tokens::Estimate(job) => {
-                let cut = crate::lifecycle::cut(life);
+                let cut = crate::ops::lifecycle::cut(life);
                 (job.count_off_thread(cut).await, true)
             }
             Tokens::Cut { job, output } => {
-                let cut = crate::lifecycle::cut(life);
+                let cut = crate::ops::lifecycle::cut(life);
                 let prompt = job.count_off_thread(cut).await.prompt_tokens;
                 let usage = Usage {
                     prompt_tokens: prompt,

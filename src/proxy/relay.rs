@@ -17,7 +17,7 @@ use super::ctx::Ctx;
 use super::{reply, respond};
 use crate::error::GatewayError;
 use crate::http1::Downstream;
-use crate::lifecycle::{Lifecycle, cut};
+use crate::ops::lifecycle::{Lifecycle, cut};
 use crate::route::{Pool, Route, Upstream};
 use crate::upstream;
 
@@ -80,7 +80,7 @@ pub(super) async fn write_header(
 ) -> pingora_error::Result<()> {
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
     let bound = bound(ctx, life.as_deref());
-    crate::respond::header(session, &mut ctx.sent, bound, resp, false).await
+    crate::http1::respond::header(session, &mut ctx.sent, bound, resp, false).await
 }
 
 /// Relays a success's body, its header written: as it comes, metered, under the idle and
@@ -104,7 +104,7 @@ pub(super) async fn relay_body<D: Downstream>(
             biased;
             r = read => Some(r),
             () = session.gone() => None,
-            () = cut(life.as_deref()) => return Err(crate::respond::shutdown_cut()),
+            () = cut(life.as_deref()) => return Err(crate::http1::respond::shutdown_cut()),
         };
         let Some(chunk) = chunk else {
             let left = super::outcome::client_left();
@@ -158,11 +158,14 @@ pub(super) async fn relay_body<D: Downstream>(
         }
         if piece.is_some() || done {
             let bound = bound(ctx, life.as_deref());
-            let wrote = crate::respond::body(session, &mut ctx.sent, bound, piece, done).await;
+            let wrote =
+                crate::http1::respond::body(session, &mut ctx.sent, bound, piece, done).await;
             match wrote {
                 Ok(()) => {}
                 // A client that left, or stopped reading: the rest is read for its usage.
-                Err(e) if !done && !crate::respond::is_shutdown_cut(&e) && failed.is_none() => {
+                Err(e)
+                    if !done && !crate::http1::respond::is_shutdown_cut(&e) && failed.is_none() =>
+                {
                     return finish_unsent(connections, ctx, pool, upstream, e).await;
                 }
                 Err(e) => return Err(e),
@@ -249,8 +252,8 @@ impl ReadLimits {
 /// What bounds a write of the reply: a client that does not read holds it for at most
 /// `client_send_timeout_ms` (then the reply ends as the client's: 499); the shutdown ends it
 /// all the same. (`life` is the request's, held apart from `ctx` while the relay runs.)
-fn bound<'a>(ctx: &Ctx, life: Option<&'a Lifecycle>) -> crate::respond::Bound<'a> {
-    crate::respond::Bound {
+fn bound<'a>(ctx: &Ctx, life: Option<&'a Lifecycle>) -> crate::http1::respond::Bound<'a> {
+    crate::http1::respond::Bound {
         limit: ctx.send_timeout,
         life,
     }
@@ -360,9 +363,9 @@ pub(super) async fn pass_error(
     resp.remove_header(&http::header::TRANSFER_ENCODING);
     resp.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?;
     let bound = bound(ctx, life.as_deref());
-    crate::respond::header(session, &mut ctx.sent, bound, resp, false).await?;
+    crate::http1::respond::header(session, &mut ctx.sent, bound, resp, false).await?;
     // Up to 1 MiB.
-    crate::respond::body(session, &mut ctx.sent, bound, Some(body), true).await?;
+    crate::http1::respond::body(session, &mut ctx.sent, bound, Some(body), true).await?;
     if whole && upstream.client.response_done() {
         upstream.release(connections).await;
     }

@@ -172,7 +172,7 @@ const UPSTREAM_403: &str = "upstream answered 403";
 /// (nobody to answer).
 pub fn classify_failure(e: &Error) -> Option<GatewayError> {
     use ErrorType::*;
-    if crate::respond::is_shutdown_cut(e) {
+    if crate::http1::respond::is_shutdown_cut(e) {
         return Some(GatewayError::ShuttingDown);
     }
     let what = || format!("upstream failed: {}", e.etype().as_str());

@@ -10,10 +10,10 @@ use super::ctx::Ctx;
 use crate::config::keys::Key;
 use crate::config::{BudgetMode, Price};
 use crate::error::GatewayError;
-use crate::lifecycle::InFlight;
 use crate::limit::budget::pico;
 use crate::limit::reserve::{Ask, Reservation, Short};
 use crate::limit::shared::OnDown;
+use crate::ops::lifecycle::InFlight;
 use crate::route::body::Probe;
 use crate::route::endpoint::{Endpoint, Metering};
 use crate::route::{Route, Router};
@@ -108,7 +108,7 @@ impl Gateway {
             };
             let life = ctx.life.as_ref().map(InFlight::get);
             let counted = job
-                .count_off_thread(crate::lifecycle::cut(life))
+                .count_off_thread(crate::ops::lifecycle::cut(life))
                 .await
                 .prompt_tokens;
             // The provider adds a few tokens a message around the text.

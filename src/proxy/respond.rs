@@ -1,4 +1,4 @@
-//! The proxy's own replies, through the writer (`crate::respond`), with the headers every
+//! The proxy's own replies, through the writer (`crate::http1::respond`), with the headers every
 //! reply of a request carries (`reply_headers`, the upstream's too).
 
 use std::future::Future;
@@ -16,7 +16,7 @@ pub async fn json(
     body: Vec<u8>,
 ) -> pingora_error::Result<()> {
     let (w, decor) = ctx.writing();
-    crate::respond::send(
+    crate::http1::respond::send(
         session,
         w,
         status,
@@ -38,7 +38,7 @@ pub fn reply_headers(
         h.insert_header("traceparent", t.traceparent(t.span_id))?;
     }
     crate::limit::rate::write_headers(decor.headroom, h)?;
-    crate::cors::decorate(h, decor.cors)
+    crate::web::cors::decorate(h, decor.cors)
 }
 
 /// Answers the request with `e` in its API's error shape (a 4xx is counted as the gateway's
@@ -56,6 +56,6 @@ pub fn error<'a>(
     let shape = ctx.shape;
     Box::pin(async move {
         let (w, decor) = ctx.writing();
-        crate::respond::error(session, w, e, shape, |h| reply_headers(&decor, h)).await
+        crate::http1::respond::error(session, w, e, shape, |h| reply_headers(&decor, h)).await
     })
 }

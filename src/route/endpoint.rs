@@ -125,7 +125,11 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
         }
         if let Some(id) = path.strip_prefix("/v1/models/") {
             // SDKs encode the id as one path segment (`org%2Fmodel`).
-            return Target::GetModel(crate::web::params::decode_path(id));
+            return Target::GetModel(
+                percent_encoding::percent_decode_str(id)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+            );
         }
     } else if models {
         return Target::WrongMethod("GET, HEAD");

@@ -82,6 +82,8 @@ impl BackgroundService for HealthChecker {
                 due.insert(pool.name.clone(), now + every);
                 for i in 0..pool.upstreams.len() {
                     let (pool, connections) = (pool.clone(), connections.clone());
+                    // Owned by the health loop: a check ends within its timeout.
+                    #[allow(clippy::disallowed_methods)]
                     tokio::spawn(async move { check(&connections, &pool, i).await });
                 }
             }

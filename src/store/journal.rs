@@ -581,6 +581,8 @@ mod tests {
                     let entry = journal.open_entry(opened(id)).expect("entry");
                     let journal = Arc::clone(&journal);
                     let id = id.clone();
+                    // A test's own tasks.
+                    #[allow(clippy::disallowed_methods)]
                     tokio::spawn(async move {
                         entry.durable().await;
                         // Its line is in the file now, whatever the others do.

@@ -317,7 +317,7 @@ impl Writer {
     fn release_memory(&mut self) {
         if self.holds_memory {
             self.conn.release_memory();
-            crate::alloc::trim_thread_cache();
+            crate::ops::alloc::trim_thread_cache();
             self.holds_memory = false;
             self.shared.memory_releases.fetch_add(1, Ordering::Relaxed);
         }
@@ -471,7 +471,7 @@ impl Writer {
         match result {
             Ok(()) => {
                 self.holds_memory = true;
-                if let Some(m) = crate::metrics::get() {
+                if let Some(m) = crate::ops::metrics::get() {
                     m.batch(self.batch.len(), started.elapsed());
                 }
                 // The journal's lines of the records after these reach the disk too (a

@@ -200,7 +200,7 @@ impl Connections {
         match exchange(Box::new(Conn::new(stream, peer))).await {
             Err(e) if stale(&e, taken) => {
                 tracing::debug!("a reused upstream connection was closed: {e}; on a new one");
-                if let Some(m) = crate::metrics::get() {
+                if let Some(m) = crate::ops::metrics::get() {
                     m.upstream_stale.inc();
                 }
                 exchange(self.fresh(peer).await?).await
@@ -221,7 +221,7 @@ impl Connections {
         } else {
             tcp(peer).await?
         };
-        if let Some(m) = crate::metrics::get() {
+        if let Some(m) = crate::ops::metrics::get() {
             m.upstream_connects.inc();
         }
         Ok(Box::new(Conn::new(stream, peer)))
@@ -296,6 +296,8 @@ impl Connections {
         };
         drop(evicted);
         self.sweeping.call_once(|| {
+            // Ends when the pool is dropped (it holds a weak reference).
+            #[allow(clippy::disallowed_methods)]
             tokio::spawn(sweep(Arc::downgrade(&self.idle)));
         });
     }

@@ -7,10 +7,10 @@
 
 mod billing;
 mod console;
+pub mod cors;
 mod page;
 pub mod params;
 pub mod summary;
-pub mod throttle;
 pub mod usage_api;
 
 use std::net::IpAddr;
@@ -21,12 +21,12 @@ use pingora_proxy::Session;
 use crate::auth;
 use crate::config::keys::Key;
 use crate::error::{ErrorShape, GatewayError};
-use crate::respond;
+use crate::http1::respond;
 use crate::route::endpoint::Group;
 use crate::state::{Listener, Shared};
 use crate::store::StoreError;
 
-pub use throttle::Throttle;
+use crate::auth::Throttle;
 
 /// The web stage's own state, shared by both listeners.
 #[derive(Debug, Default)]
@@ -110,7 +110,7 @@ pub struct Exchange {
     pub cors: Option<http::HeaderValue>,
     /// What bounds the writes of the reply (see `respond::Bound`).
     pub send_timeout: std::time::Duration,
-    pub life: Option<Arc<crate::lifecycle::Lifecycle>>,
+    pub life: Option<Arc<crate::ops::lifecycle::Lifecycle>>,
 }
 
 impl Exchange {
@@ -287,7 +287,7 @@ async fn fail(
     }
     let cors = ex.cors.clone();
     respond::error(session, ex.writing(), e, ErrorShape::OpenAi, |h| {
-        crate::cors::decorate(h, cors.as_ref())
+        crate::web::cors::decorate(h, cors.as_ref())
     })
     .await
 }
@@ -303,7 +303,7 @@ async fn json(
     let cors = cors.as_ref();
     respond::send(session, ex.writing(), 200, "application/json", body, |h| {
         no_store(h)?;
-        crate::cors::decorate(h, cors)
+        crate::web::cors::decorate(h, cors)
     })
     .await
 }

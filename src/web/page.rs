@@ -9,7 +9,7 @@ use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
 use super::Exchange;
-use crate::respond;
+use crate::http1::respond;
 
 pub struct Asset {
     pub path: &'static str,

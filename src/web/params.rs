@@ -51,41 +51,7 @@ pub fn parse(
 
 /// `application/x-www-form-urlencoded` decoding: `%XX` and `+` for a space.
 pub fn decode(s: &str) -> String {
-    decode_with(s, true)
-}
-
-/// A path segment's decoding: `%XX` only (a `+` is itself).
-pub fn decode_path(s: &str) -> String {
-    decode_with(s, false)
-}
-
-fn decode_with(s: &str, plus_is_space: bool) -> String {
-    if !s.contains(['%', '+']) {
-        return s.to_string();
-    }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| u8::from_str_radix(std::str::from_utf8(h).ok()?, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b'+', _) if plus_is_space => {
-                out.push(b' ');
-                i += 1;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::auth::decode_query(s)
 }
 
 /// `tz`: `UTC`, a fixed offset (`+05:30`, `-08:00`, `+0530`), or an IANA name

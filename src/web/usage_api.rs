@@ -202,21 +202,22 @@ pub async fn send_csv(
     )?;
     h.insert_header("x-request-id", ex.request_id.as_str())?;
     h.insert_header("cache-control", "no-store")?;
-    crate::cors::decorate(&mut h, ex.cors.as_ref())?;
-    crate::respond::frame_unknown_length(session.req_header(), &mut h)?;
+    crate::web::cors::decorate(&mut h, ex.cors.as_ref())?;
+    crate::http1::respond::frame_unknown_length(session.req_header(), &mut h)?;
     // A client that reads slowly holds a write, a long query the next chunk: the client's
     // send timeout ends the one, the shutdown's cut either (and the export) all the same, so
     // its record is written before the exit.
     let life = ex.life.clone();
-    let bound = crate::respond::Bound {
+    let bound = crate::http1::respond::Bound {
         limit: ex.send_timeout,
         life: life.as_deref(),
     };
     // HEAD: the header alone, and no export run (over HTTP/2 a body would go out as DATA).
     if session.req_header().method == http::Method::HEAD {
-        return crate::respond::header(session, &mut ex.sent, bound, Box::new(h), true).await;
+        return crate::http1::respond::header(session, &mut ex.sent, bound, Box::new(h), true)
+            .await;
     }
-    crate::respond::header(session, &mut ex.sent, bound, Box::new(h), false).await?;
+    crate::http1::respond::header(session, &mut ex.sent, bound, Box::new(h), false).await?;
     // A small channel between the blocking reader and this task: memory stays a few chunks.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
     let s = shared.store.clone();
@@ -227,7 +228,7 @@ pub async fn send_csv(
         let next = tokio::select! {
             biased;
             c = tokio::time::timeout(super::STORE_READ_LIMIT, rx.recv()) => c,
-            () = crate::lifecycle::cut(bound.life) => return Err(crate::respond::shutdown_cut()),
+            () = crate::ops::lifecycle::cut(bound.life) => return Err(crate::http1::respond::shutdown_cut()),
         };
         let Ok(next) = next else {
             let e = crate::store::StoreError(format!(
@@ -237,7 +238,7 @@ pub async fn send_csv(
             return export_failed(session, ex, &e);
         };
         let Some(chunk) = next else { break };
-        let write = crate::respond::body(session, &mut ex.sent, bound, Some(chunk), false);
+        let write = crate::http1::respond::body(session, &mut ex.sent, bound, Some(chunk), false);
         if let Err(e) = write.await {
             // The reader stops at its next chunk (the channel is gone); not waited for.
             drop(rx);
@@ -251,7 +252,8 @@ pub async fn send_csv(
     });
     match done {
         Ok(_rows) => {
-            crate::respond::body(session, &mut ex.sent, bound, Some(Bytes::new()), true).await
+            crate::http1::respond::body(session, &mut ex.sent, bound, Some(Bytes::new()), true)
+                .await
         }
         Err(e) => export_failed(session, ex, &e),
     }

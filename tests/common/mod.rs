@@ -26,6 +26,23 @@ pub const RPM2_KEY: &str = "sk-test-rpm2-0009";
 pub const TPM_KEY: &str = "sk-test-tpm-0010";
 pub const CONC_KEY: &str = "sk-test-conc-0011";
 
+/// Whether a Debian package a test needs (`postgresql`, `redis-server`) is `found`. Where it
+/// is not, the test says it was skipped and why, and passes, so `cargo test` runs on a laptop
+/// with only Rust and a C compiler; with `MODELGATE_TEST_REQUIRE_ALL` set (`scripts/test.sh`
+/// and CI set it) the test fails instead.
+pub fn needs(package: &str, found: bool) -> bool {
+    if found {
+        return true;
+    }
+    let why = format!("{package} is not installed (scripts/install-deps.sh --test installs it)");
+    assert!(
+        std::env::var_os("MODELGATE_TEST_REQUIRE_ALL").is_none(),
+        "{why}, and MODELGATE_TEST_REQUIRE_ALL is set"
+    );
+    eprintln!("skipped: {why}");
+    false
+}
+
 pub struct Gateway {
     child: Child,
     /// Everything the gateway wrote to stderr, read as it comes (a full pipe would block it).

@@ -16,21 +16,25 @@ pub struct Postgres {
     user: Option<String>,
 }
 
-/// The folder holding initdb and pg_ctl (Debian puts them out of PATH).
-fn bindir() -> PathBuf {
+/// The folder holding initdb and pg_ctl (Debian puts them out of PATH), if installed.
+fn find_bindir() -> Option<PathBuf> {
     if let Ok(o) = Command::new("pg_config").arg("--bindir").output() {
         let p = PathBuf::from(String::from_utf8_lossy(&o.stdout).trim());
         if p.join("initdb").exists() {
-            return p;
+            return Some(p);
         }
     }
     let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .expect("Debian's postgresql is installed (scripts/install-deps.sh --test)")
+        .ok()?
         .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
         .filter(|p| p.join("initdb").exists())
         .collect();
     found.sort();
-    found.pop().expect("an initdb under /usr/lib/postgresql")
+    found.pop()
+}
+
+fn bindir() -> PathBuf {
+    find_bindir().expect("Debian's postgresql is installed (scripts/install-deps.sh --test)")
 }
 
 fn is_root() -> bool {
@@ -42,6 +46,16 @@ fn is_root() -> bool {
 }
 
 impl Postgres {
+    /// Whether Postgres is here to start (else the test is skipped: `super::needs`).
+    pub fn installed() -> bool {
+        super::needs("postgresql", find_bindir().is_some())
+    }
+
+    /// A started server, or None (the test skipped) where Postgres is not installed.
+    pub fn start_or_skip() -> Option<Postgres> {
+        Self::installed().then(Self::start)
+    }
+
     pub fn start() -> Postgres {
         Postgres::start_with(None)
     }

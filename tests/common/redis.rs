@@ -13,6 +13,21 @@ pub struct Redis {
 }
 
 impl Redis {
+    /// Whether Redis is here to start (else the test is skipped: `super::needs`).
+    pub fn installed() -> bool {
+        let found = Command::new("redis-server")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .status()
+            .is_ok();
+        super::needs("redis-server", found)
+    }
+
+    /// A started server, or None (the test skipped) where Redis is not installed.
+    pub fn start_or_skip() -> Option<Redis> {
+        Self::installed().then(Self::start)
+    }
+
     pub fn start() -> Redis {
         let mut r = Redis {
             dir: tempfile::tempdir().expect("tempdir"),

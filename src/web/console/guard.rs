@@ -1,5 +1,5 @@
 //! Console sign-in, the guard over all addresses. Each address has its own throttle
-//! (`web::throttle`); a crowd of addresses, each under it, could still guess at speed. So
+//! (`auth::throttle`); a crowd of addresses, each under it, could still guess at speed. So
 //! failed sign-ins are also counted across all addresses: past `BUDGET` in a minute, an attempt
 //! from an address that has not signed in before waits its turn at one password check per
 //! `GATE_EVERY` for all such addresses together (a wait of `WAIT_MAX` at most; past that it is

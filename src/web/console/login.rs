@@ -188,7 +188,7 @@ pub async fn login(
 ) -> pingora_error::Result<()> {
     let now = Instant::now();
     let metric = |result: &str| {
-        if let Some(m) = crate::metrics::get() {
+        if let Some(m) = crate::ops::metrics::get() {
             m.sign_in(result);
         }
     };
@@ -210,7 +210,7 @@ pub async fn login(
         }
     }
     // Past the failures all addresses may make, a new address waits its turn.
-    let client = ex.client.map(crate::web::throttle::client_id);
+    let client = ex.client.map(crate::auth::throttle::client_id);
     match shared.web.sign_ins.turn(client, now) {
         Ok(None) => {}
         Ok(Some(wait)) => tokio::time::sleep(wait).await,
@@ -292,6 +292,8 @@ pub async fn login(
         };
         if !entries.is_empty() {
             let store = shared.store.clone();
+            // Owned by the store it writes to; the audit entries are bounded.
+            #[allow(clippy::disallowed_methods)]
             tokio::spawn(async move {
                 let written = blocking(move || {
                     entries
@@ -346,7 +348,7 @@ pub async fn login(
         "{COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
         SESSION_MS / 1000
     );
-    crate::respond::send(
+    crate::http1::respond::send(
         session,
         ex.writing(),
         204,
@@ -385,7 +387,7 @@ pub async fn logout(
         return fail(session, ex, &store_failed(&ex.request_id, &e)).await;
     }
     let clear = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0");
-    crate::respond::send(
+    crate::http1::respond::send(
         session,
         ex.writing(),
         204,

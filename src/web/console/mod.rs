@@ -102,7 +102,7 @@ async fn body(
         let next = match next {
             Ok(next) => next,
             Err(e) => {
-                let e = crate::respond::unreadable(session, e)?;
+                let e = crate::http1::respond::unreadable(session, e)?;
                 fail(session, ex, &e).await?;
                 return Ok(None);
             }

@@ -3,12 +3,29 @@
 //! SHA-256 in the live key table, confirm in constant time, and refuse dead keys. The secret
 //! itself is never stored, logged or forwarded.
 
+pub mod client;
+pub mod throttle;
+
 use std::sync::Arc;
 
 use subtle::ConstantTimeEq;
 
 use crate::config::keys::{Key, KeyTable, sha256};
 use crate::error::GatewayError;
+
+pub use throttle::Throttle;
+
+/// A query component's decoding: `+` is a space and `%XX` a byte; an escape that is not one
+/// stays as it is.
+pub fn decode_query(s: &str) -> String {
+    if !s.contains(['%', '+']) {
+        return s.to_string();
+    }
+    let spaced = s.replace('+', " ");
+    percent_encoding::percent_decode_str(&spaced)
+        .decode_utf8_lossy()
+        .into_owned()
+}
 
 /// The bearer token of an `Authorization` header value, if it is one.
 pub fn bearer(header: Option<&[u8]>) -> Option<&[u8]> {
@@ -34,7 +51,7 @@ const KEY_PARAMS: [&str; 6] = [
 ];
 
 fn key_param(name: &str) -> bool {
-    let name: String = crate::web::params::decode(name)
+    let name: String = decode_query(name)
         .chars()
         .filter(|c| *c != '-' && *c != '_')
         .flat_map(char::to_lowercase)
@@ -50,7 +67,7 @@ pub fn key_in_query(query: Option<&str>, table: &KeyTable) -> bool {
     };
     query.split('&').any(|pair| {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        key_param(name) || (!value.is_empty() && is_key(table, &crate::web::params::decode(value)))
+        key_param(name) || (!value.is_empty() && is_key(table, &decode_query(value)))
     }) || mentions_secret(table, query)
 }
 
@@ -84,7 +101,7 @@ pub fn mentions_secret(table: &KeyTable, text: &str) -> bool {
         if !decoded.contains(['%', '+']) {
             return false;
         }
-        decoded = std::borrow::Cow::Owned(crate::web::params::decode(&decoded));
+        decoded = std::borrow::Cow::Owned(decode_query(&decoded));
     }
     false
 }
@@ -156,14 +173,14 @@ fn presented_one(headers: &http::HeaderMap, x_api_key: bool) -> Option<&[u8]> {
 /// same address. No token at all is a client not set up yet, not a guess: 401 only.
 pub fn authenticate_guarded(
     table: &KeyTable,
-    throttle: &crate::web::Throttle,
+    throttle: &crate::auth::Throttle,
     client: Option<std::net::IpAddr>,
     token: Option<&[u8]>,
     now_unix: i64,
 ) -> Result<Arc<Key>, GatewayError> {
     use std::sync::atomic::Ordering::Relaxed;
     let now = std::time::Instant::now();
-    let client_id = client.map(crate::web::throttle::client_id);
+    let client_id = client.map(crate::auth::throttle::client_id);
     let throttled = client.and_then(|ip| throttle.check(ip, now).err());
     let found = authenticate_token(table, token, now_unix);
     if let Some((wait, hard)) = throttled {
@@ -192,7 +209,7 @@ pub fn authenticate_guarded(
         if let Some(ip) = client {
             throttle.fail(ip, now);
         }
-        if let Some(m) = crate::metrics::get() {
+        if let Some(m) = crate::ops::metrics::get() {
             m.auth_failure(client);
         }
     }

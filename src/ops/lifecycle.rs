@@ -19,14 +19,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use pingora_core::server::{ShutdownSignal, ShutdownSignalWatch, ShutdownWatch};
-use pingora_core::services::background::BackgroundService;
+use pingora_core::server::{ShutdownSignal, ShutdownSignalWatch};
 use tokio::sync::watch;
 
-use crate::store::Store;
-
 /// How long requests that were told to end get to write their records.
-const CUT_WAIT: Duration = Duration::from_secs(3);
+pub const CUT_WAIT: Duration = Duration::from_secs(3);
 
 pub struct Lifecycle {
     inflight: AtomicUsize,
@@ -76,7 +73,7 @@ impl Lifecycle {
     }
 
     /// Waits until nothing is in flight or `limit` has passed; true if nothing is.
-    async fn settle(&self, limit: Duration) -> bool {
+    pub async fn settle(&self, limit: Duration) -> bool {
         let until = Instant::now() + limit;
         while self.inflight() > 0 {
             if Instant::now() >= until {
@@ -112,88 +109,6 @@ pub async fn cut(life: Option<&Lifecycle>) {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.inflight.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// The background service that ends the process once a graceful shutdown has drained.
-pub struct Drain {
-    pub lifecycle: Arc<Lifecycle>,
-    pub store: Arc<Store>,
-    pub grace: Duration,
-    /// Its pending lines are written before the exit.
-    pub access_log: Option<crate::access_log::AccessLog>,
-}
-
-#[async_trait]
-impl BackgroundService for Drain {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        while !*shutdown.borrow() {
-            if shutdown.changed().await.is_err() {
-                return;
-            }
-        }
-        let started = Instant::now();
-        tracing::info!(
-            in_flight = self.lifecycle.inflight(),
-            "shutting down: no new connections; waiting for requests in flight"
-        );
-        if !self.lifecycle.settle(self.grace).await {
-            tracing::warn!(
-                in_flight = self.lifecycle.inflight(),
-                "grace period over: ending the requests still in flight"
-            );
-            self.lifecycle.cut();
-            if !self.lifecycle.settle(CUT_WAIT).await {
-                tracing::error!(
-                    in_flight = self.lifecycle.inflight(),
-                    "requests did not end when asked; their records may be missing"
-                );
-            }
-        }
-        let store = self.store.clone();
-        let access_log = self.access_log.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            store.close();
-            crate::telemetry::flush();
-            if let Some(log) = access_log {
-                log.flush();
-            }
-        })
-        .await;
-        let stats = self.store.stats();
-        // Records that never reached the database or the spool, said as such: dropped past the
-        // overflow bound, or in batches that failed to commit (the journal keeps those it
-        // could write, for the next start).
-        let lost = stats.dropped + stats.write_errors;
-        if lost > 0 {
-            tracing::error!(
-                written = stats.written,
-                spooled = stats.spooled,
-                spooled_bytes = stats.spool_bytes,
-                not_written = lost,
-                dropped = stats.dropped,
-                failed = stats.write_errors,
-                after_ms = started.elapsed().as_millis() as u64,
-                "usage records: {lost} not written (the journal keeps those it could write for \
-                 the next start); exiting"
-            );
-        } else if stats.spool_bytes > 0 {
-            tracing::warn!(
-                written = stats.written,
-                spooled = stats.spooled,
-                spooled_bytes = stats.spool_bytes,
-                after_ms = started.elapsed().as_millis() as u64,
-                "usage records written or spooled (the spooled ones are written at the next \
-                 start); exiting"
-            );
-        } else {
-            tracing::info!(
-                written = stats.written,
-                after_ms = started.elapsed().as_millis() as u64,
-                "usage records written; exiting"
-            );
-        }
-        std::process::exit(0);
     }
 }
 
@@ -247,6 +162,8 @@ impl ShutdownSignalWatch for Signals {
         }
         // Whichever began the shutdown, a Ctrl-C now ends its wait.
         let lifecycle = self.lifecycle.clone();
+        // Lives until the process ends (it is the Ctrl-C watch of a shutdown).
+        #[allow(clippy::disallowed_methods)]
         tokio::spawn(async move {
             if interrupted || int.recv().await.is_some() {
                 tracing::warn!(

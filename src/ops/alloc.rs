@@ -37,6 +37,8 @@ pub fn request_started() {
     if n != 1 {
         return;
     }
+    // One per runtime thread, for the process's life.
+    #[allow(clippy::disallowed_methods)]
     tokio::spawn(async {
         let mut seen = REQUESTS.with(Cell::get);
         let mut trimmed = false;

@@ -498,7 +498,7 @@ impl Metrics {
     pub fn render(&self, store: StoreStats, router: &Router) -> String {
         let bump = |c: &IntCounter, now: u64| c.inc_by(now.saturating_sub(c.get()));
         bump(&self.records_written, store.written);
-        let spans = crate::telemetry::export_counts();
+        let spans = crate::ops::telemetry::export_counts();
         bump(&self.otlp_spans_exported, spans.exported);
         bump(&self.otlp_spans_failed, spans.failed);
         bump(&self.otlp_spans_dropped, spans.dropped);

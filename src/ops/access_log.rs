@@ -18,9 +18,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::store::UsageRecord;
-use crate::store::record::format_time;
-
 /// The writer thread writes what is pending this often.
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
 /// A line that brings the pending lines past this wakes the writer at once.
@@ -29,20 +26,6 @@ const WAKE_BYTES: usize = 256 * 1024;
 const MAX_PENDING: usize = 16 * 1024 * 1024;
 /// How often a file's path is checked for a rename.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
-
-/// What a request's line carries beside its record.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct Seen<'a> {
-    pub method: &'a str,
-    pub path: &'a str,
-    /// The client's address (the one `[server] trusted_proxies` name, behind them).
-    pub client: Option<std::net::IpAddr>,
-    pub user_agent: Option<&'a str>,
-    /// The W3C trace id (32 hex digits) the request was traced under.
-    pub trace_id: Option<u128>,
-    /// The request id the upstream gave its reply (`x-upstream-request-id` to the client).
-    pub upstream_request_id: Option<&'a str>,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Format {
@@ -201,17 +184,19 @@ impl AccessLog {
         })
     }
 
-    /// Logs the request, if sampled.
-    pub fn log(&self, r: &UsageRecord, seen: &Seen<'_>) {
-        if self.rate < 1.0 && rand::random::<f64>() >= self.rate {
-            return;
-        }
+    /// Whether this request is logged (`[log] access` as a sample rate).
+    pub fn sampled(&self) -> bool {
+        self.rate >= 1.0 || rand::random::<f64>() < self.rate
+    }
+
+    /// Logs a request's line (once `sampled` said so).
+    pub fn log(&self, line: &Line<'_>) {
         LINE.with(|buf| {
             let mut buf = buf.borrow_mut();
             buf.clear();
             match self.format {
-                Format::Json => json_line(&mut buf, r, seen),
-                Format::Logfmt => logfmt_line(&mut buf, r, seen),
+                Format::Json => json_line(&mut buf, line),
+                Format::Logfmt => logfmt_line(&mut buf, line),
             }
             let mut p = self.inner.pending.lock().unwrap_or_else(|e| e.into_inner());
             if p.len() + buf.len() > MAX_PENDING {
@@ -243,76 +228,51 @@ impl AccessLog {
     }
 }
 
-fn trace_hex(id: Option<u128>) -> String {
-    id.map(|t| format!("{t:032x}")).unwrap_or_default()
-}
-
-/// A JSON line's fields, borrowed from the record, in the order written.
-#[derive(Serialize)]
-struct JsonLine<'a> {
-    time: String,
+/// A request's line: its usage record's fields and what the record does not hold (method,
+/// path, client address, user agent, trace id, the upstream's request id), borrowed, in the
+/// order written.
+#[derive(Debug, Default, Serialize)]
+pub struct Line<'a> {
+    /// RFC 3339, milliseconds, UTC.
+    pub time: String,
     #[serde(rename = "type")]
-    kind: &'static str,
-    request_id: &'a str,
-    listener: &'a str,
-    method: &'a str,
-    path: &'a str,
-    client: Option<std::net::IpAddr>,
-    user_agent: Option<&'a str>,
-    trace_id: Option<String>,
-    key_id: &'a str,
-    endpoint: &'a str,
-    model: &'a str,
-    served_model: &'a str,
-    upstream: &'a str,
-    upstream_request_id: Option<&'a str>,
-    status: u16,
-    stream: bool,
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    total_tokens: u64,
-    cost: f64,
-    latency_ms: u64,
-    ttft_ms: Option<u64>,
-    attempts: u32,
-    cut: &'a str,
+    pub kind: &'static str,
+    pub request_id: &'a str,
+    pub listener: &'a str,
+    pub method: &'a str,
+    pub path: &'a str,
+    /// The client's address (the one `[server] trusted_proxies` name, behind them).
+    pub client: Option<std::net::IpAddr>,
+    pub user_agent: Option<&'a str>,
+    /// The W3C trace id (32 hex digits) the request was traced under.
+    pub trace_id: Option<String>,
+    pub key_id: &'a str,
+    pub endpoint: &'a str,
+    pub model: &'a str,
+    pub served_model: &'a str,
+    pub upstream: &'a str,
+    /// The request id the upstream gave its reply (`x-upstream-request-id` to the client).
+    pub upstream_request_id: Option<&'a str>,
+    pub status: u16,
+    pub stream: bool,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub cost: f64,
+    pub latency_ms: u64,
+    pub ttft_ms: Option<u64>,
+    pub attempts: u32,
+    pub cut: &'a str,
 }
 
-fn json_line(out: &mut Vec<u8>, r: &UsageRecord, seen: &Seen<'_>) {
-    let line = JsonLine {
-        time: format_time(r.time_ms),
-        kind: "access",
-        request_id: &r.request_id,
-        listener: &r.listener,
-        method: seen.method,
-        path: seen.path,
-        client: seen.client,
-        user_agent: seen.user_agent,
-        trace_id: seen.trace_id.map(|t| trace_hex(Some(t))),
-        key_id: &r.key_id,
-        endpoint: &r.endpoint,
-        model: &r.model,
-        served_model: &r.served_model,
-        upstream: &r.upstream,
-        upstream_request_id: seen.upstream_request_id,
-        status: r.status,
-        stream: r.stream,
-        prompt_tokens: r.prompt_tokens,
-        completion_tokens: r.completion_tokens,
-        total_tokens: r.total_tokens,
-        cost: r.cost,
-        latency_ms: r.latency_ms,
-        ttft_ms: r.ttft_ms,
-        attempts: r.attempts,
-        cut: &r.cut,
-    };
+fn json_line(out: &mut Vec<u8>, line: &Line<'_>) {
     // (Plain fields always encode.)
-    let _ = serde_json::to_writer(&mut *out, &line);
+    let _ = serde_json::to_writer(&mut *out, line);
     out.push(b'\n');
 }
 
 /// `key=value` pairs; a value with a space, quote or `=` is quoted with `"` escaped.
-fn logfmt_line(out: &mut Vec<u8>, r: &UsageRecord, seen: &Seen<'_>) {
+fn logfmt_line(out: &mut Vec<u8>, l: &Line<'_>) {
     let mut line = String::with_capacity(512);
     let mut put = |k: &str, v: &str| {
         if !line.is_empty() {
@@ -336,40 +296,40 @@ fn logfmt_line(out: &mut Vec<u8>, r: &UsageRecord, seen: &Seen<'_>) {
             line.push_str(v);
         }
     };
-    put("time", &format_time(r.time_ms));
+    put("time", &l.time);
     put("type", "access");
-    put("request_id", &r.request_id);
-    put("listener", &r.listener);
-    put("method", seen.method);
-    put("path", seen.path);
+    put("request_id", l.request_id);
+    put("listener", l.listener);
+    put("method", l.method);
+    put("path", l.path);
     put(
         "client",
-        &seen.client.map(|c| c.to_string()).unwrap_or_default(),
+        &l.client.map(|c| c.to_string()).unwrap_or_default(),
     );
-    put("user_agent", seen.user_agent.unwrap_or_default());
-    put("trace_id", &trace_hex(seen.trace_id));
-    put("key_id", &r.key_id);
-    put("endpoint", &r.endpoint);
-    put("model", &r.model);
-    put("served_model", &r.served_model);
-    put("upstream", &r.upstream);
+    put("user_agent", l.user_agent.unwrap_or_default());
+    put("trace_id", l.trace_id.as_deref().unwrap_or_default());
+    put("key_id", l.key_id);
+    put("endpoint", l.endpoint);
+    put("model", l.model);
+    put("served_model", l.served_model);
+    put("upstream", l.upstream);
     put(
         "upstream_request_id",
-        seen.upstream_request_id.unwrap_or_default(),
+        l.upstream_request_id.unwrap_or_default(),
     );
-    put("status", &r.status.to_string());
-    put("stream", if r.stream { "true" } else { "false" });
-    put("prompt_tokens", &r.prompt_tokens.to_string());
-    put("completion_tokens", &r.completion_tokens.to_string());
-    put("total_tokens", &r.total_tokens.to_string());
-    put("cost", &r.cost.to_string());
-    put("latency_ms", &r.latency_ms.to_string());
+    put("status", &l.status.to_string());
+    put("stream", if l.stream { "true" } else { "false" });
+    put("prompt_tokens", &l.prompt_tokens.to_string());
+    put("completion_tokens", &l.completion_tokens.to_string());
+    put("total_tokens", &l.total_tokens.to_string());
+    put("cost", &l.cost.to_string());
+    put("latency_ms", &l.latency_ms.to_string());
     put(
         "ttft_ms",
-        &r.ttft_ms.map(|t| t.to_string()).unwrap_or_default(),
+        &l.ttft_ms.map(|t| t.to_string()).unwrap_or_default(),
     );
-    put("attempts", &r.attempts.to_string());
-    put("cut", &r.cut);
+    put("attempts", &l.attempts.to_string());
+    put("cut", l.cut);
     line.push('\n');
     out.extend_from_slice(line.as_bytes());
 }
@@ -381,37 +341,33 @@ mod tests {
 
     #[test]
     fn json_and_logfmt_lines_carry_the_record_and_escape_what_they_must() {
-        let r = UsageRecord {
-            time_ms: 1_795_353_265_123,
-            request_id: "req_1".into(),
-            key_id: "demo".into(),
-            listener: "main".into(),
-            endpoint: "chat".into(),
-            model: "a \"quoted\" model=x".into(),
+        let l = Line {
+            time: "2026-11-20T03:14:25.123Z".into(),
+            kind: "access",
+            request_id: "req_1",
+            listener: "main",
+            method: "POST",
+            path: "/v1/chat/completions",
+            client: "192.0.2.7".parse().ok(),
+            user_agent: Some("OpenAI/Python 1.99.0"),
+            trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),
+            key_id: "demo",
+            endpoint: "chat",
+            model: "a \"quoted\" model=x",
+            served_model: "a",
+            upstream: "http://127.0.0.1:9100",
+            upstream_request_id: Some("chatcmpl-up 1"),
             status: 200,
-            stream: false,
             prompt_tokens: 1,
             completion_tokens: 2,
             total_tokens: 3,
             cost: 0.5,
             latency_ms: 7,
-            ttft_ms: None,
-            upstream: "http://127.0.0.1:9100".into(),
-            estimated: false,
             attempts: 1,
-            served_model: "a".into(),
-            cut: String::new(),
-        };
-        let seen = Seen {
-            method: "POST",
-            path: "/v1/chat/completions",
-            client: "192.0.2.7".parse().ok(),
-            user_agent: Some("OpenAI/Python 1.99.0"),
-            trace_id: Some(0x4bf9_2f35_77b3_4da6_a3ce_929d_0e0e_4736),
-            upstream_request_id: Some("chatcmpl-up 1"),
+            ..Line::default()
         };
         let mut line = Vec::new();
-        json_line(&mut line, &r, &seen);
+        json_line(&mut line, &l);
         let j: serde_json::Value = serde_json::from_slice(&line).unwrap();
         assert_eq!(j["model"], "a \"quoted\" model=x");
         assert_eq!(j["status"], 200);
@@ -422,9 +378,9 @@ mod tests {
         assert_eq!(j["upstream_request_id"], "chatcmpl-up 1");
         assert_eq!(j["ttft_ms"], serde_json::Value::Null);
         assert!(line.ends_with(b"}\n"));
-        let mut l = Vec::new();
-        logfmt_line(&mut l, &r, &seen);
-        let l = String::from_utf8(l).unwrap();
+        let mut text = Vec::new();
+        logfmt_line(&mut text, &l);
+        let l = String::from_utf8(text).unwrap();
         assert!(
             l.contains(r#" upstream_request_id="chatcmpl-up 1" "#),
             "{l}"

@@ -12,7 +12,7 @@ use pingora_http::ResponseHeader;
 
 use crate::error::{ErrorShape, GatewayError};
 use crate::http1::Downstream;
-use crate::lifecycle::Lifecycle;
+use crate::ops::lifecycle::Lifecycle;
 
 /// A reply whose length is not known up front goes chunked to an HTTP/1.1 client, so a reply
 /// cut short shows as cut (no final chunk). Without it Pingora would end the body by closing
@@ -95,7 +95,7 @@ where
         }
         let bound = *me.bound;
         let wait = me.wait.get_or_insert_with(|| {
-            let cut = crate::lifecycle::cut(bound.life);
+            let cut = crate::ops::lifecycle::cut(bound.life);
             Box::pin(pingora_timeout::fast_timeout::fast_timeout(
                 bound.limit,
                 cut,

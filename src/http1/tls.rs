@@ -164,7 +164,7 @@ impl ListenerCert {
 }
 
 fn expiry(listener: &str, not_after: i64) {
-    if let Some(m) = crate::metrics::get() {
+    if let Some(m) = crate::ops::metrics::get() {
         m.tls_expiry(listener, not_after);
     }
 }
@@ -220,7 +220,7 @@ impl BackgroundService for CertReloader {
                         "TLS certificate not reloaded, the one in force stays: {e}"
                     ),
                 }
-                if let Some(m) = crate::metrics::get() {
+                if let Some(m) = crate::ops::metrics::get() {
                     m.tls_reload(cert.listener, result.is_ok());
                 }
             }

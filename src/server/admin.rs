@@ -35,7 +35,7 @@ impl ServeHttp for Admin {
             "/metrics" => (
                 200,
                 "text/plain; version=0.0.4",
-                crate::metrics::get()
+                crate::ops::metrics::get()
                     .map(|m| {
                         let snapshot = self.shared.live.snapshot();
                         m.render(self.shared.store.stats(), &snapshot.router)

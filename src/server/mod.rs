@@ -2,6 +2,9 @@
 //! for both, one live state), the `admin` listener, and in the demo the mock upstream in the
 //! same process.
 
+pub mod admin;
+pub mod drain;
+
 use std::sync::Arc;
 
 use pingora_core::apps::ServerApp;
@@ -11,16 +14,15 @@ use pingora_core::server::{Server, ShutdownWatch};
 use pingora_core::services::listening::Service;
 use pingora_proxy::http_proxy;
 
-use crate::admin;
 use crate::config::reload::KeysReloader;
 use crate::http1::listener::{HeaderDeadline, Hooks};
-use crate::lifecycle::Drain;
+use crate::http1::tls::{CertReloader, ListenerCert};
 use crate::mock_upstream;
 use crate::proxy::Gateway;
 use crate::proxy::ctx::Listener;
 use crate::route::health::HealthChecker;
 use crate::state::Shared;
-use crate::tls::{CertReloader, ListenerCert};
+use drain::Drain;
 
 /// The server, or why it cannot start (a listener's certificate that cannot be loaded).
 pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
@@ -84,7 +86,7 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
             limit: config.client_header_timeout,
             listener: listener.name(),
             hooks: Hooks {
-                request_started: crate::alloc::request_started,
+                request_started: crate::ops::alloc::request_started,
                 unparseable: crate::proxy::unparseable_reply,
             },
         });
