@@ -1,0 +1,132 @@
+//! `[listeners]`: its raw form as serde reads it, and its check.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::*;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListeners {
+    pub(super) main: Option<Spanned<String>>,
+    pub(super) direct: Option<Spanned<String>>,
+    pub(super) admin: Option<Spanned<String>>,
+    pub(super) tls: Option<RawListenersTls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawListenersTls {
+    pub(super) main: Option<Spanned<RawTlsFiles>>,
+    pub(super) direct: Option<Spanned<RawTlsFiles>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTlsFiles {
+    pub(super) cert: String,
+    pub(super) key: String,
+}
+
+/// `[listeners]`: the addresses (each its own port), TLS on `main` and `direct`; also the
+/// ports taken, for the demo's mock to avoid.
+pub(super) fn check(
+    raw: &RawListeners,
+    src: &Src<'_>,
+    p: &mut Problems,
+) -> (Listeners, Vec<(&'static str, std::net::SocketAddr)>) {
+    let (file, dir) = (src.file, src.dir);
+    let at = |s: std::ops::Range<usize>| src.at(s);
+    let mut listeners = Listeners::default();
+    let mut bound: Vec<(&str, std::net::SocketAddr)> = Vec::new();
+    for (field, v, slot) in [
+        ("listeners.main", &raw.main, &mut listeners.main),
+        ("listeners.direct", &raw.direct, &mut listeners.direct),
+        ("listeners.admin", &raw.admin, &mut listeners.admin),
+    ] {
+        if let Some(v) = v {
+            match v.get_ref().parse::<std::net::SocketAddr>() {
+                Err(_) => p.push(Problem::new(
+                    file,
+                    at(v.span()),
+                    field,
+                    "must be IP:PORT, e.g. 0.0.0.0:8080",
+                )),
+                // Two listeners on one port cannot both bind.
+                Ok(addr) => match bound.iter().find(|(_, b)| one_port(b, &addr)) {
+                    Some((other, _)) if addr.port() != 0 => p.push(Problem::new(
+                        file,
+                        at(v.span()),
+                        field,
+                        format!("{addr} is also `{other}`'s: each listener needs its own"),
+                    )),
+                    _ => bound.push((field, addr)),
+                },
+            }
+            *slot = Some(v.get_ref().clone());
+        }
+    }
+    // Both API listeners are one service, which tells their connections apart by the
+    // address each was accepted on: a port the system picks is no address to tell by.
+    if let (Some(m), Some(d)) = (&raw.main, &raw.direct) {
+        for (field, v) in [("listeners.main", m), ("listeners.direct", d)] {
+            if v.get_ref()
+                .parse::<std::net::SocketAddr>()
+                .is_ok_and(|a| a.port() == 0)
+            {
+                p.push(Problem::new(
+                    file,
+                    at(v.span()),
+                    field,
+                    "port 0 is for one API listener alone: with both on, each needs its \
+                     own port",
+                ));
+            }
+        }
+    }
+    let tls = raw.tls.as_ref();
+    for (name, raw_files, on, slot) in [
+        (
+            "main",
+            tls.and_then(|t| t.main.as_ref()),
+            listeners.main.is_some(),
+            &mut listeners.main_tls,
+        ),
+        (
+            "direct",
+            tls.and_then(|t| t.direct.as_ref()),
+            listeners.direct.is_some(),
+            &mut listeners.direct_tls,
+        ),
+    ] {
+        let Some(raw_files) = raw_files else { continue };
+        let field = format!("listeners.tls.{name}");
+        let line = at(raw_files.span());
+        if !on {
+            p.push(Problem::new(
+                file,
+                line,
+                &field,
+                format!("there is no `listeners.{name}` to put TLS on"),
+            ));
+            continue;
+        }
+        let files = crate::http1::tls::TlsFiles {
+            cert: dir.join(&raw_files.get_ref().cert),
+            key: dir.join(&raw_files.get_ref().key),
+        };
+        if let Err(e) = crate::http1::tls::load(&files) {
+            p.push(Problem::new(file, line, &field, e));
+        }
+        *slot = Some(files);
+    }
+    if listeners.main.is_none() && listeners.direct.is_none() {
+        p.push(Problem::new(
+            file,
+            None,
+            "listeners",
+            "needs at least `main` or `direct`",
+        ));
+    }
+    (listeners, bound)
+}

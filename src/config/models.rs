@@ -1,0 +1,136 @@
+//! `[[models]]`: its raw form as serde reads it, and its check.
+
+use std::collections::HashSet;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::raw::*;
+use super::*;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawModel {
+    pub(super) name: Spanned<String>,
+    pub(super) pool: Spanned<String>,
+    pub(super) upstream_model: Option<String>,
+    pub(super) price: Option<Spanned<Price>>,
+    pub(super) fallbacks: Option<Spanned<Vec<String>>>,
+    pub(super) owned_by: Option<Spanned<String>>,
+    pub(super) max_output_tokens: Option<Spanned<u64>>,
+}
+
+/// `[[models]]`: names (unique, within the longest a request may give), pools, prices,
+/// fallbacks (other configured models).
+pub(super) fn check(
+    raw: &[RawModel],
+    pool_names: &HashSet<String>,
+    src: &Src<'_>,
+    p: &mut Problems,
+) -> Vec<ModelConfig> {
+    let file = src.file;
+    let at = |s: std::ops::Range<usize>| src.at(s);
+    let mut models = Vec::new();
+    let mut model_names = HashSet::new();
+    for (i, rm) in raw.iter().enumerate() {
+        let name = rm.name.get_ref().clone();
+        if name.is_empty() || !model_names.insert(name.clone()) {
+            p.push(Problem::new(
+                file,
+                at(rm.name.span()),
+                &format!("models[{i}].name"),
+                format!("duplicate or empty model name '{name}'"),
+            ));
+        }
+        if name.len() > crate::route::body::MAX_MODEL_LEN {
+            p.push(Problem::new(
+                file,
+                at(rm.name.span()),
+                &format!("models[{i}].name"),
+                format!(
+                    "longer than {} bytes, the longest model name a request may \
+                     give",
+                    crate::route::body::MAX_MODEL_LEN
+                ),
+            ));
+        }
+        if !pool_names.contains(rm.pool.get_ref()) {
+            p.push(Problem::new(
+                file,
+                at(rm.pool.span()),
+                &format!("models[{i}].pool"),
+                format!("no pool named '{}'", rm.pool.get_ref()),
+            ));
+        }
+        let price = rm.price.as_ref().map(|s| *s.get_ref()).unwrap_or_default();
+        if let Some(s) = &rm.price {
+            if [price.prompt, price.completion, price.request]
+                .iter()
+                .any(|v| !v.is_finite() || *v < 0.0 || *v > MAX_PRICE)
+            {
+                p.push(Problem::new(
+                    file,
+                    at(s.span()),
+                    &format!("models[{i}].price"),
+                    format!("prices must be from 0 to {MAX_PRICE}"),
+                ));
+            }
+        }
+        let owned_by = match &rm.owned_by {
+            None => "modelgate".to_string(),
+            Some(o) => {
+                let v = o.get_ref();
+                if v.is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
+                    p.push(Problem::new(
+                        file,
+                        at(o.span()),
+                        &format!("models[{i}].owned_by"),
+                        "must be 1 to 256 characters, none of them a control character",
+                    ));
+                }
+                v.clone()
+            }
+        };
+        let max_output_tokens = match &rm.max_output_tokens {
+            None => DEFAULT_MAX_OUTPUT_TOKENS,
+            Some(m) => {
+                if *m.get_ref() == 0 || *m.get_ref() > 100_000_000 {
+                    p.push(Problem::new(
+                        file,
+                        at(m.span()),
+                        &format!("models[{i}].max_output_tokens"),
+                        "must be from 1 to 100000000",
+                    ));
+                }
+                *m.get_ref()
+            }
+        };
+        models.push(ModelConfig {
+            owned_by,
+            max_output_tokens,
+            upstream_model: rm.upstream_model.clone().unwrap_or_else(|| name.clone()),
+            name,
+            pool: rm.pool.get_ref().clone(),
+            price,
+            fallbacks: rm
+                .fallbacks
+                .as_ref()
+                .map(|f| f.get_ref().clone())
+                .unwrap_or_default(),
+        });
+    }
+
+    for (i, (rm, m)) in raw.iter().zip(&models).enumerate() {
+        for f in &m.fallbacks {
+            if f == &m.name || !model_names.contains(f) {
+                p.push(Problem::new(
+                    file,
+                    rm.fallbacks.as_ref().and_then(|f| at(f.span())),
+                    &format!("models[{i}].fallbacks"),
+                    format!("'{f}' is not another configured model"),
+                ));
+            }
+        }
+    }
+    models
+}
