@@ -37,13 +37,10 @@ const LAYERS: &[&str] = &[
 /// gets only its part, the router's pool types below the upstream stage, and collectors that
 /// the router and store register instead of metrics reading them.
 const KNOWN: &[(&str, &str)] = &[
-    ("config", "auth"),
     ("config", "http1"),
-    ("config", "limit"),
     ("config", "route"),
     ("config", "store"),
     ("config", "upstream"),
-    ("config", "web"),
     ("ops", "route"),
     ("ops", "store"),
     ("proxy", "state"),

@@ -17,8 +17,7 @@ use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 
-/// Failed attempts allowed per address per window.
-pub const FAILURES_PER_WINDOW: usize = 10;
+pub use crate::config::FAILURES_PER_WINDOW;
 pub const WINDOW: Duration = Duration::from_secs(60);
 
 /// While an address is throttled, a key it used last goes on working, but only until its wrong

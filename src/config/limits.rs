@@ -38,3 +38,15 @@ pub(super) fn redis(raw: Option<&RawLimits>, src: &Src<'_>, p: &mut Problems) ->
         Some(secret)
     })
 }
+
+/// What a gateway does while Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnDown {
+    /// Each gateway counts its own limits (a key may get up to N× its limits across N).
+    Local,
+    /// Requests of keys with limits or a budget are refused (503) until Redis is back.
+    Deny,
+}
+
+/// Failed attempts allowed per address per window.
+pub const FAILURES_PER_WINDOW: usize = 10;

@@ -28,8 +28,11 @@ use std::time::Duration;
 
 use toml::Spanned;
 
+pub use cors::Cors;
+pub use limits::{FAILURES_PER_WINDOW, OnDown};
 pub use problem::{Problem, Problems};
 use raw::*;
+pub use server::Cidr;
 pub use types::*;
 use upstream_url::parse_upstream_url;
 
@@ -186,8 +189,8 @@ impl Config {
             "limits.on_redis_down",
             &[("local", 0), ("deny", 1)],
         ) {
-            0 => crate::limit::shared::OnDown::Local,
-            _ => crate::limit::shared::OnDown::Deny,
+            0 => OnDown::Local,
+            _ => OnDown::Deny,
         };
         let budget_mode = match choose(
             limits.and_then(|l| l.budget_mode.as_ref()),
@@ -275,7 +278,7 @@ impl Config {
                 .limits
                 .as_ref()
                 .and_then(|l| l.auth_failures_per_minute)
-                .unwrap_or(crate::auth::throttle::FAILURES_PER_WINDOW),
+                .unwrap_or(FAILURES_PER_WINDOW),
             telemetry,
             redis,
             on_redis_down,

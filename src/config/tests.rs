@@ -184,7 +184,7 @@ fn fleet_settings_are_read_and_their_mistakes_named() {
         c.redis.as_ref().map(Secret::expose),
         Some("redis://cache:6379")
     );
-    assert_eq!(c.on_redis_down, crate::limit::shared::OnDown::Deny);
+    assert_eq!(c.on_redis_down, super::OnDown::Deny);
     assert_eq!(c.redis_timeout, Duration::from_millis(50));
     assert!(!c.keys_in_postgres);
     assert!(c.spool.ends_with("usage-spool.jsonl"));

@@ -64,7 +64,7 @@ pub struct Config {
     pub upgrade_sock: PathBuf,
     /// `[server] trusted_proxies`: peers whose `X-Forwarded-For` names the client (see
     /// `crate::auth::client`).
-    pub trusted_proxies: Vec<crate::auth::client::Cidr>,
+    pub trusted_proxies: Vec<super::Cidr>,
     /// A request's header must be complete within this of its first byte, else the
     /// connection is closed.
     pub client_header_timeout: Duration,
@@ -84,7 +84,7 @@ pub struct Config {
     /// `[log] access_file`: the access log appended to this file; None: stdout.
     pub access_log_file: Option<PathBuf>,
     /// `[cors]`; None: no CORS.
-    pub cors: Option<crate::web::cors::Cors>,
+    pub cors: Option<super::Cors>,
     /// Wrong keys one client address may present a minute before it gets 429 (on `/v1`, the
     /// usage APIs and the page alike); 0: no limit.
     pub auth_failures_per_minute: usize,
@@ -95,7 +95,7 @@ pub struct Config {
     /// `[limits] redis`: rpm, tpm, concurrency and spend shared by every gateway using it.
     pub redis: Option<Secret>,
     /// `[limits] on_redis_down`: what happens while Redis cannot be reached.
-    pub on_redis_down: crate::limit::shared::OnDown,
+    pub on_redis_down: super::OnDown,
     /// `[limits] redis_timeout_ms`: the longest a request waits for Redis.
     pub redis_timeout: Duration,
     /// `[limits] budget_mode`: when a budget is checked against a request's cost.

@@ -22,14 +22,7 @@ use super::rate::{Headroom, Refusal, WINDOW};
 use super::reserve::{Ask, Reservation, Short};
 use crate::config::keys::Key;
 
-/// What a gateway does while Redis cannot be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnDown {
-    /// Each gateway counts its own limits (a key may get up to N× its limits across N).
-    Local,
-    /// Requests of keys with limits or a budget are refused (503) until Redis is back.
-    Deny,
-}
+pub use crate::config::OnDown;
 
 /// How long a concurrency lease lives unless its gateway renews it.
 const LEASE: Duration = Duration::from_secs(30);

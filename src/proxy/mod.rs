@@ -186,7 +186,7 @@ impl Gateway {
             .cloned();
         let mut resp = pingora_http::ResponseHeader::build(204, Some(8))?;
         resp.insert_header("x-request-id", ctx.request_id.as_str())?;
-        cors.preflight(&mut resp, &allow, requested.as_ref())?;
+        crate::web::cors::preflight(cors, &mut resp, &allow, requested.as_ref())?;
         let (w, _) = ctx.writing();
         crate::http1::respond::header(session, w.sent, w.bound, Box::new(resp), true).await
     }
