@@ -4,6 +4,13 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::*;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -111,11 +118,11 @@ pub(super) fn check(
             ));
             continue;
         }
-        let files = crate::http1::tls::TlsFiles {
+        let files = TlsFiles {
             cert: dir.join(&raw_files.get_ref().cert),
             key: dir.join(&raw_files.get_ref().key),
         };
-        if let Err(e) = crate::http1::tls::load(&files) {
+        if let Err(e) = load_tls(&files) {
             p.push(Problem::new(file, line, &field, e));
         }
         *slot = Some(files);
@@ -129,4 +136,64 @@ pub(super) fn check(
         ));
     }
     (listeners, bound)
+}
+
+/// A listener's certificate chain and private key files (PEM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// A usable pair, and when its certificate expires (Unix seconds).
+pub struct Loaded {
+    pub key: Arc<CertifiedKey>,
+    pub not_after: i64,
+}
+
+/// Reads and checks a certificate chain and its key: both parse, the chain is not empty, and
+/// the key is the certificate's.
+pub fn load_tls(files: &TlsFiles) -> Result<Loaded, String> {
+    let chain = read_chain(&files.cert)?;
+    let not_after = match x509_parser::parse_x509_certificate(&chain[0]) {
+        Ok((_, leaf)) => leaf.validity().not_after.timestamp(),
+        Err(e) => {
+            return Err(format!(
+                "{}: the first certificate does not parse: {e}",
+                files.cert.display()
+            ));
+        }
+    };
+    let key = read_key(&files.key)?;
+    let provider = CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
+    let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
+        format!(
+            "{} and {} do not make a usable pair: {e}",
+            files.cert.display(),
+            files.key.display()
+        )
+    })?;
+    Ok(Loaded {
+        key: Arc::new(certified),
+        not_after,
+    })
+}
+
+fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let chain = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{} is not a PEM certificate chain: {e}", path.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{} holds no certificate", path.display()));
+    }
+    Ok(chain)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    PrivateKeyDer::from_pem_slice(&bytes)
+        .map_err(|e| format!("{} holds no PEM private key: {e}", path.display()))
 }

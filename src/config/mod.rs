@@ -30,6 +30,7 @@ use toml::Spanned;
 
 pub use cors::Cors;
 pub use limits::{FAILURES_PER_WINDOW, OnDown};
+pub use listeners::{Loaded, TlsFiles, load_tls};
 pub use problem::{Problem, Problems};
 use raw::*;
 pub use server::Cidr;

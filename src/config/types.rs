@@ -130,9 +130,9 @@ pub struct Listeners {
     pub direct: Option<String>,
     pub admin: Option<String>,
     /// `[listeners.tls.main]`: `main` speaks TLS (HTTP/2 and HTTP/1.1) with these files.
-    pub main_tls: Option<crate::http1::tls::TlsFiles>,
+    pub main_tls: Option<super::TlsFiles>,
     /// `[listeners.tls.direct]`.
-    pub direct_tls: Option<crate::http1::tls::TlsFiles>,
+    pub direct_tls: Option<super::TlsFiles>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -12,7 +12,6 @@
 //! listener's certificate expiry is on `/metrics` for alerting.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,84 +20,21 @@ use async_trait::async_trait;
 use pingora_core::listeners::tls::TlsSettings;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
-use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
 use crate::config::reload::{Fingerprint, fingerprint};
+pub use crate::config::{Loaded, TlsFiles, load_tls as load};
 
-/// A listener's certificate chain and private key files (PEM).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsFiles {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-impl TlsFiles {
-    fn fingerprint(&self) -> (Fingerprint, Fingerprint) {
-        (fingerprint(&self.cert), fingerprint(&self.key))
-    }
-}
-
-/// A usable pair, and when its certificate expires (Unix seconds).
-pub struct Loaded {
-    pub key: Arc<CertifiedKey>,
-    pub not_after: i64,
-}
-
-/// Reads and checks a certificate chain and its key: both parse, the chain is not empty, and
-/// the key is the certificate's.
-pub fn load(files: &TlsFiles) -> Result<Loaded, String> {
-    let chain = read_chain(&files.cert)?;
-    let not_after = match x509_parser::parse_x509_certificate(&chain[0]) {
-        Ok((_, leaf)) => leaf.validity().not_after.timestamp(),
-        Err(e) => {
-            return Err(format!(
-                "{}: the first certificate does not parse: {e}",
-                files.cert.display()
-            ));
-        }
-    };
-    let key = read_key(&files.key)?;
-    let provider = CryptoProvider::get_default()
-        .cloned()
-        .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
-    let certified = CertifiedKey::from_der(chain, key, &provider).map_err(|e| {
-        format!(
-            "{} and {} do not make a usable pair: {e}",
-            files.cert.display(),
-            files.key.display()
-        )
-    })?;
-    Ok(Loaded {
-        key: Arc::new(certified),
-        not_after,
-    })
+/// The identity of both files of a pair (a change to either is a renewal to try).
+fn files_fingerprint(files: &TlsFiles) -> (Fingerprint, Fingerprint) {
+    (fingerprint(&files.cert), fingerprint(&files.key))
 }
 
 fn now_unix() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs() as i64)
-}
-
-fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let chain = CertificateDer::pem_slice_iter(&bytes)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{} is not a PEM certificate chain: {e}", path.display()))?;
-    if chain.is_empty() {
-        return Err(format!("{} holds no certificate", path.display()));
-    }
-    Ok(chain)
-}
-
-fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    PrivateKeyDer::from_pem_slice(&bytes)
-        .map_err(|e| format!("{} holds no PEM private key: {e}", path.display()))
 }
 
 /// The certificate a listener presents, swapped whole on reload.
@@ -194,7 +130,11 @@ impl BackgroundService for CertReloader {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         // What each listener's files were when last looked at (a refused version is not
         // retried until the files change again).
-        let mut seen: Vec<_> = self.certs.iter().map(|c| c.files.fingerprint()).collect();
+        let mut seen: Vec<_> = self
+            .certs
+            .iter()
+            .map(|c| files_fingerprint(&c.files))
+            .collect();
         let mut tick = tokio::time::interval(CHECK_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -203,7 +143,7 @@ impl BackgroundService for CertReloader {
                 _ = shutdown.changed() => return,
             }
             for (cert, seen) in self.certs.iter().zip(seen.iter_mut()) {
-                let now = cert.files.fingerprint();
+                let now = files_fingerprint(&cert.files);
                 if now == *seen {
                     continue;
                 }
