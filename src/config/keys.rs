@@ -13,7 +13,6 @@ use toml::Spanned;
 
 use super::problem::line_of;
 use super::{Problem, Problems};
-use crate::route::endpoint::Group;
 
 /// The `models` allow-list: everything, or globs.
 #[derive(Debug)]
@@ -385,6 +384,63 @@ struct RawKey {
     #[serde(default)]
     disabled: bool,
     expires_at: Option<Spanned<toml::Value>>,
+}
+
+/// The endpoint groups a key's `endpoints` name (a path's group: `route::endpoint`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Group {
+    Chat,
+    Embeddings,
+    Moderations,
+    Images,
+    Audio,
+    Models,
+    Usage,
+    /// Any other model-server `POST /v1/...` whose body names a model (vLLM's `/v1/rerank`,
+    /// `/v1/score`, `/v1/tokenize`, …).
+    Other,
+    /// The Responses API: `/v1/responses` and the stored responses it names by id.
+    Responses,
+    /// Anthropic's Messages API: `/v1/messages` and `/v1/messages/count_tokens`.
+    Messages,
+}
+
+impl Group {
+    pub const ALL: [Group; 10] = [
+        Group::Chat,
+        Group::Embeddings,
+        Group::Moderations,
+        Group::Images,
+        Group::Audio,
+        Group::Models,
+        Group::Usage,
+        Group::Other,
+        Group::Responses,
+        Group::Messages,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Group::Chat => "chat",
+            Group::Embeddings => "embeddings",
+            Group::Moderations => "moderations",
+            Group::Images => "images",
+            Group::Audio => "audio",
+            Group::Models => "models",
+            Group::Usage => "usage",
+            Group::Other => "other",
+            Group::Responses => "responses",
+            Group::Messages => "messages",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Group> {
+        Group::ALL.into_iter().find(|g| g.name() == s)
+    }
+
+    pub fn bit(self) -> u16 {
+        1 << (self as u8)
+    }
 }
 
 #[cfg(test)]

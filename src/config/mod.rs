@@ -31,6 +31,7 @@ use toml::Spanned;
 pub use cors::Cors;
 pub use limits::{FAILURES_PER_WINDOW, OnDown};
 pub use listeners::{Loaded, TlsFiles, load_tls};
+pub use models::MAX_MODEL_LEN;
 pub use problem::{Problem, Problems};
 use raw::*;
 pub use server::Cidr;

@@ -42,7 +42,7 @@ pub(super) fn check(
                 format!("duplicate or empty model name '{name}'"),
             ));
         }
-        if name.len() > crate::route::body::MAX_MODEL_LEN {
+        if name.len() > MAX_MODEL_LEN {
             p.push(Problem::new(
                 file,
                 at(rm.name.span()),
@@ -50,7 +50,7 @@ pub(super) fn check(
                 format!(
                     "longer than {} bytes, the longest model name a request may \
                      give",
-                    crate::route::body::MAX_MODEL_LEN
+                    MAX_MODEL_LEN
                 ),
             ));
         }
@@ -134,3 +134,6 @@ pub(super) fn check(
     }
     models
 }
+
+/// Longest model name accepted: longer ones are refused rather than stored in every record.
+pub const MAX_MODEL_LEN: usize = 256;

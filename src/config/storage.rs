@@ -38,9 +38,16 @@ pub(super) fn postgres(
         let secret = resolve_secret(pg.get_ref())
             .map_err(|m| p.push(bad(m)))
             .ok()?;
-        crate::store::check_postgres_url(secret.expose())
+        check_postgres_url(secret.expose())
             .map_err(|m| p.push(bad(m)))
             .ok()?;
         Some(secret)
     })
+}
+
+/// Whether a Postgres connection string (`postgres://…` or `key=value` settings) parses.
+pub fn check_postgres_url(url: &str) -> Result<(), String> {
+    url.parse::<postgres::Config>()
+        .map(drop)
+        .map_err(|e| format!("usage store (postgres): the connection string: {e}"))
 }

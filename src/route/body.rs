@@ -191,8 +191,7 @@ fn require(found: Option<bool>, param: &'static str, what: &str) -> Result<(), G
     }
 }
 
-/// Longest model name accepted: longer ones are refused rather than stored in every record.
-pub const MAX_MODEL_LEN: usize = 256;
+pub use crate::config::MAX_MODEL_LEN;
 
 fn check_model_len(model: &str) -> Result<(), GatewayError> {
     if model.len() > MAX_MODEL_LEN {

@@ -2,61 +2,7 @@
 //! how its body names the model (JSON field or multipart form field), how its reply is
 //! metered, and which API's error shape it speaks.
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Group {
-    Chat,
-    Embeddings,
-    Moderations,
-    Images,
-    Audio,
-    Models,
-    Usage,
-    /// Any other model-server `POST /v1/...` whose body names a model (vLLM's `/v1/rerank`,
-    /// `/v1/score`, `/v1/tokenize`, …).
-    Other,
-    /// The Responses API: `/v1/responses` and the stored responses it names by id.
-    Responses,
-    /// Anthropic's Messages API: `/v1/messages` and `/v1/messages/count_tokens`.
-    Messages,
-}
-
-impl Group {
-    pub const ALL: [Group; 10] = [
-        Group::Chat,
-        Group::Embeddings,
-        Group::Moderations,
-        Group::Images,
-        Group::Audio,
-        Group::Models,
-        Group::Usage,
-        Group::Other,
-        Group::Responses,
-        Group::Messages,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Group::Chat => "chat",
-            Group::Embeddings => "embeddings",
-            Group::Moderations => "moderations",
-            Group::Images => "images",
-            Group::Audio => "audio",
-            Group::Models => "models",
-            Group::Usage => "usage",
-            Group::Other => "other",
-            Group::Responses => "responses",
-            Group::Messages => "messages",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Group> {
-        Group::ALL.into_iter().find(|g| g.name() == s)
-    }
-
-    pub fn bit(self) -> u16 {
-        1 << (self as u8)
-    }
-}
+pub use crate::config::keys::Group;
 
 /// How the request body carries `model`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -228,11 +228,6 @@ pub fn check_sqlite_path(path: &Path) -> Result<(), String> {
     }
 }
 
-/// Whether `url` is Postgres connection settings the store can use (checked by `check`).
-pub fn check_postgres_url(url: &str) -> Result<(), String> {
-    postgres::config(url).map(drop)
-}
-
 /// The longest a database server is waited for on one batch before the batch goes to the
 /// spool (see `bounded`).
 const DB_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
