@@ -40,8 +40,6 @@ const KNOWN: &[(&str, &str)] = &[
     ("config", "route"),
     ("config", "store"),
     ("config", "upstream"),
-    ("ops", "route"),
-    ("ops", "store"),
     ("proxy", "state"),
     ("upstream", "route"),
     ("web", "state"),

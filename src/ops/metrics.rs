@@ -15,9 +15,6 @@ use prometheus::{
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::route::Router;
-use crate::store::StoreStats;
-
 /// Client addresses given a label of their own on `auth_failures_total`; later ones count
 /// under `client="other"`.
 const MAX_CLIENTS: usize = 1000;
@@ -495,7 +492,7 @@ impl Metrics {
 
     /// The Prometheus text exposition, with the store's, the upstreams' and the process's
     /// figures as of now.
-    pub fn render(&self, store: StoreStats, router: &Router) -> String {
+    pub fn render(&self, store: StoreStats, upstreams: &[UpstreamGauge<'_>]) -> String {
         let bump = |c: &IntCounter, now: u64| c.inc_by(now.saturating_sub(c.get()));
         bump(&self.records_written, store.written);
         let spans = crate::ops::telemetry::export_counts();
@@ -516,19 +513,14 @@ impl Metrics {
         // Pools come and go with reloads: show only the ones in force.
         self.upstream_healthy.reset();
         self.upstream_in_flight.reset();
-        let now = crate::route::balance::now_ms();
-        for pool in &router.pools {
-            for up in &pool.upstreams {
-                let labels = [pool.name.as_str(), up.cfg.url.as_str()];
-                let healthy = i64::from(up.health.healthy(now));
-                self.upstream_healthy
-                    .with_label_values(&labels)
-                    .set(healthy);
-                let (_, _, in_flight, _, _) = up.health.view(now);
-                self.upstream_in_flight
-                    .with_label_values(&labels)
-                    .set(in_flight as i64);
-            }
+        for up in upstreams {
+            let labels = [up.pool, up.url];
+            self.upstream_healthy
+                .with_label_values(&labels)
+                .set(i64::from(up.healthy));
+            self.upstream_in_flight
+                .with_label_values(&labels)
+                .set(i64::try_from(up.in_flight).unwrap_or(i64::MAX));
         }
         let mut families = self.registry.gather();
         let mut process = self.process.gather();
@@ -538,6 +530,43 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&families, &mut out);
         String::from_utf8(out).unwrap_or_default()
     }
+}
+
+/// The usage store's figures as it reports them (`store::Store::stats`), read at each scrape
+/// and at exit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Rows committed.
+    pub written: u64,
+    /// Records that found the channel full and went to the overflow queue (not lost).
+    pub overflowed: u64,
+    /// Records lost because the overflow queue was full or the store was closed.
+    pub dropped: u64,
+    /// Records accepted but not yet committed (channel, overflow queue, current batch).
+    pub queued: u64,
+    /// Rows lost because their batch failed to commit twice.
+    pub write_errors: u64,
+    /// Bytes of records waiting in the spool for the database to come back.
+    pub spool_bytes: u64,
+    /// Records this process put in the spool and has not written from it yet.
+    pub spooled: u64,
+    /// Records waiting in memory because neither the database nor the spool takes them.
+    pub held: u64,
+    /// Past its bound of records waiting in memory (`Store::full`).
+    pub full: bool,
+    /// Requests refused with 503 `usage_store_unavailable` while the store was full.
+    pub refused: u64,
+    /// Journal lines that could not be written (a full or failing disk).
+    pub journal_failures: u64,
+}
+
+/// An upstream of a pool in force, as the router reports it at a scrape
+/// (`route::Router::upstream_gauges`).
+pub struct UpstreamGauge<'a> {
+    pub pool: &'a str,
+    pub url: &'a str,
+    pub healthy: bool,
+    pub in_flight: usize,
 }
 
 /// `process_cpu_seconds_total` to the clock tick: the prometheus crate's process collector

@@ -172,6 +172,26 @@ pub struct Router {
 }
 
 impl Router {
+    /// Each upstream of the pools in force, healthy or not and its requests in flight, for
+    /// `/metrics`.
+    pub fn upstream_gauges(&self) -> Vec<crate::ops::metrics::UpstreamGauge<'_>> {
+        let now = balance::now_ms();
+        self.pools
+            .iter()
+            .flat_map(|pool| {
+                pool.upstreams.iter().map(move |up| {
+                    let (_, _, in_flight, _, _) = up.health.view(now);
+                    crate::ops::metrics::UpstreamGauge {
+                        pool: &pool.name,
+                        url: &up.cfg.url,
+                        healthy: up.health.healthy(now),
+                        in_flight,
+                    }
+                })
+            })
+            .collect()
+    }
+
     /// Resolves every upstream address; all problems are reported at once.
     pub fn build(config: &Config) -> Result<Router, Problems> {
         Self::build_after(config, None)

@@ -38,7 +38,8 @@ impl ServeHttp for Admin {
                 crate::ops::metrics::get()
                     .map(|m| {
                         let snapshot = self.shared.live.snapshot();
-                        m.render(self.shared.store.stats(), &snapshot.router)
+                        let upstreams = snapshot.router.upstream_gauges();
+                        m.render(self.shared.store.stats(), &upstreams)
                     })
                     .unwrap_or_default(),
             ),

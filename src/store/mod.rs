@@ -124,31 +124,7 @@ impl Default for StoreOptions {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    /// Rows committed.
-    pub written: u64,
-    /// Records that found the channel full and went to the overflow queue (not lost).
-    pub overflowed: u64,
-    /// Records lost because the overflow queue was full or the store was closed.
-    pub dropped: u64,
-    /// Records accepted but not yet committed (channel, overflow queue, current batch).
-    pub queued: u64,
-    /// Rows lost because their batch failed to commit twice.
-    pub write_errors: u64,
-    /// Bytes of records waiting in the spool for the database to come back.
-    pub spool_bytes: u64,
-    /// Records this process put in the spool and has not written from it yet.
-    pub spooled: u64,
-    /// Records waiting in memory because neither the database nor the spool takes them.
-    pub held: u64,
-    /// Past its bound of records waiting in memory (`Store::full`).
-    pub full: bool,
-    /// Requests refused with 503 `usage_store_unavailable` while the store was full.
-    pub refused: u64,
-    /// Journal lines that could not be written (a full or failing disk).
-    pub journal_failures: u64,
-}
+pub use crate::ops::metrics::StoreStats;
 
 pub struct Store {
     engine: Arc<dyn Engine>,
