@@ -20,15 +20,18 @@ fn logging_to_a_file(extra: &str) -> Gateway {
 /// The access log file's text once it has `n` lines (up to 10 s).
 fn await_lines(g: &Gateway, n: usize) -> String {
     let path = g.dir.path().join("access.log");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        if text.lines().count() >= n {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "{text}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        Duration::from_secs(10),
+        &format!("fewer than {n} access log lines"),
+        || {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.lines().count() >= n {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
 }
 
 fn access_lines(stderr: &str) -> Vec<serde_json::Value> {
@@ -222,25 +225,31 @@ async fn a_rotated_file_is_followed_after_a_rename_and_on_sigusr1() {
     let dir = g.dir.path().to_path_buf();
     std::fs::rename(dir.join("access.log"), dir.join("access.log.1")).expect("rename");
     let mut sent = 1;
+    // One 10 s deadline for both waits.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while lines_in(&g, "access.log") == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "no new access.log after a rename"
-        );
+    let chat_until_a_new_file = async |sent: &mut usize| {
+        if lines_in(&g, "access.log") > 0 {
+            return Ok(());
+        }
         assert_eq!(chat(&g).await, 200);
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        *sent += 1;
+        Err(String::new())
+    };
+    eventually_async(
+        Duration::from_secs(10),
+        "no new access.log after a rename",
+        async || chat_until_a_new_file(&mut sent).await,
+    )
+    .await;
     // SIGUSR1 (as logrotate's postrotate sends): reopened at once; the gateway goes on.
     std::fs::rename(dir.join("access.log"), dir.join("access.log.2")).expect("rename");
     g.send_signal("-USR1");
-    while lines_in(&g, "access.log") == 0 {
-        assert!(Instant::now() < deadline, "no new access.log after SIGUSR1");
-        assert_eq!(chat(&g).await, 200);
-        sent += 1;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        deadline.saturating_duration_since(Instant::now()),
+        "no new access.log after SIGUSR1",
+        async || chat_until_a_new_file(&mut sent).await,
+    )
+    .await;
     assert!(g.running(), "SIGUSR1 ended the gateway");
     let status = tokio::task::block_in_place(|| g.terminate());
     assert!(status.success());

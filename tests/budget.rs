@@ -52,31 +52,35 @@ fn start() -> Gateway {
 
 /// The key's records (but those of its usage calls), once there are `n` of them.
 async fn records(g: &Gateway, key: &str, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let page: Value = client()
-            .get(format!("{}/api/usage?limit=1000", g.direct))
-            .bearer_auth(key)
-            .send()
-            .await
-            .expect("usage")
-            .json()
-            .await
-            .expect("json");
-        // The usage calls that read them have records of their own: not counted.
-        let data: Vec<Value> = page["data"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|r| r["endpoint"] != "usage")
-            .collect();
-        if data.len() >= n {
-            return data;
-        }
-        assert!(Instant::now() < deadline, "{} of {n} records", data.len());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(10),
+        &format!("fewer than {n} records"),
+        async || {
+            let page: Value = client()
+                .get(format!("{}/api/usage?limit=1000", g.direct))
+                .bearer_auth(key)
+                .send()
+                .await
+                .expect("usage")
+                .json()
+                .await
+                .expect("json");
+            // The usage calls that read them have records of their own: not counted.
+            let data: Vec<Value> = page["data"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|r| r["endpoint"] != "usage")
+                .collect();
+            if data.len() >= n {
+                Ok(data)
+            } else {
+                Err(format!("{} of {n} records", data.len()))
+            }
+        },
+    )
+    .await
 }
 
 /// Sends until the budget refuses (402); a 429 (the rest held by requests in flight) is
@@ -271,11 +275,19 @@ async fn a_stream_whose_upstream_ignores_the_limit_is_cut_at_the_budget() {
         402 => {}
         s => panic!("status {s}"),
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while common::spend_of(&g, key).await < 0.9 {
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(5),
+        "the spend never reached 0.9",
+        async || {
+            let s = common::spend_of(&g, key).await;
+            if s < 0.9 {
+                Err(format!("spent {s}"))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
     assert!(common::spend_of(&g, key).await <= 1.0 + 1e-9);
 }
 

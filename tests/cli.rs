@@ -597,11 +597,14 @@ fn a_trace_log_kept_beside_the_config_does_not_feed_itself() {
         .spawn()
         .expect("serve");
     let read = || std::fs::read_to_string(&log).unwrap_or_default();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !read().contains("modelgate starting") {
-        assert!(std::time::Instant::now() < deadline, "{}", read());
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    common::eventually(std::time::Duration::from_secs(20), "never started", || {
+        let text = read();
+        if text.contains("modelgate starting") {
+            Ok(())
+        } else {
+            Err(text)
+        }
+    });
     // A second of the gateway idle, with the watcher on.
     std::thread::sleep(std::time::Duration::from_secs(1));
     let _ = child.kill();

@@ -12,26 +12,30 @@ use serde_json::Value;
 
 /// The chat records (newest first) once `n` of them with status 499 are there.
 async fn await_left(g: &Gateway, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let page: Value = common::get(&g.direct, "/api/usage?limit=100&order=desc", Some(KEY))
-            .await
-            .json()
-            .await
-            .expect("json");
-        let left: Vec<Value> = page["data"]
-            .as_array()
-            .expect("data")
-            .iter()
-            .filter(|r| r["endpoint"] == "chat" && r["status"] == 499)
-            .cloned()
-            .collect();
-        if left.len() >= n {
-            return left;
-        }
-        assert!(Instant::now() < deadline, "{} of {n} records", left.len());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(15),
+        &format!("fewer than {n} records of 499"),
+        async || {
+            let page: Value = common::get(&g.direct, "/api/usage?limit=100&order=desc", Some(KEY))
+                .await
+                .json()
+                .await
+                .expect("json");
+            let left: Vec<Value> = page["data"]
+                .as_array()
+                .expect("data")
+                .iter()
+                .filter(|r| r["endpoint"] == "chat" && r["status"] == 499)
+                .cloned()
+                .collect();
+            if left.len() >= n {
+                Ok(left)
+            } else {
+                Err(format!("{} of {n} records", left.len()))
+            }
+        },
+    )
+    .await
 }
 
 /// A chat request the client gives up on after `patience` (before the reply header).

@@ -100,15 +100,19 @@ async fn models_status(base: &str, key: &str) -> u16 {
 
 /// Keys take effect through the reload; a change is visible within 3 s.
 async fn await_status(base: &str, key: &str, want: u16) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    loop {
-        let got = models_status(base, key).await;
-        if got == want {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "{got}, wanted {want}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    common::eventually_async(
+        std::time::Duration::from_secs(3),
+        &format!("never {want}"),
+        async || {
+            let got = models_status(base, key).await;
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!("{got}, wanted {want}"))
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -254,11 +258,14 @@ async fn a_console_password_rotated_in_the_config_file_is_in_force_at_once() {
     let rotated = rotated.replace("[limits]\n", "[limits]\nauth_failures_per_minute = 7\n");
     std::fs::write(&path, rotated).unwrap();
     // (Sign-in attempts made while waiting would count as failures: the reload is awaited.)
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while metric_value(&g, "modelgate_config_reloads_total").await < 1.0 {
-        assert!(std::time::Instant::now() < deadline, "no reload");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    common::eventually_async(std::time::Duration::from_secs(5), "no reload", async || {
+        if metric_value(&g, "modelgate_config_reloads_total").await < 1.0 {
+            Err(String::new())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     assert_eq!(
         login(&g.main, "admin", "a-new-console-password")
             .await
@@ -465,15 +472,20 @@ async fn a_key_made_in_the_console_works_then_is_limited_disabled_rotated_and_de
         .await;
     let body = chat_body("echo-1", false);
     let chat = || send(&g.main, "/v1/chat/completions", Some(&secret), &body, &[]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    loop {
-        let first = chat().await.status().as_u16();
-        let second = chat().await.status().as_u16();
-        if (first, second) == (200, 429) || (first, second) == (429, 429) {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{first} {second}");
-    }
+    common::eventually_async(
+        std::time::Duration::from_secs(3),
+        "rpm 1 not in force",
+        async || {
+            let first = chat().await.status().as_u16();
+            let second = chat().await.status().as_u16();
+            if (first, second) == (200, 429) || (first, second) == (429, 429) {
+                Ok(())
+            } else {
+                Err(format!("{first} {second}"))
+            }
+        },
+    )
+    .await;
     c.json(
         "PATCH",
         "/console/api/keys/team-a",
@@ -579,20 +591,24 @@ async fn usage_models_and_sessions_across_a_restart() {
         assert_eq!(resp.status(), 200);
     }
     let c = Console::sign_in(&g.main).await;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    let page = loop {
-        let page: Value = c
-            .get("/console/api/usage?limit=100")
-            .await
-            .json()
-            .await
-            .unwrap();
-        if page["data"].as_array().unwrap().len() >= 2 {
-            break page;
-        }
-        assert!(std::time::Instant::now() < deadline);
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    let page = common::eventually_async(
+        std::time::Duration::from_secs(5),
+        "fewer than 2 usage records",
+        async || {
+            let page: Value = c
+                .get("/console/api/usage?limit=100")
+                .await
+                .json()
+                .await
+                .unwrap();
+            if page["data"].as_array().unwrap().len() >= 2 {
+                Ok(page)
+            } else {
+                Err(page.to_string())
+            }
+        },
+    )
+    .await;
     let ids: Vec<&str> = page["data"]
         .as_array()
         .unwrap()
@@ -663,20 +679,24 @@ async fn usage_models_and_sessions_across_a_restart() {
         format!("{config}\n[[models]]\nname = \"late-model\"\npool = \"local\"\n"),
     )
     .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let models: Value = c.get("/console/api/models").await.json().await.unwrap();
-        if models["models"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|m| m["name"] == "late-model")
-        {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{models}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    common::eventually_async(
+        std::time::Duration::from_secs(5),
+        "late-model not listed",
+        async || {
+            let models: Value = c.get("/console/api/models").await.json().await.unwrap();
+            if models["models"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == "late-model")
+            {
+                Ok(())
+            } else {
+                Err(models.to_string())
+            }
+        },
+    )
+    .await;
     // A usage key cannot reach the console's API, and the console's session is kept over a restart.
     assert_eq!(
         error_of(get(&g.main, "/console/api/usage", Some(KEY)).await)

@@ -110,11 +110,15 @@ async fn killed_under_load(lock_sqlite: bool) {
     let seen = Arc::new(Mutex::new(HashSet::new()));
     let whole = Arc::new(Mutex::new(HashSet::new()));
     let tasks = load(&g, seen.clone(), whole.clone());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while seen.lock().expect("seen").len() < 200 {
-        assert!(Instant::now() < deadline, "too slow");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually_async(Duration::from_secs(10), "too slow", async || {
+        let n = seen.lock().expect("seen").len();
+        if n < 200 {
+            Err(format!("{n} of 200 seen"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     // Another process's write lock on the database at the moment of the kill.
     let locker = lock_sqlite.then(|| {
         let db = g.dir.path().join("usage.db");

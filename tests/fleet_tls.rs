@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::pg::Postgres;
 use common::pki::Pki;
@@ -96,25 +96,26 @@ async fn postgres_and_redis_are_reached_over_tls_only() {
     )
     .await;
     let id = request_id(&r);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let page: serde_json::Value = common::get(&g.direct, "/api/usage?limit=100", Some(KEY))
-            .await
-            .json()
-            .await
-            .expect("json");
-        if page["data"]
-            .as_array()
-            .is_some_and(|d| d.iter().any(|r| r["request_id"] == id))
-        {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the record never reached postgres"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(10),
+        "the record never reached postgres",
+        async || {
+            let page: serde_json::Value = common::get(&g.direct, "/api/usage?limit=100", Some(KEY))
+                .await
+                .json()
+                .await
+                .expect("json");
+            if page["data"]
+                .as_array()
+                .is_some_and(|d| d.iter().any(|r| r["request_id"] == id))
+            {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        },
+    )
+    .await;
     let metrics = common::get(&g.admin, "/metrics", None)
         .await
         .text()

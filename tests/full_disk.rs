@@ -10,7 +10,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Gateway, KEY, Setup, send, start_with};
 
@@ -61,8 +61,7 @@ async fn a_journal_on_a_full_disk_is_counted_and_no_record_is_lost() {
         r.bytes().await.expect("body");
     }
     common::await_record(&g, &last).await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    common::eventually_async(Duration::from_secs(5), "not 300 chat records", async || {
         let page: serde_json::Value = common::get(&g.direct, "/api/usage?limit=1000", Some(KEY))
             .await
             .json()
@@ -73,11 +72,12 @@ async fn a_journal_on_a_full_disk_is_counted_and_no_record_is_lost() {
             .as_array()
             .map_or(0, |d| d.iter().filter(|r| r["endpoint"] == "chat").count());
         if chats == 300 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{chats} of 300 records"))
         }
-        assert!(Instant::now() < deadline, "{chats} of 300 records");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     let failures = common::metric_value(&g, "modelgate_usage_journal_failures_total").await;
     assert!(failures > 0.0, "{failures}");
     drop(g);
@@ -121,16 +121,20 @@ async fn chat(g: &Gateway) -> reqwest::Response {
 
 /// Waits (up to 15 s) until the gateway holds no record in memory and is ready again.
 async fn await_stored_again(g: &Gateway) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let held = common::metric_value(g, "modelgate_usage_records_held").await;
-        let ready = common::get(&g.admin, "/readyz", None).await.status() == 200;
-        if held == 0.0 && ready {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{held} records still held");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(15),
+        "not stored again and ready",
+        async || {
+            let held = common::metric_value(g, "modelgate_usage_records_held").await;
+            let ready = common::get(&g.admin, "/readyz", None).await.status() == 200;
+            if held == 0.0 && ready {
+                Ok(())
+            } else {
+                Err(format!("{held} records still held"))
+            }
+        },
+    )
+    .await;
 }
 
 /// The chat records the store has, by request id.

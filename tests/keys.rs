@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use futures_util::StreamExt;
@@ -117,16 +117,20 @@ async fn tpm_counts_the_metered_tokens_and_refuses_while_the_window_is_full() {
     a.bytes().await.expect("body");
     // The first reply's tokens are counted just before its usage record is made: wait for the
     // record, so the next request sees them (12 of 20 used) and is admitted with 8 left.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let page = get(&g.main, "/api/usage?limit=10000", Some(TPM_KEY)).await;
-        let text = page.text().await.expect("page");
-        if text.contains(&first) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "no record for the first request");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually_async(
+        Duration::from_secs(5),
+        "no record for the first request",
+        async || {
+            let page = get(&g.main, "/api/usage?limit=10000", Some(TPM_KEY)).await;
+            let text = page.text().await.expect("page");
+            if text.contains(&first) {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        },
+    )
+    .await;
     let second = chat(&g.direct, TPM_KEY).await;
     assert_eq!(second.status(), 200);
     assert_eq!(
@@ -138,14 +142,15 @@ async fn tpm_counts_the_metered_tokens_and_refuses_while_the_window_is_full() {
     assert!(reset.ends_with('s') && !reset.ends_with("ms"), "{reset}");
     second.bytes().await.expect("body");
     // 24 >= 20 once the second is counted: refused while the window is full.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while chat(&g.main, TPM_KEY).await.status() != 429 {
-        assert!(
-            Instant::now() < deadline,
-            "the second reply's tokens were never counted"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually_async(
+        Duration::from_secs(5),
+        "the second reply's tokens were never counted",
+        async || match chat(&g.main, TPM_KEY).await.status().as_u16() {
+            429 => Ok(()),
+            s => Err(format!("status {s}")),
+        },
+    )
+    .await;
     let refused = chat(&g.main, TPM_KEY).await;
     assert!(header(&refused, "retry-after").is_some());
     let (status, e) = error_of(refused).await;
@@ -193,10 +198,15 @@ async fn max_concurrent_refuses_the_third_slow_stream_and_frees_slots_when_repli
     a.bytes().await.expect("a");
     b.bytes().await.expect("b");
     // The slots are freed as the requests end (the record is made right after).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while chat(&g.main, CONC_KEY).await.status() != 200 {
-        assert!(Instant::now() < deadline, "slots never freed");
-    }
+    eventually_async(
+        Duration::from_secs(5),
+        "slots never freed",
+        async || match chat(&g.main, CONC_KEY).await.status().as_u16() {
+            200 => Ok(()),
+            s => Err(format!("status {s}")),
+        },
+    )
+    .await;
 }
 
 fn keys_with(dir: &Path, extra: &str) -> String {
@@ -206,26 +216,28 @@ fn keys_with(dir: &Path, extra: &str) -> String {
 
 /// Waits (10 s at most) until more than `before` keys reloads were applied.
 async fn await_reloads_past(g: &Gateway, before: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric_value(g, "modelgate_keys_reloads_total").await <= before {
-        assert!(Instant::now() < deadline, "no reload");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(Duration::from_secs(10), "no reload", async || {
+        let n = metric_value(g, "modelgate_keys_reloads_total").await;
+        if n <= before {
+            Err(format!("{n} reloads"))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
 }
 
 /// Polls until `key` gets `status` on chat, for up to 2.5 s (the contract says 2 s).
 async fn await_status(base: &str, key: &str, status: u16) {
-    let deadline = Instant::now() + Duration::from_millis(2500);
-    loop {
-        if chat(base, key).await.status() == status {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{key} did not get {status} within 2.5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        Duration::from_millis(2500),
+        &format!("{key} did not get {status} within 2.5 s"),
+        async || match chat(base, key).await.status().as_u16() {
+            s if s == status => Ok(()),
+            s => Err(format!("status {s}")),
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -312,22 +324,23 @@ async fn a_broken_keys_file_is_rejected_whole_and_the_old_keys_stay_in_force() {
     );
     std::fs::write(dir.join("keys.toml"), broken).expect("write");
     // The rejection is counted in /metrics; wait for it rather than for time to pass.
-    let deadline = Instant::now() + Duration::from_millis(2500);
-    loop {
-        let metrics = get(&g.admin, "/metrics", None)
-            .await
-            .text()
-            .await
-            .expect("text");
-        if metrics.contains("modelgate_keys_reload_errors_total 1") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no reload error counted:\n{metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        Duration::from_millis(2500),
+        "no reload error counted",
+        async || {
+            let metrics = get(&g.admin, "/metrics", None)
+                .await
+                .text()
+                .await
+                .expect("text");
+            if metrics.contains("modelgate_keys_reload_errors_total 1") {
+                Ok(())
+            } else {
+                Err(format!("\n{metrics}"))
+            }
+        },
+    )
+    .await;
     assert_eq!(chat(&g.main, KEY).await.status(), 200, "old keys in force");
     assert_eq!(
         chat(&g.main, "sk-test-new-0300").await.status(),
@@ -450,11 +463,15 @@ async fn a_concurrency_limit_added_by_a_reload_counts_the_requests_already_runni
     await_reloads_past(&g, reloads).await;
     assert_eq!(chat(&g.main, "sk-test-grows-0700").await.status(), 429);
     drop(running);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while chat(&g.main, "sk-test-grows-0700").await.status() != 200 {
-        assert!(Instant::now() < deadline, "the slots were not freed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        Duration::from_secs(10),
+        "the slots were not freed",
+        async || match chat(&g.main, "sk-test-grows-0700").await.status().as_u16() {
+            200 => Ok(()),
+            s => Err(format!("status {s}")),
+        },
+    )
+    .await;
 }
 
 /// A 429 for rpm tells the key's concurrency headroom too (a client reads both from any reply).

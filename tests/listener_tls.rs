@@ -194,14 +194,19 @@ async fn reloads(g: &Gateway, result: &str) -> u64 {
 }
 
 async fn await_reloads(g: &Gateway, result: &str, n: u64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while reloads(g, result).await < n {
-        assert!(
-            Instant::now() < deadline,
-            "no {result} reload #{n} within 10 s"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(10),
+        &format!("no {result} reload #{n} within 10 s"),
+        async || {
+            let got = reloads(g, result).await;
+            if got < n {
+                Err(format!("{got} reloads"))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -159,21 +159,24 @@ upstream_model = "echo-1"
     let made = 5 + 2 + 3 + 2 + 10 + 1;
 
     // Counters move as each request ends (after its reply): wait for the last one.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let m = loop {
-        let m = scrape(&g).await;
-        // The store commits in batches: wait for one too.
-        let committed = sum(&m, "modelgate_usage_batch_rows_count", &[]) >= 1.0;
-        if sum(&m, "modelgate_requests_total", &[]) >= made as f64 && committed {
-            break m;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "requests counted: {}",
-            sum(&m, "modelgate_requests_total", &[])
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let m = common::eventually_async(
+        Duration::from_secs(10),
+        "requests not all counted, or no batch committed",
+        async || {
+            let m = scrape(&g).await;
+            // The store commits in batches: wait for one too.
+            let committed = sum(&m, "modelgate_usage_batch_rows_count", &[]) >= 1.0;
+            if sum(&m, "modelgate_requests_total", &[]) >= made as f64 && committed {
+                Ok(m)
+            } else {
+                Err(format!(
+                    "requests counted: {}",
+                    sum(&m, "modelgate_requests_total", &[])
+                ))
+            }
+        },
+    )
+    .await;
     let req = |want: &[(&str, &str)]| sum(&m, "modelgate_requests_total", want);
     assert_eq!(req(&[]), made as f64);
     assert_eq!(
@@ -322,19 +325,19 @@ async fn pages_the_console_and_unknown_paths_have_their_own_endpoint_label() {
     ] {
         let resp = get(base, path, Some(KEY)).await;
         let _ = resp.bytes().await;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while sum(
-            &scrape(&g).await,
-            "modelgate_requests_total",
-            &[("endpoint", group)],
-        ) < 1.0
-        {
-            assert!(
-                Instant::now() < deadline,
-                "{path}: no request counted as {group}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        common::eventually_async(
+            Duration::from_secs(5),
+            &format!("{path}: no request counted as {group}"),
+            async || {
+                let n = sum(
+                    &scrape(&g).await,
+                    "modelgate_requests_total",
+                    &[("endpoint", group)],
+                );
+                if n < 1.0 { Err(String::new()) } else { Ok(()) }
+            },
+        )
+        .await;
     }
 }
 
@@ -352,11 +355,19 @@ async fn a_stream_counts_in_flight_on_its_upstream_until_it_ends() {
     assert_eq!(in_flight(&scrape(&g).await), 1.0);
     tokio::task::block_in_place(|| read_until_last_chunk(&mut s));
     // The count ends as the reply's last piece goes out; the connection is still open.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while in_flight(&scrape(&g).await) != 0.0 {
-        assert!(Instant::now() < deadline, "still counted in flight");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(5),
+        "still counted in flight",
+        async || {
+            let n = in_flight(&scrape(&g).await);
+            if n == 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{n} in flight"))
+            }
+        },
+    )
+    .await;
     let models = tokio::task::block_in_place(|| models_over(&mut s));
     assert!(models.starts_with("HTTP/1.1 200"), "{models}");
 }

@@ -145,15 +145,15 @@ async fn await_view(
     within: std::time::Duration,
     ready: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let deadline = std::time::Instant::now() + within;
-    loop {
+    eventually_async(within, "not reached", async || {
         let view = upstreams(g).await;
         if ready(&view) {
-            return view;
+            Ok(view)
+        } else {
+            Err(view.to_string())
         }
-        assert!(std::time::Instant::now() < deadline, "not reached: {view}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test]
@@ -313,27 +313,32 @@ fallbacks = ["echo-1"]
         let _ = resp.bytes().await;
     }
     // The metrics count them under the model asked for, as the records do.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let m = metrics_text(&g).await;
-        let requests: Vec<&str> = m
-            .lines()
-            .filter(|l| l.starts_with("modelgate_requests_total{"))
-            .collect();
-        let count = |model: &str| {
-            requests
-                .iter()
-                .filter(|l| l.contains(&format!("model=\"{model}\"")))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum::<f64>()
-        };
-        if count("primary-model") + count("primary-of-echo") >= 4.0 {
-            assert_eq!(count("big-model") + count("echo-1"), 0.0, "{m}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "{m}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    let (others, m) = eventually_async(
+        std::time::Duration::from_secs(5),
+        "4 requests not counted under the models asked for",
+        async || {
+            let m = metrics_text(&g).await;
+            let requests: Vec<&str> = m
+                .lines()
+                .filter(|l| l.starts_with("modelgate_requests_total{"))
+                .collect();
+            let count = |model: &str| {
+                requests
+                    .iter()
+                    .filter(|l| l.contains(&format!("model=\"{model}\"")))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum::<f64>()
+            };
+            if count("primary-model") + count("primary-of-echo") >= 4.0 {
+                let others = count("big-model") + count("echo-1");
+                Ok((others, m))
+            } else {
+                Err(m)
+            }
+        },
+    )
+    .await;
+    assert_eq!(others, 0.0, "{m}");
 }
 
 /// A fallback is no way around a key's model allow-list: a key allowed only the primary is not
@@ -503,11 +508,14 @@ async fn metric(g: &Gateway, name: &str) -> f64 {
 
 /// Waits up to `secs` for a config reload to be refused (`what` if none is).
 async fn await_reload_refused(g: &Gateway, secs: u64, what: &str) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
-    while metric(g, "modelgate_config_reload_errors_total").await < 1.0 {
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    eventually_async(std::time::Duration::from_secs(secs), what, async || {
+        if metric(g, "modelgate_config_reload_errors_total").await < 1.0 {
+            Err(String::new())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -520,14 +528,15 @@ async fn pools_and_models_reload_from_the_config_file_and_a_bad_file_keeps_them(
         "{good}\n[[models]]\nname = \"late-model\"\npool = \"local\"\nupstream_model = \"echo-1\"\n"
     );
     std::fs::write(&path, &added).expect("write");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
-    while chat_status(&g.main, "late-model").await != 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the new model never answered"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        std::time::Duration::from_secs(3),
+        "the new model never answered",
+        async || match chat_status(&g.main, "late-model").await {
+            200 => Ok(()),
+            s => Err(format!("status {s}")),
+        },
+    )
+    .await;
     // A file that does not load: the pools and models in force stay.
     std::fs::write(
         &path,
@@ -930,7 +939,7 @@ upstream_model = "echo-1"
 async fn an_upstream_that_sends_early_hints_passes_its_health_check() {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -974,26 +983,30 @@ async fn an_upstream_that_sends_early_hints_passes_its_health_check() {
     });
     // Three checks answered: the first two have had their verdicts (each one that read 103
     // as the reply took the upstream out of rotation).
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while answered.load(Ordering::SeqCst) < 3 {
-        assert!(Instant::now() < deadline, "the health check did not run");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(
+        Duration::from_secs(10),
+        "the health check did not run",
+        async || match answered.load(Ordering::SeqCst) {
+            n if n < 3 => Err(format!("{n} checks answered")),
+            _ => Ok(()),
+        },
+    )
+    .await;
     // Ready after its last check (one the loaded machine let run past its deadline would
     // count as failed until the next).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
+    eventually_async(Duration::from_secs(5), "not ready", async || {
         let resp = reqwest::get(format!("{}/readyz", g.admin))
             .await
             .expect("readyz");
         let status = resp.status().as_u16();
         let body = resp.text().await.expect("body");
         if status == 200 {
-            break;
+            Ok(())
+        } else {
+            Err(format!("{status} {body}"))
         }
-        assert!(Instant::now() < deadline, "{status} {body}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
 }
 
 /// A reload that brings the first TLS upstream while the trust store cannot be loaded (the

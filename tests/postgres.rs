@@ -247,11 +247,17 @@ fn spooled_records_already_in_postgres_count_once_at_start() {
         "spend at start {spent}, spent {all}"
     );
     assert!(store.flush(Duration::from_secs(30)));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while spool.exists() {
-        assert!(Instant::now() < deadline, "the spool was not replayed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::eventually(
+        Duration::from_secs(30),
+        "the spool was not replayed",
+        || {
+            if spool.exists() {
+                Err(String::new())
+            } else {
+                Ok(())
+            }
+        },
+    );
     store.close();
 }
 
@@ -357,24 +363,21 @@ fn await_rows(pg: &Postgres, ids: &HashSet<String>, within: Duration) {
 
 fn await_rows_here(pg: &Postgres, ids: &HashSet<String>, within: Duration) {
     let mut c = pg.client();
-    let deadline = Instant::now() + within;
-    loop {
+    common::eventually(within, "records missing in postgres", || {
         let rows = c.query("SELECT request_id FROM usage", &[]).expect("rows");
         let got: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
         let set: HashSet<String> = got.iter().cloned().collect();
         assert_eq!(set.len(), got.len(), "a record written twice");
         if &set == ids {
-            return;
+            return Ok(());
         }
-        assert!(
-            Instant::now() < deadline,
+        Err(format!(
             "{} of {} records in postgres; extra: {:?}",
             set.intersection(ids).count(),
             ids.len(),
             set.difference(ids).take(3).collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+        ))
+    });
 }
 
 /// Two gateways on one database: each one's records in the other's usage API and CSV, and a
@@ -516,14 +519,18 @@ async fn postgres_killed_and_restarted_under_load_loses_and_doubles_nothing() {
         ids.extend(t.await.expect("load"));
     }
     // Records wait in the spool on disk while the database is away.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !spool.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "nothing spooled while postgres was down"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(10),
+        "nothing spooled while postgres was down",
+        async || {
+            if spool.exists() {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        },
+    )
+    .await;
     pg.up();
     let after: Vec<_> = (0..4).map(|_| load(20)).collect();
     for t in after {
@@ -540,11 +547,18 @@ async fn postgres_killed_and_restarted_under_load_loses_and_doubles_nothing() {
             g.stop_and_stderr()
         );
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while spool.exists() {
-        assert!(Instant::now() < deadline, "the spool was not emptied");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(10),
+        "the spool was not emptied",
+        async || {
+            if spool.exists() {
+                Err(String::new())
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
 }
 
 /// Postgres away when the gateway stops: the records wait in the spool on disk and are
@@ -630,11 +644,15 @@ async fn a_postgres_that_stops_answering_holds_no_record_and_no_shutdown() {
             .map(|s| s.lines().count())
             .unwrap_or(0)
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while spooled() < 20 {
-        assert!(Instant::now() < deadline, "{} records spooled", spooled());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(30),
+        "fewer than 20 records spooled",
+        async || match spooled() {
+            n if n < 20 => Err(format!("{n} records spooled")),
+            _ => Ok(()),
+        },
+    )
+    .await;
     let started = Instant::now();
     assert!(tokio::task::block_in_place(|| g.terminate()).success());
     assert!(
@@ -920,24 +938,24 @@ async fn without_redis_a_budget_spent_on_one_gateway_is_refused_on_the_other() {
     )
     .await;
     assert_eq!(r.status(), 200);
-    let start = Instant::now();
-    loop {
-        let r = send(
-            &b.direct,
-            "/v1/chat/completions",
-            Some(common::BUDGET_KEY),
-            &chat_body("echo-1", false),
-            &[],
-        )
-        .await;
-        if r.status() == 402 {
-            break;
-        }
-        assert_eq!(r.status(), 200);
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "b never saw a's spend"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(10),
+        "b never saw a's spend",
+        async || {
+            let r = send(
+                &b.direct,
+                "/v1/chat/completions",
+                Some(common::BUDGET_KEY),
+                &chat_body("echo-1", false),
+                &[],
+            )
+            .await;
+            if r.status() == 402 {
+                return Ok(());
+            }
+            assert_eq!(r.status(), 200);
+            Err(String::new())
+        },
+    )
+    .await;
 }

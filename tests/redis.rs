@@ -121,11 +121,14 @@ async fn concurrency_is_counted_across_gateways() {
     let b = slow(gs[1].direct.clone());
     // Both slots are taken once Redis holds both leases.
     let mut c = redis.conn();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while c.zcard::<_, u64>("mg:{conc}:lease").expect("zcard") < 2 {
-        assert!(Instant::now() < deadline, "leases not taken");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::eventually_async(Duration::from_secs(5), "leases not taken", async || match c
+        .zcard::<_, u64>("mg:{conc}:lease")
+        .expect("zcard")
+    {
+        n if n < 2 => Err(format!("{n} leases")),
+        _ => Ok(()),
+    })
+    .await;
     for g in &gs {
         let refused = chat(&g.main, common::CONC_KEY).await;
         // The fleet's count: no slot left on either gateway.
@@ -139,11 +142,15 @@ async fn concurrency_is_counted_across_gateways() {
     }
     a.await.expect("a");
     b.await.expect("b");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while c.zcard::<_, u64>("mg:{conc}:lease").expect("zcard") > 0 {
-        assert!(Instant::now() < deadline, "leases not released");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(5),
+        "leases not released",
+        async || match c.zcard::<_, u64>("mg:{conc}:lease").expect("zcard") {
+            0 => Ok(()),
+            n => Err(format!("{n} leases")),
+        },
+    )
+    .await;
     let free = chat(&gs[1].main, common::CONC_KEY).await;
     assert_eq!(free.status(), 200);
     assert_eq!(free.headers()["x-ratelimit-remaining-concurrency"], "1");
@@ -162,16 +169,18 @@ async fn tokens_counted_on_one_gateway_limit_the_other() {
     for g in &gs {
         assert_eq!(chat(&g.direct, common::TPM_KEY).await.status(), 200);
         used += 12;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while c
-            .get::<_, Option<u64>>("mg:{tpm}:toksum")
-            .expect("get")
-            .unwrap_or(0)
-            < used
-        {
-            assert!(Instant::now() < deadline, "tokens not counted");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::eventually_async(Duration::from_secs(5), "tokens not counted", async || {
+            let sum = c
+                .get::<_, Option<u64>>("mg:{tpm}:toksum")
+                .expect("get")
+                .unwrap_or(0);
+            if sum < used {
+                Err(format!("{sum} of {used}"))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
     }
     let r = chat(&gs[0].direct, common::TPM_KEY).await;
     assert_eq!(r.headers()["x-ratelimit-remaining-tokens"], "0");
@@ -222,16 +231,18 @@ async fn a_budget_holds_across_the_fleet() {
             }
         }
         // Let the round's costs reach Redis before the next round is admitted.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while c
-            .get::<_, Option<f64>>("mg:{fleet-budget}:spend")
-            .expect("get")
-            .unwrap_or(0.0)
-            < ok as f64 * 12.5 - 1e-9
-        {
-            assert!(Instant::now() < deadline, "spend not counted");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        common::eventually_async(Duration::from_secs(5), "spend not counted", async || {
+            let spend = c
+                .get::<_, Option<f64>>("mg:{fleet-budget}:spend")
+                .expect("get")
+                .unwrap_or(0.0);
+            if spend < ok as f64 * 12.5 - 1e-9 {
+                Err(format!("spend {spend}"))
+            } else {
+                Ok(())
+            }
+        })
+        .await;
     }
     let spent: f64 = c.get("mg:{fleet-budget}:spend").expect("spend");
     assert!(
@@ -275,27 +286,31 @@ async fn admissions_given_up_on_a_stalled_redis_take_no_slot_once_it_resumes() {
         let mut c = redis.conn();
         c.zcard::<_, u64>("mg:{conc}:lease").expect("zcard")
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while leases() > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{} slots held by nothing",
-            leases()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        // Redis is tried again a second after it failed.
-        let s = chat(&gs[1].main, common::CONC_KEY).await.status();
-        let used: bool = redis.conn().exists("mg:{conc}:gone").expect("exists");
-        assert!(used, "nothing was given up on");
-        if s == 200 && metric(&gs[1], "modelgate_limits_fallback_total").await == 0.0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "status {s}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(5),
+        "slots not released",
+        async || match leases() {
+            0 => Ok(()),
+            n => Err(format!("{n} slots held by nothing")),
+        },
+    )
+    .await;
+    common::eventually_async(
+        Duration::from_secs(5),
+        "not served through redis again",
+        async || {
+            // Redis is tried again a second after it failed.
+            let s = chat(&gs[1].main, common::CONC_KEY).await.status();
+            let used: bool = redis.conn().exists("mg:{conc}:gone").expect("exists");
+            assert!(used, "nothing was given up on");
+            if s == 200 && metric(&gs[1], "modelgate_limits_fallback_total").await == 0.0 {
+                Ok(())
+            } else {
+                Err(format!("status {s}"))
+            }
+        },
+    )
+    .await;
 }
 
 /// Redis restarted empty (its spend figures gone): a key that spent its budget stays refused,
@@ -323,10 +338,15 @@ async fn a_spent_budget_stays_refused_when_redis_comes_back_empty() {
         .as_u16()
     };
     assert_eq!(status().await, 200);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while status().await != 402 {
-        assert!(Instant::now() < deadline, "the budget never ran out");
-    }
+    common::eventually_async(
+        Duration::from_secs(5),
+        "the budget never ran out",
+        async || match status().await {
+            402 => Ok(()),
+            s => Err(format!("status {s}")),
+        },
+    )
+    .await;
     let _: () = redis::cmd("FLUSHALL")
         .query(&mut redis.conn())
         .expect("flush");
@@ -356,15 +376,19 @@ async fn redis_down_falls_back_to_local_limits_and_recovers() {
     redis.up();
     // Within a few retries the gateways count in Redis again.
     let mut c = redis.conn();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        assert_eq!(chat(&gs[1].direct, common::RPM100_KEY).await.status(), 200);
-        if c.zcard::<_, u64>("mg:{rpm100}:req").expect("zcard") > 0 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "limits not shared again");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(10),
+        "limits not shared again",
+        async || {
+            assert_eq!(chat(&gs[1].direct, common::RPM100_KEY).await.status(), 200);
+            if c.zcard::<_, u64>("mg:{rpm100}:req").expect("zcard") > 0 {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        },
+    )
+    .await;
     assert_eq!(metric(&gs[1], "modelgate_redis_up").await, 1.0);
 }
 
@@ -386,14 +410,19 @@ async fn redis_down_with_deny_refuses_limited_keys() {
     );
     assert_eq!(chat(&gs[0].direct, common::KEY).await.status(), 200);
     redis.up();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while chat(&gs[0].direct, common::RPM100_KEY).await.status() != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "still refused after redis came back"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(10),
+        "still refused after redis came back",
+        async || match chat(&gs[0].direct, common::RPM100_KEY)
+            .await
+            .status()
+            .as_u16()
+        {
+            200 => Ok(()),
+            s => Err(format!("status {s}")),
+        },
+    )
+    .await;
 }
 
 /// `budget_mode = "reserve"` (the default): 200 clients across two gateways hold their worst
@@ -459,11 +488,15 @@ async fn two_hundred_clients_on_two_gateways_spend_at_most_the_budget() {
     for t in tasks {
         t.await.expect("task");
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while c.hlen::<_, u64>("mg:{fleet-budget}:holdv").expect("hlen") > 0 {
-        assert!(Instant::now() < deadline, "holds left behind");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::eventually_async(
+        Duration::from_secs(5),
+        "holds left behind",
+        async || match c.hlen::<_, u64>("mg:{fleet-budget}:holdv").expect("hlen") {
+            0 => Ok(()),
+            n => Err(format!("{n} holds")),
+        },
+    )
+    .await;
     let spent: f64 = c.get("mg:{fleet-budget}:spend").expect("spend");
     assert!(spent <= 100.0 + 1e-9, "spent {spent} of 100");
     assert!(spent >= 75.0, "the budget was used: {spent}");

@@ -51,15 +51,15 @@ async fn a_shutdown_delay_drains_before_the_listeners_close() {
     );
     let started = Instant::now();
     g.send_signal("-TERM");
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let readiness = loop {
+    let readiness = eventually_async(Duration::from_secs(2), "/readyz never 503", async || {
         let r = get(&g.admin, "/readyz", None).await;
         if r.status() == 503 {
-            break r.json::<serde_json::Value>().await.expect("json");
+            Ok(r.json::<serde_json::Value>().await.expect("json"))
+        } else {
+            Err(format!("/readyz still {}", r.status()))
         }
-        assert!(Instant::now() < deadline, "/readyz still {}", r.status());
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    })
+    .await;
     assert_eq!(readiness["status"], "draining", "{readiness}");
     assert_eq!(get(&g.admin, "/healthz", None).await.status(), 200);
     // Served while draining, and the connection closed after the reply: the kept-alive one and
@@ -94,11 +94,15 @@ async fn a_second_sigterm_or_a_ctrl_c_ends_the_shutdown_delay() {
             ..Setup::default()
         });
         g.send_signal("-TERM");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while get(&g.admin, "/readyz", None).await.status() != 503 {
-            assert!(Instant::now() < deadline, "never draining");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        eventually_async(
+            Duration::from_secs(10),
+            "never draining",
+            async || match get(&g.admin, "/readyz", None).await.status().as_u16() {
+                503 => Ok(()),
+                s => Err(format!("/readyz {s}")),
+            },
+        )
+        .await;
         let started = Instant::now();
         let status = tokio::task::block_in_place(|| g.signal(second));
         assert!(status.success(), "{second}: {status}");
@@ -194,11 +198,15 @@ async fn ctrl_c_ends_the_wait_after(first: &str) {
     g.send_signal(first);
     // The first one is taken once the listener stops accepting; the streams go on meanwhile.
     let addr = g.main.trim_start_matches("http://").to_string();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(&addr).is_ok() {
-        assert!(Instant::now() < deadline, "still accepting after {first}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(
+        Duration::from_secs(10),
+        &format!("still accepting after {first}"),
+        async || match std::net::TcpStream::connect(&addr) {
+            Ok(_) => Err(String::new()),
+            Err(_) => Ok(()),
+        },
+    )
+    .await;
     assert!(g.running(), "exited at once");
     let started = Instant::now();
     g.send_signal("-INT");
@@ -303,18 +311,19 @@ async fn an_error_reply_whose_body_stalls_is_answered_503_when_the_shutdown_cuts
         .write_all((head + &body).as_bytes())
         .expect("request");
     // The try is counted by its outcome once the upstream's header is in: its body stalls.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !metrics_text(&g).await.lines().any(|l| {
-        l.starts_with("modelgate_upstream_attempts_total")
-            && l.contains("outcome=\"4xx\"")
-            && l.trim_end().ends_with(" 1")
-    }) {
-        assert!(
-            Instant::now() < deadline,
-            "the upstream's header did not come"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(
+        Duration::from_secs(5),
+        "the upstream's header did not come",
+        async || {
+            let counted = metrics_text(&g).await.lines().any(|l| {
+                l.starts_with("modelgate_upstream_attempts_total")
+                    && l.contains("outcome=\"4xx\"")
+                    && l.trim_end().ends_with(" 1")
+            });
+            if counted { Ok(()) } else { Err(String::new()) }
+        },
+    )
+    .await;
     terminate_past_the_grace_period(&mut g);
     let mut answer = Vec::new();
     let _ = client.read_to_end(&mut answer);
@@ -519,14 +528,18 @@ async fn an_upgrade_under_load_refuses_nothing_and_finishes_the_stream_in_flight
     );
     // The new instance waits for the sockets on the upgrade socket; then the old one hands
     // them over on SIGQUIT.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !sock.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the new instance never listened for the hand-over"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(
+        Duration::from_secs(30),
+        "the new instance never listened for the hand-over",
+        async || {
+            if sock.exists() {
+                Ok(())
+            } else {
+                Err(String::new())
+            }
+        },
+    )
+    .await;
     let status = tokio::task::block_in_place(|| old.signal("-QUIT"));
     assert!(status.success(), "old instance: {status}");
     let (body, clean) = stream.await.expect("stream task");

@@ -102,25 +102,25 @@ fn attr(span: &Span, key: &str) -> String {
 
 /// The spans of one trace, once `n` of them have arrived.
 async fn spans_of(got: &Received, trace: &str, n: usize) -> Vec<Span> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let spans: Vec<Span> = got
-            .lock()
-            .expect("lock")
-            .iter()
-            .filter(|(_, s)| hex(&s.trace_id) == trace)
-            .map(|(_, s)| s.clone())
-            .collect();
-        if spans.len() >= n {
-            return spans;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} spans of {trace}",
-            spans.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        Duration::from_secs(15),
+        &format!("fewer than {n} spans of {trace}"),
+        async || {
+            let spans: Vec<Span> = got
+                .lock()
+                .expect("lock")
+                .iter()
+                .filter(|(_, s)| hex(&s.trace_id) == trace)
+                .map(|(_, s)| s.clone())
+                .collect();
+            if spans.len() >= n {
+                Ok(spans)
+            } else {
+                Err(format!("{} of {n} spans of {trace}", spans.len()))
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -284,12 +284,20 @@ upstream_model = "echo-1"
             .all(|(_, s)| hex(&s.trace_id) != unsampled)
     );
     // Counted as exported once the collector answered each batch.
-    let deadline = Instant::now() + Duration::from_secs(10);
     let received = got.lock().expect("lock").len() as f64;
-    while metric_value(&g, "modelgate_otlp_spans_exported_total").await < received {
-        assert!(Instant::now() < deadline, "exported spans not counted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        Duration::from_secs(10),
+        "exported spans not counted",
+        async || {
+            let n = metric_value(&g, "modelgate_otlp_spans_exported_total").await;
+            if n < received {
+                Err(format!("{n} of {received}"))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await;
     assert_eq!(
         metric_value(&g, "modelgate_otlp_spans_failed_total").await,
         0.0
@@ -316,16 +324,19 @@ otlp_endpoint = "http://127.0.0.1:@DEAD@"
         let body = chat_body("echo-1", false);
         let resp = send(&g.main, "/v1/chat/completions", Some(KEY), &body, &[]).await;
         assert_eq!(resp.status(), 200);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let now = metric_value(&g, "modelgate_otlp_spans_failed_total").await;
-            if now > failed {
-                failed = now;
-                break;
-            }
-            assert!(Instant::now() < deadline, "failed spans not counted");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        failed = eventually_async(
+            Duration::from_secs(10),
+            "failed spans not counted",
+            async || {
+                let now = metric_value(&g, "modelgate_otlp_spans_failed_total").await;
+                if now > failed {
+                    Ok(now)
+                } else {
+                    Err(format!("{now}"))
+                }
+            },
+        )
+        .await;
     }
     assert_eq!(
         metric_value(&g, "modelgate_otlp_spans_exported_total").await,

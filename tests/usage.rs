@@ -23,20 +23,21 @@ async fn usage_page(base: &str, key: &str, query: &str) -> Value {
 
 /// Waits (bounded) until the record with this request id is readable, and returns it.
 async fn record_of(base: &str, key: &str, request_id: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let page = usage_page(base, key, "limit=10000").await;
-        if let Some(r) = page["data"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|r| r["request_id"] == request_id)
-        {
-            return r.clone();
-        }
-        assert!(Instant::now() < deadline, "no record for {request_id}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    eventually_async(
+        Duration::from_secs(10),
+        &format!("no record for {request_id}"),
+        async || {
+            let page = usage_page(base, key, "limit=10000").await;
+            page["data"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["request_id"] == request_id)
+                .cloned()
+                .ok_or_else(String::new)
+        },
+    )
+    .await
 }
 
 /// Sends, drains the reply, and returns (request id, body).
@@ -737,16 +738,12 @@ async fn readyz_is_503_while_the_store_cannot_write_and_200_again_after() {
         .expect("rename");
     let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
     assert_eq!(resp.status(), 200);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    let body = eventually_async(Duration::from_secs(30), "still ready", async || {
         let (status, body) = readyz().await;
-        if status == 503 {
-            assert!(body.contains("usage store"), "{body}");
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "still ready: {body}");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+        if status == 503 { Ok(body) } else { Err(body) }
+    })
+    .await;
+    assert!(body.contains("usage store"), "{body}");
     other
         .execute_batch("ALTER TABLE usage_away RENAME TO usage")
         .expect("rename back");
@@ -769,11 +766,14 @@ async fn a_database_file_locked_by_another_process_delays_records_and_loses_none
     let resp = post_json(&g.main, "/v1/chat/completions", &chat_body("echo-1", false)).await;
     assert_eq!(resp.status(), 200);
     let id = request_id(&resp);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while metric_value(&g, "modelgate_usage_spool_bytes").await == 0.0 {
-        assert!(std::time::Instant::now() < deadline, "never spooled");
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    eventually_async(Duration::from_secs(30), "never spooled", async || {
+        if metric_value(&g, "modelgate_usage_spool_bytes").await == 0.0 {
+            Err(String::new())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let ready = reqwest::get(format!("{}/readyz", g.admin))
         .await
         .expect("readyz");
@@ -1035,15 +1035,19 @@ async fn a_burst_of_usage_calls_is_refused_past_the_keys_bound() {
     }
     let other = get(&g.main, "/api/usage/summary", Some(OTHER_KEY)).await;
     assert_eq!(other.status(), 200);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let again = get(&g.main, "/api/usage/summary", Some(KEY)).await;
-        if again.status() == 200 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the key stays refused");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_async(
+        Duration::from_secs(5),
+        "the key stays refused",
+        async || match get(&g.main, "/api/usage/summary", Some(KEY))
+            .await
+            .status()
+            .as_u16()
+        {
+            200 => Ok(()),
+            s => Err(format!("status {s}")),
+        },
+    )
+    .await;
 }
 
 /// An upstream that answers a stream request with a plain JSON reply: the reply is metered

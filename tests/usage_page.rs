@@ -32,26 +32,26 @@ async fn chats(base: &str, key: &str, model: &str, n: usize) {
 
 /// Waits until the key's records include `n` chat records (the writer batches every 100 ms).
 async fn await_chat_records(base: &str, key: &str, n: usize) -> Vec<Value> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let page = json_of(get(base, "/api/usage?limit=10000", Some(key)).await).await;
-        let chat: Vec<Value> = page["data"]
-            .as_array()
-            .expect("data")
-            .iter()
-            .filter(|r| r["endpoint"] == "chat")
-            .cloned()
-            .collect();
-        if chat.len() >= n {
-            return chat;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "only {} records",
-            chat.len()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    eventually_async(
+        std::time::Duration::from_secs(10),
+        &format!("fewer than {n} chat records"),
+        async || {
+            let page = json_of(get(base, "/api/usage?limit=10000", Some(key)).await).await;
+            let chat: Vec<Value> = page["data"]
+                .as_array()
+                .expect("data")
+                .iter()
+                .filter(|r| r["endpoint"] == "chat")
+                .cloned()
+                .collect();
+            if chat.len() >= n {
+                Ok(chat)
+            } else {
+                Err(format!("only {} records", chat.len()))
+            }
+        },
+    )
+    .await
 }
 
 #[tokio::test]

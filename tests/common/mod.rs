@@ -43,6 +43,70 @@ pub fn needs(package: &str, found: bool) -> bool {
     false
 }
 
+/// The pause before `eventually`'s second look: 10 ms, doubled after each look up to `POLL_MAX`
+/// (quick for what comes at once, and no flood of requests on what takes seconds: a key's usage
+/// calls are bounded per second).
+const POLL_FIRST: Duration = Duration::from_millis(10);
+const POLL_MAX: Duration = Duration::from_millis(50);
+
+/// Waits for a condition: runs `check` (at once, then every 10 to 50 ms) until it returns `Ok`,
+/// and returns that. `check` returns `Err` with what it saw (the last state, for the failure
+/// message; empty where there is nothing to tell) while the condition does not hold yet.
+/// Panics with `what` (say what did not happen) and the last `Err` once `within` has passed;
+/// `check` runs at least once.
+#[track_caller]
+pub fn eventually<T>(
+    within: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + within;
+    let mut pause = POLL_FIRST;
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(last) => {
+                if Instant::now() >= deadline {
+                    give_up(within, what, &last);
+                }
+            }
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(POLL_MAX);
+    }
+}
+
+/// `eventually` for an async `check` (`async || ...` or `|| async ...`): sleeps on the tokio
+/// timer between polls.
+pub async fn eventually_async<T>(
+    within: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + within;
+    let mut pause = POLL_FIRST;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) => {
+                if Instant::now() >= deadline {
+                    give_up(within, what, &last);
+                }
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(POLL_MAX);
+    }
+}
+
+#[track_caller]
+fn give_up(within: Duration, what: &str, last: &str) -> ! {
+    if last.is_empty() {
+        panic!("{what} (waited {within:?})");
+    }
+    panic!("{what} (waited {within:?}; last: {last})");
+}
+
 pub struct Gateway {
     child: Child,
     /// Everything the gateway wrote to stderr, read as it comes (a full pipe would block it).
@@ -616,11 +680,11 @@ pub fn start_mock_at(port: u16, extra_args: &[&str]) -> MockProcess {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn mock");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "mock did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(Duration::from_secs(30), "mock did not listen", || {
+        std::net::TcpStream::connect(("127.0.0.1", port))
+            .map(drop)
+            .map_err(|e| e.to_string())
+    });
     MockProcess { child, port }
 }
 
@@ -658,8 +722,7 @@ pub async fn await_key_record(
     request_id: &str,
     within: Duration,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + within;
-    loop {
+    eventually_async(within, &format!("no record {request_id}"), async || {
         let page: serde_json::Value = client
             .get(format!("{direct}/api/usage?limit=1000&order=desc"))
             .bearer_auth(key)
@@ -669,15 +732,13 @@ pub async fn await_key_record(
             .json()
             .await
             .expect("json");
-        if let Some(r) = page["data"]
+        page["data"]
             .as_array()
             .and_then(|d| d.iter().find(|r| r["request_id"] == request_id))
-        {
-            return r.clone();
-        }
-        assert!(Instant::now() < deadline, "no record {request_id}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+            .cloned()
+            .ok_or_else(String::new)
+    })
+    .await
 }
 
 /// A key's spend, as the balance endpoint tells it.

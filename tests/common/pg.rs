@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct Postgres {
     pub dir: tempfile::TempDir,
@@ -197,11 +197,15 @@ impl Postgres {
             self.port
         );
         off_runtime(move || {
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while postgres::Client::connect(&url, postgres::NoTls).is_err() {
-                assert!(Instant::now() < deadline, "postgres not taking connections");
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            super::eventually(
+                Duration::from_secs(30),
+                "postgres not taking connections",
+                || {
+                    postgres::Client::connect(&url, postgres::NoTls)
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                },
+            );
         });
     }
 

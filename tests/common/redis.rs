@@ -2,7 +2,7 @@
 //! persistence, in a temp dir; killed when the handle drops, and restartable on the same port.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct Redis {
     pub dir: tempfile::TempDir,
@@ -87,31 +87,30 @@ impl Redis {
             .spawn()
             .expect("redis-server (Debian's redis-server; scripts/install-deps.sh --test)");
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let pong = match &self.tls {
-                None => redis::Client::open(self.url())
-                    .and_then(|c| c.get_connection())
-                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
-                    .is_ok(),
-                Some((_, _, ca)) => Command::new("redis-cli")
-                    .args([
-                        "--tls",
-                        "--cacert",
-                        ca,
-                        "-p",
-                        &self.port.to_string(),
-                        "ping",
-                    ])
-                    .output()
-                    .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("PONG")),
-            };
-            if pong {
-                return;
-            }
-            assert!(Instant::now() < deadline, "redis-server did not answer");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        super::eventually(
+            Duration::from_secs(20),
+            "redis-server did not answer",
+            || {
+                let pong = match &self.tls {
+                    None => redis::Client::open(self.url())
+                        .and_then(|c| c.get_connection())
+                        .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                        .is_ok(),
+                    Some((_, _, ca)) => Command::new("redis-cli")
+                        .args([
+                            "--tls",
+                            "--cacert",
+                            ca,
+                            "-p",
+                            &self.port.to_string(),
+                            "ping",
+                        ])
+                        .output()
+                        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("PONG")),
+                };
+                if pong { Ok(()) } else { Err(String::new()) }
+            },
+        );
     }
 
     /// Kills the server (as a crash would); its data is gone.
