@@ -237,3 +237,43 @@ fn heading_ids_follow_mdbook() {
     );
     assert_eq!(heading_id(" `[log]` and TLS: 1/2"), "log-and-tls-12");
 }
+
+/// Every key the config file takes (each `pub(super)` field of a `Raw…` struct in
+/// `src/config/`) is in the configuration reference.
+#[test]
+fn every_config_key_is_in_the_reference() {
+    let reference =
+        std::fs::read_to_string(root().join("docs/src/configuration.md")).expect("reference");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(root().join("src/config")).expect("src/config") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let mut in_raw = false;
+        for line in text.lines() {
+            if line.starts_with("pub(super) struct Raw") {
+                in_raw = true;
+            } else if line.starts_with('}') {
+                in_raw = false;
+            } else if in_raw
+                && let Some(field) = line.trim().strip_prefix("pub(super) ")
+                && let Some((name, _)) = field.split_once(':')
+                && ![
+                    format!("`{name}`"),
+                    format!("{name} ="),
+                    format!("[{name}"),
+                    format!(".{name}."),
+                    format!("{{ {name},"),
+                ]
+                .iter()
+                .any(|form| reference.contains(form.as_str()))
+            {
+                missing.push(format!("{}: {name}", path.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in docs/src/configuration.md:\n{}",
+        missing.join("\n")
+    );
+}
