@@ -70,6 +70,8 @@ fn prose_paths(text: &str) -> Vec<String> {
         .step_by(2)
         .filter(|q| ROOTS.iter().any(|r| q.starts_with(r)))
         .filter(|q| !q.contains([' ', '*', '{', '<', '…']))
+        // What a build makes (the rendered book) is not in a clean checkout.
+        .filter(|q| !q.starts_with("docs/book"))
         .map(|q| q.split(':').next().unwrap_or(q).to_string())
         .collect()
 }
