@@ -31,22 +31,4 @@ done
 for t in a b; do wait_port "$(cat $TMP/$t/port)"; done
 chat_script $TMP/plain.lua false; chat_script $TMP/stream.lua true
 echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)); b = a + ${B:-}${B_SED:+ sed $B_SED}"
-for c in plain stream; do
-  for t in a b; do taskset -c "$WRK_CPUS" wrk -t1 -c$C -d1s -s $TMP/$c.lua "http://127.0.0.1:$(cat $TMP/$t/port)/v1/chat/completions" >/dev/null; done
-  for r in $(seq "$ROUNDS"); do
-    for t in a b; do
-      v=$(taskset -c "$WRK_CPUS" wrk -t1 -c$C -d${DUR}s -s $TMP/$c.lua "http://127.0.0.1:$(cat $TMP/$t/port)/v1/chat/completions" | awk '/Requests\/sec/{print $2}')
-      echo "$c $r $t $v"
-    done
-  done
-done | tee $TMP/rounds.txt
-python3 - "$TMP/rounds.txt" <<'PY'
-import collections, statistics, sys
-d = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    c, _, t, v = line.split()
-    d[(c, t)].append(float(v))
-for c in ("plain", "stream"):
-    a, b = statistics.median(d[(c, "a")]), statistics.median(d[(c, "b")])
-    print(f"{c}: a {a:.0f} req/s, b {b:.0f} req/s, b/a {b / a:.3f}")
-PY
+ab_rounds a b

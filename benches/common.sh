@@ -49,3 +49,34 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $KEY"
 LUA
 }
+
+# Interleaved rounds against gateways side by side: for plain and streamed chat (scripts
+# $TMP/plain.lua and $TMP/stream.lua), a 1 s warm-up each, then ROUNDS rounds of DUR seconds,
+# C connections, WRK_THREADS wrk threads on WRK_CPUS, each round visiting the targets named
+# (each one's port in $TMP/<name>/port) in turn. Prints "case round name req/s" lines to
+# stdout and into $TMP/rounds.txt, then each case's medians and the ratio of every target to
+# each one named before it.
+ab_rounds() {
+  local c r t v
+  for c in plain stream; do
+    for t in "$@"; do taskset -c "$WRK_CPUS" wrk -t"${WRK_THREADS:-1}" -c"$C" -d1s -s "$TMP/$c.lua" "http://127.0.0.1:$(cat "$TMP/$t/port")/v1/chat/completions" >/dev/null; done
+    for r in $(seq "$ROUNDS"); do
+      for t in "$@"; do
+        v=$(taskset -c "$WRK_CPUS" wrk -t"${WRK_THREADS:-1}" -c"$C" -d"${DUR}s" -s "$TMP/$c.lua" "http://127.0.0.1:$(cat "$TMP/$t/port")/v1/chat/completions" | awk '/Requests\/sec/{print $2}')
+        echo "$c $r $t $v"
+      done
+    done
+  done | tee "$TMP/rounds.txt"
+  python3 - "$TMP/rounds.txt" "$@" <<'PY'
+import collections, statistics, sys
+d = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    c, _, t, v = line.split()
+    d[(c, t)].append(float(v))
+names = sys.argv[2:]
+for c in ("plain", "stream"):
+    m = {t: statistics.median(d[(c, t)]) for t in names}
+    ratios = [f"{b}/{a} {m[b] / m[a]:.3f}" for i, b in enumerate(names) for a in names[:i]]
+    print(f"{c}: " + ", ".join(f"{t} {v:.0f} req/s" for t, v in m.items()) + "; " + ", ".join(ratios))
+PY
+}

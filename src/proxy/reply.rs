@@ -31,13 +31,13 @@ fn hop_by_hop(name: &str) -> Option<&'static str> {
 /// cookies, org and project ids, `alt-svc`, its CORS: CORS is the gateway's) stays with the
 /// gateway, as do its framing, its connection's options and every header its `Connection`
 /// names. The provider's own request id goes on as `x-upstream-request-id` (not the gateway's
-/// own, which some servers echo). It is an HTTP/1.1
+/// own, which some servers echo), and is returned (for the access log). It is an HTTP/1.1
 /// reply whatever the upstream spoke.
 fn keep_for_client(
     resp: &mut ResponseHeader,
     pass: &PassHeaders,
     ours: &str,
-) -> pingora_error::Result<()> {
+) -> pingora_error::Result<Option<http::HeaderValue>> {
     resp.set_version(http::Version::HTTP_11);
     let hop = crate::upstream::HopHeaders::of(&resp.headers, hop_by_hop);
     let mut upstream_id: Option<(usize, http::HeaderValue)> = None;
@@ -59,10 +59,11 @@ fn keep_for_client(
     for name in dropped {
         resp.remove_header(&name);
     }
-    if let Some((_, id)) = upstream_id {
-        resp.insert_header("x-upstream-request-id", id)?;
+    let upstream_id = upstream_id.map(|(_, id)| id);
+    if let Some(id) = &upstream_id {
+        resp.insert_header("x-upstream-request-id", id.clone())?;
     }
-    Ok(())
+    Ok(upstream_id)
 }
 
 /// Upstream 401/403 mean the gateway's own credential failed: the client gets 502
@@ -93,8 +94,7 @@ pub fn on_upstream_header(
     }
     // The upstream's rate-limit headers describe the pool's account, not the client's key:
     // they are not kept, and the key's own (if it has limits) are written.
-    keep_for_client(resp, pass, &ctx.request_id)?;
-    ctx.upstream_request_id = resp.headers.get("x-upstream-request-id").cloned();
+    ctx.upstream_request_id = keep_for_client(resp, pass, &ctx.request_id)?;
     resp.insert_header("x-request-id", ctx.request_id.as_str())?;
     super::respond::reply_headers(&ctx.decor(), resp)?;
     if ctx.reservation.as_ref().is_some_and(|r| r.budget_limited) {

@@ -49,10 +49,7 @@ pub fn parse(
     Ok(out)
 }
 
-/// `application/x-www-form-urlencoded` decoding: `%XX` and `+` for a space.
-pub fn decode(s: &str) -> String {
-    crate::auth::decode_query(s)
-}
+pub use crate::auth::decode_query as decode;
 
 /// `tz`: `UTC`, a fixed offset (`+05:30`, `-08:00`, `+0530`), or an IANA name
 /// (`Asia/Kolkata`). A `+` that arrived unencoded (as a space) is read as `+`.
