@@ -251,6 +251,12 @@ async fn a_rotated_file_is_followed_after_a_rename_and_on_sigusr1() {
     )
     .await;
     assert!(g.running(), "SIGUSR1 ended the gateway");
+    // Nothing was dropped, and the count is on /metrics.
+    let metrics = metrics_text(&g).await;
+    assert!(
+        metrics.contains("modelgate_access_log_lines_dropped_total 0"),
+        "{metrics}"
+    );
     let status = tokio::task::block_in_place(|| g.terminate());
     assert!(status.success());
     // No line lost or doubled across the three files.

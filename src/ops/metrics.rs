@@ -108,6 +108,7 @@ pub struct Metrics {
     records_held: IntGauge,
     store_full: IntGauge,
     store_refused: IntCounter,
+    access_log_dropped: IntCounter,
     batch_rows: Histogram,
     batch_seconds: Histogram,
 }
@@ -341,6 +342,10 @@ impl Metrics {
                 "usage_store_refused_total",
                 "Requests refused with 503 usage_store_unavailable while the usage store was full",
             )?,
+            access_log_dropped: counter(
+                "access_log_lines_dropped_total",
+                "Access-log lines dropped because the output could not keep up",
+            )?,
             batch_rows: histogram(
                 "usage_batch_rows",
                 "Records per store commit",
@@ -488,6 +493,12 @@ impl Metrics {
     pub fn batch(&self, rows: usize, took: Duration) {
         self.batch_rows.observe(rows as f64);
         self.batch_seconds.observe(took.as_secs_f64());
+    }
+
+    /// The access log's dropped lines so far (read at each scrape).
+    pub fn access_log_dropped(&self, total: u64) {
+        self.access_log_dropped
+            .inc_by(total.saturating_sub(self.access_log_dropped.get()));
     }
 
     /// The Prometheus text exposition, with the store's, the upstreams' and the process's

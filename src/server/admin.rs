@@ -39,6 +39,9 @@ impl ServeHttp for Admin {
                     .map(|m| {
                         let snapshot = self.shared.live.snapshot();
                         let upstreams = snapshot.router.upstream_gauges();
+                        if let Some(log) = &self.shared.access_log {
+                            m.access_log_dropped(log.dropped());
+                        }
                         m.render(self.shared.store.stats(), &upstreams)
                     })
                     .unwrap_or_default(),
