@@ -19,10 +19,11 @@ pub(super) struct RawLog {
 /// `[log]`: the access log's sample rate and format.
 pub(super) fn check(
     log: Option<&RawLog>,
-    file: &str,
+    src: &Src<'_>,
     p: &mut Problems,
-    at: &dyn Fn(std::ops::Range<usize>) -> Option<usize>,
 ) -> (f64, crate::ops::access_log::Format) {
+    let file = src.file;
+    let at = |s: std::ops::Range<usize>| src.at(s);
     use crate::ops::access_log::Format;
     let rate = match log.and_then(|l| l.access.as_ref()) {
         None => 1.0,

@@ -119,7 +119,6 @@ impl Config {
         let Some(raw) = raw else { return Err(p) };
         let shape = p.0.len();
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let at = |span: std::ops::Range<usize>| Some(problem::line_of(text, span.start));
         let src = Src {
             file: &file,
             text,
@@ -144,7 +143,7 @@ impl Config {
             if let Some(message) = problem {
                 p.push(Problem::new(
                     &file,
-                    at(m.span()),
+                    src.at(m.span()),
                     "demo.mock_upstream",
                     message,
                 ));
@@ -161,7 +160,7 @@ impl Config {
 
         let telemetry = telemetry::check(raw.telemetry.as_ref(), &src, &mut p);
 
-        let (access_log_rate, access_log_format) = log::check(raw.log.as_ref(), &file, &mut p, &at);
+        let (access_log_rate, access_log_format) = log::check(raw.log.as_ref(), &src, &mut p);
         let postgres = storage::postgres(raw.storage.as_ref(), &src, &mut p);
 
         let redis = limits::redis(raw.limits.as_ref(), &src, &mut p);
@@ -175,7 +174,7 @@ impl Config {
                     let names: Vec<String> =
                         choices.iter().map(|(n, _)| format!("\"{n}\"")).collect();
                     let message = format!("must be {}", names.join(" or "));
-                    p.push(Problem::new(&file, at(v.span()), field, message));
+                    p.push(Problem::new(&file, src.at(v.span()), field, message));
                     choices[0].1
                 }
             }
@@ -213,7 +212,7 @@ impl Config {
         let keys_in_postgres = match &raw.keys.source {
             None => false,
             Some(v) => {
-                let bad = |m: &str| Problem::new(&file, at(v.span()), "keys.source", m);
+                let bad = |m: &str| Problem::new(&file, src.at(v.span()), "keys.source", m);
                 match v.get_ref().as_str() {
                     "file" => false,
                     "postgres" if postgres.is_some() => true,
