@@ -24,26 +24,10 @@ fn pages(dir: &Path, out: &mut Vec<PathBuf>) {
 
 /// The text outside fenced code blocks and inline code.
 fn prose(text: &str) -> String {
-    let mut out = String::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-            out.push('\n');
-            continue;
-        }
-        if !fenced {
-            let mut code = false;
-            for part in line.split('`') {
-                if !code {
-                    out.push_str(part);
-                }
-                code = !code;
-            }
-        }
-        out.push('\n');
-    }
-    out
+    unfenced(text)
+        .lines()
+        .map(|line| line.split('`').step_by(2).collect::<String>() + "\n")
+        .collect()
 }
 
 /// The text outside fenced code blocks.
@@ -112,16 +96,11 @@ fn heading_id(heading: &str) -> String {
 
 fn anchors(page: &Path) -> BTreeSet<String> {
     let text = std::fs::read_to_string(page).unwrap_or_default();
-    let mut fenced = false;
-    let mut out = BTreeSet::new();
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-        } else if !fenced && line.starts_with('#') {
-            out.insert(heading_id(line.trim_start_matches('#')));
-        }
-    }
-    out
+    unfenced(&text)
+        .lines()
+        .filter(|line| line.starts_with('#'))
+        .map(|line| heading_id(line.trim_start_matches('#')))
+        .collect()
 }
 
 /// Problems with the links of `page` (a path relative to the repository in each).
