@@ -9,11 +9,10 @@ use clap::{Parser, Subcommand};
 
 use crate::config::Config;
 use crate::config::keys::sha256;
-use crate::config::live::Live;
 use crate::limit::budget::Spend;
 use crate::limit::shared::SharedLimits;
 use crate::mock_upstream::{self, MockOptions};
-use crate::state::Shared;
+use crate::route::live::Live;
 use crate::store::{Store, StoreOptions};
 
 #[derive(Parser)]
@@ -327,33 +326,16 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         None => None,
     };
     if let (Some(url), true) = (&c.postgres, c.keys_in_postgres) {
-        crate::config::keys_db::follow(url.expose().to_string(), live.clone());
+        {
+            let live = live.clone();
+            crate::store::postgres::keys::follow(url.expose().to_string(), move |t| {
+                live.set_keys(t)
+            });
+        }
     }
     let spend_sync = (c.postgres.is_some() || shared_limits.is_some())
-        .then(|| sync_spend(store.clone(), shared_limits.clone()));
-    let shared = Arc::new(Shared {
-        live,
-        store: store.clone(),
-        spend,
-        limiter: Default::default(),
-        shared_limits,
-        web: crate::web::WebState {
-            throttle: crate::auth::Throttle::per_minute(c.auth_failures_per_minute),
-            logins: Default::default(),
-            sign_ins: Default::default(),
-            usage_calls: Default::default(),
-        },
-        lifecycle: Default::default(),
-        access_log: crate::ops::access_log::AccessLog::start(
-            c.access_log_rate,
-            c.access_log_format,
-            c.access_log_file.as_deref(),
-        ),
-        stored: Default::default(),
-    });
-    if let Some(sync) = &spend_sync {
-        sync.set_spend(Arc::downgrade(&shared));
-    }
+        .then(|| sync_spend(store.clone(), shared_limits.clone(), spend.clone()));
+    let shared = crate::state::build(&c, live, store.clone(), spend.clone(), shared_limits);
     let signals = crate::ops::lifecycle::Signals {
         lifecycle: shared.lifecycle.clone(),
         delay: c.shutdown_delay,
@@ -527,16 +509,9 @@ fn password_hash() -> ExitCode {
 /// spend too (so a Redis that restarted empty is filled again from the records).
 struct SpendSync {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    shared: Arc<std::sync::Mutex<std::sync::Weak<Shared>>>,
 }
 
 const SPEND_SYNC: std::time::Duration = std::time::Duration::from_secs(2);
-
-impl SpendSync {
-    fn set_spend(&self, shared: std::sync::Weak<Shared>) {
-        *self.shared.lock().unwrap_or_else(|e| e.into_inner()) = shared;
-    }
-}
 
 impl Drop for SpendSync {
     fn drop(&mut self) {
@@ -544,21 +519,18 @@ impl Drop for SpendSync {
     }
 }
 
-fn sync_spend(store: Arc<Store>, limits: Option<Arc<SharedLimits>>) -> SpendSync {
+fn sync_spend(
+    store: Arc<Store>,
+    limits: Option<Arc<SharedLimits>>,
+    spend: Arc<crate::limit::budget::Spend>,
+) -> SpendSync {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let shared: Arc<std::sync::Mutex<std::sync::Weak<Shared>>> = Default::default();
-    let sync = SpendSync {
-        stop: stop.clone(),
-        shared: shared.clone(),
-    };
+    let sync = SpendSync { stop: stop.clone() };
     let run = move || {
         while !stop.load(std::sync::atomic::Ordering::SeqCst) {
             match store.spend_totals() {
                 Ok(totals) => {
-                    let state = shared.lock().unwrap_or_else(|e| e.into_inner()).upgrade();
-                    if let Some(state) = state {
-                        state.spend.raise_to(&totals);
-                    }
+                    spend.raise_to(&totals);
                     if let Some(l) = &limits {
                         l.reconcile(&totals);
                     }
@@ -595,7 +567,7 @@ fn keys_command(config: &Path, command: KeysCommand) -> ExitCode {
         return ExitCode::from(2);
     };
     match command {
-        KeysCommand::Export => match crate::config::keys_db::export(url.expose()) {
+        KeysCommand::Export => match crate::store::postgres::keys::export(url.expose()) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
@@ -614,7 +586,11 @@ fn keys_command(config: &Path, command: KeysCommand) -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            match crate::config::keys_db::import(url.expose(), &text, &file.display().to_string()) {
+            match crate::store::postgres::keys::import(
+                url.expose(),
+                &text,
+                &file.display().to_string(),
+            ) {
                 Ok(n) => {
                     eprintln!("imported {n} keys from {}", file.display());
                     ExitCode::SUCCESS

@@ -1,42 +1,48 @@
-//! What the `main` and `direct` listeners (and the admin listener) share: the live config and
-//! keys, the usage store, the spend ledger, the rate limiter and the web stage's own state.
-//! Built once in `serve`; every request reads it through one `Arc`.
+//! What the listeners share, split by who needs it: the web stage's (`web::Web`: the live
+//! config and keys, the store, the spend ledger, its throttles) and the proxy's
+//! (`proxy::Shared`: those, plus the rate limiter, the fleet's shared limits, the lifecycle,
+//! the access log). Built once at start; every request reads it through one `Arc`.
 
 use std::sync::Arc;
 
-use crate::config::live::Live;
+use crate::config::Config;
 use crate::limit::budget::Spend;
-use crate::limit::rate::Limiter;
+use crate::limit::shared::SharedLimits;
+use crate::proxy;
+use crate::route::live::Live;
 use crate::store::Store;
+use crate::web;
 
-pub struct Shared {
-    pub live: Arc<Live>,
-    pub store: Arc<Store>,
-    pub spend: std::sync::Arc<Spend>,
-    pub limiter: Limiter,
-    /// `[limits] redis`: the limits and spend every gateway of a fleet shares.
-    pub shared_limits: Option<Arc<crate::limit::shared::SharedLimits>>,
-    pub web: crate::web::WebState,
-    /// Requests in flight, and the signal that ends them at shutdown.
-    pub lifecycle: Arc<crate::ops::lifecycle::Lifecycle>,
-    /// One line per request on stderr; None when `[log] access = "off"`.
-    pub access_log: Option<crate::ops::access_log::AccessLog>,
-    /// Which upstream made each stored response (Responses API).
-    pub stored: crate::route::stored::StoredResponses,
-}
-
-/// Which API listener a request came in on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listener {
-    Main,
-    Direct,
-}
-
-impl Listener {
-    pub fn name(self) -> &'static str {
-        match self {
-            Listener::Main => "main",
-            Listener::Direct => "direct",
-        }
-    }
+/// The state of a gateway serving `config`, from what the start made of it.
+pub fn build(
+    c: &Config,
+    live: Arc<Live>,
+    store: Arc<Store>,
+    spend: Arc<Spend>,
+    shared_limits: Option<Arc<SharedLimits>>,
+) -> Arc<proxy::Shared> {
+    let web = Arc::new(web::Web {
+        live: live.clone(),
+        store: store.clone(),
+        spend: spend.clone(),
+        throttle: crate::auth::Throttle::per_minute(c.auth_failures_per_minute),
+        logins: Default::default(),
+        sign_ins: Default::default(),
+        usage_calls: Default::default(),
+    });
+    Arc::new(proxy::Shared {
+        live,
+        store,
+        spend,
+        limiter: Default::default(),
+        shared_limits,
+        web,
+        lifecycle: Default::default(),
+        access_log: crate::ops::access_log::AccessLog::start(
+            c.access_log_rate,
+            c.access_log_format,
+            c.access_log_file.as_deref(),
+        ),
+        stored: Default::default(),
+    })
 }

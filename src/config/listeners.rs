@@ -197,3 +197,19 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_slice(&bytes)
         .map_err(|e| format!("{} holds no PEM private key: {e}", path.display()))
 }
+
+/// Which API listener a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Main,
+    Direct,
+}
+
+impl Listener {
+    pub fn name(self) -> &'static str {
+        match self {
+            Listener::Main => "main",
+            Listener::Direct => "direct",
+        }
+    }
+}

@@ -6,17 +6,15 @@ mod console;
 mod cors;
 pub mod headers;
 pub mod keys;
-pub mod keys_db;
 pub mod keys_file;
 mod limits;
 mod listeners;
-pub mod live;
+pub use listeners::Listener;
 mod log;
 mod models;
 mod pools;
 mod problem;
 mod raw;
-pub mod reload;
 mod server;
 mod storage;
 mod telemetry;
@@ -397,6 +395,21 @@ fn one_port(a: &std::net::SocketAddr, b: &std::net::SocketAddr) -> bool {
 /// default one a core, whichever listener gets the traffic.
 fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// What identifies a version of the file, following symlinks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint(Option<(std::time::SystemTime, u64, u64)>);
+
+pub fn fingerprint(path: &Path) -> Fingerprint {
+    use std::os::unix::fs::MetadataExt;
+    Fingerprint(std::fs::metadata(path).ok().map(|m| {
+        (
+            m.modified().unwrap_or(std::time::UNIX_EPOCH),
+            m.len(),
+            m.ino(),
+        )
+    }))
 }
 
 #[cfg(test)]

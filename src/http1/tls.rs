@@ -23,7 +23,7 @@ use pingora_core::services::background::BackgroundService;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use crate::config::reload::{Fingerprint, fingerprint};
+use crate::config::{Fingerprint, fingerprint};
 pub use crate::config::{Loaded, TlsFiles, load_tls as load};
 
 /// The identity of both files of a pair (a change to either is a renewal to try).

@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
+pub use crate::config::Listener;
 use crate::config::keys::Key;
 use crate::limit::rate::{Headroom, Slot};
 use crate::meter::Meter;
 use crate::route::Route;
-pub use crate::state::Listener;
 
 pub struct Ctx {
     pub request_id: String,

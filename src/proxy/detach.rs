@@ -30,10 +30,10 @@ use pingora_core::protocols::http::ServerSession;
 use pingora_proxy::Session;
 
 use super::Gateway;
+use super::Shared;
 use super::ctx::Ctx;
 use super::forward::{self, Forwarded, Reply};
 use crate::http1::conn::{Conn, Gone};
-use crate::state::Shared;
 use crate::upstream::Connections;
 /// Whether an admitted request goes on in a task of its own from here on, before its
 /// upstream exchange: a stream to an HTTP/1 client. A model server may take seconds to its

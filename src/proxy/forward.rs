@@ -20,11 +20,13 @@ use super::{Gateway, reply, respond};
 use crate::error::GatewayError;
 use crate::http1::Downstream;
 use crate::ops::lifecycle::{Lifecycle, cut};
-use crate::route::balance::{InFlight, backoff};
+use crate::route::Pool;
+use crate::route::balance::backoff;
 use crate::route::body as route_body;
 use crate::route::retry::{self, Next, Standing, Tried};
-use crate::route::{Pool, Upstream};
 use crate::upstream;
+use crate::upstream::Upstream;
+use crate::upstream::health::InFlight;
 
 /// How one try ended before any of its reply reached the client.
 enum Try {

@@ -26,11 +26,28 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 
 use crate::http1::Downstream;
 use crate::route::endpoint::Group;
-use crate::state::Shared;
 use crate::web;
 use admit::Stop;
 use ctx::{Ctx, Listener};
 use outcome::Failure;
+
+/// What the proxy's requests share (built by `state::build`).
+pub struct Shared {
+    pub live: Arc<crate::route::live::Live>,
+    pub store: Arc<crate::store::Store>,
+    pub spend: Arc<crate::limit::budget::Spend>,
+    pub limiter: crate::limit::rate::Limiter,
+    /// `[limits] redis`: the limits and spend every gateway of a fleet shares.
+    pub shared_limits: Option<Arc<crate::limit::shared::SharedLimits>>,
+    /// The usage page, console and their APIs, served on the same listeners.
+    pub web: Arc<web::Web>,
+    /// Requests in flight, and the signal that ends them at shutdown.
+    pub lifecycle: Arc<crate::ops::lifecycle::Lifecycle>,
+    /// One line per request; None when `[log] access = "off"`.
+    pub access_log: Option<crate::ops::access_log::AccessLog>,
+    /// Which upstream made each stored response (Responses API).
+    pub stored: crate::route::stored::StoredResponses,
+}
 
 pub struct Gateway {
     shared: Arc<Shared>,
@@ -43,7 +60,9 @@ pub struct Gateway {
 impl Gateway {
     pub fn new(shared: Arc<Shared>, listener: Listener) -> Gateway {
         // (The start checked the trust store: this fails only if it changed since.)
-        if let Err(e) = crate::upstream::warm_tls(&shared.live.snapshot().router.pools) {
+        if let Err(e) =
+            crate::upstream::warm_tls(shared.live.snapshot().router.pools.iter().map(|p| &p.cfg))
+        {
             tracing::error!("{e}");
         }
         Gateway {
@@ -208,7 +227,7 @@ impl Gateway {
                 .as_ref()
                 .map(crate::ops::lifecycle::InFlight::lifecycle),
         };
-        let sent = web::serve(&self.shared, session, &mut ex).await;
+        let sent = web::serve(&self.shared.web, session, &mut ex).await;
         ctx.key = ex.key;
         ctx.refusal = ex.refusal;
         ctx.sent = ex.sent;

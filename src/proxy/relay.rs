@@ -18,8 +18,9 @@ use super::{reply, respond};
 use crate::error::GatewayError;
 use crate::http1::Downstream;
 use crate::ops::lifecycle::{Lifecycle, cut};
-use crate::route::{Pool, Route, Upstream};
+use crate::route::{Pool, Route};
 use crate::upstream;
+use crate::upstream::Upstream;
 
 /// The upstream connection a reply is read from (it knows where it goes back to).
 pub(super) struct Upstreamed {

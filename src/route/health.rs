@@ -12,9 +12,10 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use pingora_http::RequestHeader;
 
-use super::{Pool, Upstream};
-use crate::config::live::Live;
+use super::Pool;
+use super::live::Live;
 use crate::upstream;
+use crate::upstream::Upstream;
 
 /// How often the service looks for pools whose check is due.
 const TICK: Duration = Duration::from_millis(100);
@@ -56,7 +57,7 @@ impl BackgroundService for HealthChecker {
         let connections = Arc::new(upstream::Connections::default());
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
-        let mut lookup_due = Instant::now() + super::DNS_REFRESH;
+        let mut lookup_due = Instant::now() + upstream::DNS_REFRESH;
         // One round of lookups at a time: a resolver that hangs (each lookup can take tens of
         // seconds) must not pile rounds up on the blocking threads.
         let mut lookups: Option<tokio::task::JoinHandle<()>> = None;
@@ -68,7 +69,7 @@ impl BackgroundService for HealthChecker {
             let now = Instant::now();
             let snapshot = self.live.snapshot();
             if now >= lookup_due && lookups.as_ref().is_none_or(|h| h.is_finished()) {
-                lookup_due = now + super::DNS_REFRESH;
+                lookup_due = now + upstream::DNS_REFRESH;
                 let router = snapshot.router.clone();
                 lookups = Some(tokio::task::spawn_blocking(move || look_up_again(&router)));
             }
@@ -95,7 +96,7 @@ impl BackgroundService for HealthChecker {
 fn look_up_again(router: &super::Router) {
     for pool in &router.pools {
         for up in pool.upstreams.iter().filter(|u| u.named()) {
-            if let Some((old, new)) = up.resolve_again(super::lookup) {
+            if let Some((old, new)) = up.resolve_again(upstream::lookup) {
                 tracing::info!(pool = %pool.name, upstream = %up.cfg.url, %old, %new, "upstream moved to a new address");
             }
         }

@@ -5,84 +5,22 @@ pub mod balance;
 pub mod body;
 pub mod endpoint;
 pub mod health;
+pub mod live;
 #[cfg(test)]
 mod path_props;
 #[cfg(test)]
 mod props;
+pub mod reload;
 pub mod retry;
 pub mod stored;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 
-use http::HeaderValue;
-use pingora_core::upstreams::peer::HttpPeer;
-
-use crate::config::{
-    AuthHeader, Config, ModelConfig, PoolConfig, Problem, Problems, Secret, UpstreamConfig,
-};
-use balance::{Balancer, Health};
-
-pub struct Upstream {
-    pub cfg: UpstreamConfig,
-    /// Where connections go (its address, TLS and SNI, the pool's timeouts): the address
-    /// resolved at load, and again every `DNS_REFRESH` when the URL names a host (see
-    /// `resolve_again`). One for every try, not one a try.
-    peer: arc_swap::ArcSwap<HttpPeer>,
-    /// `Host` header value: host, plus the port when it is not the scheme's default.
-    pub host_header: HeaderValue,
-    /// The credential (the upstream's own key, else the pool's), sent in place of the
-    /// client's: `Bearer <key>` in `Authorization`, or the key in `x-api-key`.
-    pub authorization: Option<(http::HeaderName, HeaderValue)>,
-    pub health: Arc<Health>,
-}
-
-/// How often an upstream named by a host name is looked up again: a provider that moves to
-/// new addresses (hosted APIs behind a CDN do) is followed within this, without a restart.
-pub const DNS_REFRESH: std::time::Duration = std::time::Duration::from_secs(30);
-
-impl Upstream {
-    /// The address a connection to it goes to now (always an internet address: the peer is
-    /// made from one, `upstream::peer`).
-    pub fn addr(&self) -> Option<SocketAddr> {
-        self.peer.load()._address.as_inet().copied()
-    }
-
-    /// The peer a connection to it is made to now.
-    pub fn peer(&self) -> Arc<HttpPeer> {
-        self.peer.load_full()
-    }
-
-    /// Whether its URL names a host (not an address) that may move.
-    pub fn named(&self) -> bool {
-        self.cfg.host.parse::<std::net::IpAddr>().is_err()
-    }
-
-    /// Looks its host up again with `resolve` (blocking); the address in use stays while the
-    /// host still has it (no hopping between a name's addresses), else the first one is taken.
-    /// Returns the old and new address when it moved.
-    pub fn resolve_again(
-        &self,
-        resolve: impl Fn(&str, u16) -> std::io::Result<Vec<SocketAddr>>,
-    ) -> Option<(SocketAddr, SocketAddr)> {
-        let found = resolve(&self.cfg.host, self.cfg.port).ok()?;
-        let now = self.addr()?;
-        if found.contains(&now) {
-            return None;
-        }
-        let new = *found.first()?;
-        let mut peer = HttpPeer::clone(&self.peer.load());
-        peer._address = pingora_core::protocols::l4::socket::SocketAddr::Inet(new);
-        self.peer.store(Arc::new(peer));
-        Some((now, new))
-    }
-}
-
-/// The addresses of `host` (the system's resolver, blocking).
-pub fn lookup(host: &str, port: u16) -> std::io::Result<Vec<SocketAddr>> {
-    Ok((host, port).to_socket_addrs()?.collect())
-}
+use crate::config::{Config, ModelConfig, PoolConfig, Problems};
+use crate::upstream::Upstream;
+use crate::upstream::health::{Health, now_ms};
+use balance::Balancer;
 
 pub struct Pool {
     pub name: String,
@@ -122,29 +60,12 @@ impl Pool {
 
     /// Whether an upstream other than `tried` ones is healthy (does not take a turn).
     pub fn has_healthy(&self, tried: &[usize]) -> bool {
-        let now = balance::now_ms();
+        let now = now_ms();
         self.upstreams
             .iter()
             .enumerate()
             .any(|(i, u)| !tried.contains(&i) && u.health.healthy(now))
     }
-}
-
-/// The credential header for `key`, its value marked never to be logged.
-fn credential(key: &Secret, header: AuthHeader) -> Option<(http::HeaderName, HeaderValue)> {
-    let (name, value) = match header {
-        AuthHeader::Authorization => (
-            http::header::AUTHORIZATION,
-            HeaderValue::from_str(&format!("Bearer {}", key.expose())),
-        ),
-        AuthHeader::XApiKey => (
-            http::HeaderName::from_static("x-api-key"),
-            HeaderValue::from_str(key.expose()),
-        ),
-    };
-    let mut value = value.ok()?;
-    value.set_sensitive(true);
-    Some((name, value))
 }
 
 pub struct Route {
@@ -175,7 +96,7 @@ impl Router {
     /// Each upstream of the pools in force, healthy or not and its requests in flight, for
     /// `/metrics`.
     pub fn upstream_gauges(&self) -> Vec<crate::ops::metrics::UpstreamGauge<'_>> {
-        let now = balance::now_ms();
+        let now = now_ms();
         self.pools
             .iter()
             .flat_map(|pool| {
@@ -206,55 +127,12 @@ impl Router {
         for p in &config.pools {
             let mut upstreams = Vec::new();
             for u in &p.upstreams {
-                match (u.host.as_str(), u.port)
-                    .to_socket_addrs()
-                    .map(|mut a| a.next())
-                {
-                    Ok(Some(addr)) => {
-                        let default_port = if u.tls { 443 } else { 80 };
-                        let host = if u.port == default_port {
-                            u.host.clone()
-                        } else if u.host.contains(':') {
-                            format!("[{}]:{}", u.host, u.port)
-                        } else {
-                            format!("{}:{}", u.host, u.port)
-                        };
-                        let key = u.api_key.as_ref().or(p.api_key.as_ref());
-                        let authorization = key.and_then(|k| credential(k, p.auth_header));
-                        if key.is_some() && authorization.is_none() {
-                            problems.push(Problem::new(
-                                &file,
-                                u.line,
-                                &format!("pools.{}.api_key", p.name),
-                                "not a valid header value",
-                            ));
-                        }
-                        match HeaderValue::from_str(&host) {
-                            Ok(host_header) => upstreams.push(Upstream {
-                                cfg: u.clone(),
-                                peer: arc_swap::ArcSwap::from_pointee(crate::upstream::peer(
-                                    p, u, addr,
-                                )),
-                                host_header,
-                                authorization,
-                                health: previous
-                                    .and_then(|r| r.health_of(&p.name, &u.url))
-                                    .unwrap_or_default(),
-                            }),
-                            Err(_) => problems.push(Problem::new(
-                                &file,
-                                u.line,
-                                &format!("pools.{}.upstreams", p.name),
-                                format!("bad host in '{}'", u.url),
-                            )),
-                        }
-                    }
-                    _ => problems.push(Problem::new(
-                        &file,
-                        u.line,
-                        &format!("pools.{}.upstreams", p.name),
-                        format!("cannot resolve '{}'", u.url),
-                    )),
+                let health = previous
+                    .and_then(|r| r.health_of(&p.name, &u.url))
+                    .unwrap_or_default();
+                match Upstream::build(p, u, health, &file) {
+                    Ok(up) => upstreams.push(up),
+                    Err(problem) => problems.push(problem),
                 }
             }
             let weights: Vec<u32> = upstreams.iter().map(|u| u.cfg.weight).collect();
@@ -326,6 +204,7 @@ pub(crate) fn test_router(pools_and_models: &str) -> Router {
 #[allow(clippy::unwrap_used)]
 mod dns_tests {
     use super::*;
+    use std::net::SocketAddr;
 
     /// An upstream named by a host follows the host to a new address (it went on to the old
     /// one until a restart); while the host still has the address in use, it stays there.

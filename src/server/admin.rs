@@ -10,7 +10,7 @@ use pingora_core::apps::http_app::ServeHttp;
 use pingora_core::protocols::http::ServerSession;
 use pingora_core::services::listening::Service;
 
-use crate::state::Shared;
+use crate::proxy::Shared;
 
 pub struct Admin {
     shared: Arc<Shared>,
@@ -104,7 +104,7 @@ impl Admin {
     /// Every pool's upstreams and how the gateway sees them right now.
     fn upstreams(&self) -> String {
         let snapshot = self.shared.live.snapshot();
-        let now = crate::route::balance::now_ms();
+        let now = crate::upstream::health::now_ms();
         let pools: Vec<serde_json::Value> = snapshot
             .router
             .pools

@@ -14,14 +14,14 @@ use pingora_core::server::{Server, ShutdownWatch};
 use pingora_core::services::listening::Service;
 use pingora_proxy::http_proxy;
 
-use crate::config::reload::KeysReloader;
+use crate::config::Listener;
 use crate::http1::listener::{HeaderDeadline, Hooks};
 use crate::http1::tls::{CertReloader, ListenerCert};
 use crate::mock_upstream;
 use crate::proxy::Gateway;
-use crate::proxy::ctx::Listener;
+use crate::proxy::Shared;
 use crate::route::health::HealthChecker;
-use crate::state::Shared;
+use crate::route::reload::KeysReloader;
 use drain::Drain;
 
 /// The server, or why it cannot start (a listener's certificate that cannot be loaded).

@@ -10,7 +10,7 @@ pub mod rollup;
 
 mod bounded;
 mod engine;
-mod postgres;
+pub mod postgres;
 mod query;
 mod spool;
 mod sqlite;

@@ -2,16 +2,13 @@
 //! request as the upstream sees it: its Host and path prefix, the pool's credential in place
 //! of the client's, and exact framing for the (possibly rewritten) body.
 
-use std::net::SocketAddr;
-
-use pingora_core::upstreams::peer::HttpPeer;
 use pingora_http::RequestHeader;
 
-use crate::config::{PoolConfig, UpstreamConfig};
-use crate::route::Upstream;
-
+pub mod health;
+mod peer;
 mod pool;
 pub use crate::http1::client::Request;
+pub use peer::{DNS_REFRESH, Upstream, lookup, peer};
 pub use pool::{Conn, Connections, check_trust_store, warm_tls};
 
 /// Whether a request header stays with the client: what may carry its gateway credential or
@@ -43,25 +40,6 @@ fn stays_with_client(name: &str) -> Option<&'static str> {
         "upgrade" => "upgrade",
         _ => return None,
     })
-}
-
-/// The peer connections to an upstream are made to, with its pool's timeouts: made when the
-/// router is built (and again when its address moves), shared by every try.
-pub fn peer(pool: &PoolConfig, up: &UpstreamConfig, addr: SocketAddr) -> HttpPeer {
-    let sni = if up.tls {
-        up.host.clone()
-    } else {
-        String::new()
-    };
-    let mut peer = HttpPeer::new(addr, up.tls, sni);
-    let o = &mut peer.options;
-    o.connection_timeout = Some(pool.connect_timeout);
-    o.total_connection_timeout = Some(pool.connect_timeout * 2);
-    o.read_timeout = Some(pool.read_timeout);
-    o.write_timeout = Some(pool.read_timeout);
-    // How long the connection may wait in the pool for the next request.
-    o.idle_timeout = Some(pool.keepalive_timeout);
-    peer
 }
 
 /// A message's hop-by-hop headers (RFC 9110 §7.6.1), for the request and the reply alike: those

@@ -25,8 +25,8 @@ use pingora_error::{Error, ErrorType, RetryType};
 use pingora_timeout::fast_timeout::fast_timeout;
 use tokio::io::AsyncReadExt;
 
+use crate::config::PoolConfig;
 use crate::http1::client;
-use crate::route::Pool;
 
 /// An exchange on an upstream connection (`http1::client::Conn`, whose methods it has), and
 /// where the connection goes back to once its reply was read whole.
@@ -87,15 +87,15 @@ fn tls() -> Result<&'static TransportConnector, String> {
 }
 
 /// Whether any of these pools has a TLS upstream.
-fn needs_tls(pools: &[Arc<Pool>]) -> bool {
-    pools.iter().any(|p| p.upstreams.iter().any(|u| u.cfg.tls))
+fn needs_tls<'a>(pools: impl IntoIterator<Item = &'a PoolConfig>) -> bool {
+    pools.into_iter().any(|p| p.upstreams.iter().any(|u| u.tls))
 }
 
 /// Makes the TLS connector now if these pools (about to be put in force) have a TLS upstream,
 /// so that no request waits for it on a proxy thread; why not, when the trust store it loads
 /// cannot be loaded (the pools are then not to be put in force: Pingora's connector would
 /// panic).
-pub fn warm_tls(pools: &[Arc<Pool>]) -> Result<(), String> {
+pub fn warm_tls<'a>(pools: impl IntoIterator<Item = &'a PoolConfig>) -> Result<(), String> {
     if needs_tls(pools) {
         tls()?;
     }
@@ -454,15 +454,19 @@ mod tests {
 
     #[test]
     fn the_tls_connector_is_wanted_only_for_a_tls_upstream() {
-        let router = |upstream: &str| {
-            crate::route::test_router(&format!(
-                "[[pools]]\nname = \"p\"\nupstreams = [\"http://127.0.0.1:9\"]\n\
+        let config = |upstream: &str| {
+            let text = format!(
+                "[listeners]\nmain = \"127.0.0.1:1\"\ndirect = \"127.0.0.1:2\"\n\
+                 [keys]\nfile = \"keys.toml\"\n\
+                 [[pools]]\nname = \"p\"\nupstreams = [\"http://127.0.0.1:9\"]\n\
                  [[pools]]\nname = \"q\"\nupstreams = [\"{upstream}\"]\n\
                  [[models]]\nname = \"m\"\npool = \"p\"\n"
-            ))
+            );
+            crate::config::Config::parse(std::path::Path::new("/tmp/c.toml"), &text)
+                .expect("config")
         };
-        assert!(!needs_tls(&router("http://127.0.0.1:10").pools));
-        assert!(needs_tls(&router("https://127.0.0.1:10").pools));
+        assert!(!needs_tls(&config("http://127.0.0.1:10").pools));
+        assert!(needs_tls(&config("https://127.0.0.1:10").pools));
     }
 
     async fn setup() -> (Connections, TcpListener, HttpPeer) {

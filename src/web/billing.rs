@@ -12,7 +12,7 @@ use super::{Exchange, fail, params, store_failed};
 use crate::config::keys::Key;
 use crate::error::GatewayError;
 use crate::limit::budget;
-use crate::state::Shared;
+use crate::web::Web;
 
 const UNLIMITED: f64 = 100_000_000.0;
 const DAY_MS: i64 = 24 * 3600 * 1000;
@@ -20,7 +20,7 @@ const DAY_MS: i64 = 24 * 3600 * 1000;
 const MAX_DAYS: i64 = 100;
 
 pub async fn subscription(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     key: &Key,
@@ -29,7 +29,7 @@ pub async fn subscription(
         return fail(session, ex, &e).await;
     }
     let limit = key.budget.unwrap_or(UNLIMITED);
-    let spend = shared.spend.get(&key.id);
+    let spend = web.spend.get(&key.id);
     let body = json!({
         "object": "billing_subscription",
         "has_payment_method": true,
@@ -49,7 +49,7 @@ pub async fn subscription(
 
 /// `start_date`/`end_date` (`YYYY-MM-DD`, UTC days, end exclusive; default this month so far).
 pub async fn usage(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     key: &Key,
@@ -58,7 +58,7 @@ pub async fn usage(
         Ok(r) => r,
         Err(e) => return fail(session, ex, &e).await,
     };
-    let rollup = match super::summary::read(shared, Some(&key.id), &range).await {
+    let rollup = match super::summary::read(web, Some(&key.id), &range).await {
         Ok(r) => r,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     };

@@ -1,7 +1,7 @@
 //! Web stage: every path the gateway answers itself instead of proxying: the usage-record page
 //! on `direct /` and its assets, the usage API (`/api/usage…`) and the OpenAI-compatible billing
 //! endpoints (`/v1/dashboard/billing/…`). `request_filter` hands such a path here in one call;
-//! this stage owns its routes and state, answers through the shared responder, and tells the
+//! this stage owns its routes and state, answers through the web responder, and tells the
 //! proxy only which key (if any) passed auth, so the request leaves its usage record.
 //! Usage queries do not count against a key's rpm/tpm.
 
@@ -19,18 +19,24 @@ use std::sync::Arc;
 use pingora_proxy::Session;
 
 use crate::auth;
+use crate::config::Listener;
 use crate::config::keys::Key;
 use crate::error::{ErrorShape, GatewayError};
 use crate::http1::respond;
+use crate::limit::budget::Spend;
 use crate::route::endpoint::Group;
-use crate::state::{Listener, Shared};
+use crate::route::live::Live;
+use crate::store::Store;
 use crate::store::StoreError;
 
 use crate::auth::Throttle;
 
-/// The web stage's own state, shared by both listeners.
-#[derive(Debug, Default)]
-pub struct WebState {
+/// What the web stage's routes share, on both listeners: the live config and keys, the store,
+/// the spend ledger, and the stage's own throttles.
+pub struct Web {
+    pub live: Arc<Live>,
+    pub store: Arc<Store>,
+    pub spend: Arc<Spend>,
     /// Wrong keys per client address.
     pub throttle: Throttle,
     /// Failed console sign-ins per client address.
@@ -198,13 +204,13 @@ fn route(method: &http::Method, path: &str, listener: Listener) -> Route {
 
 /// Answers one request. Errors here are only write errors to the client.
 pub async fn serve(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
 ) -> pingora_error::Result<()> {
     let req = session.req_header();
     let path = req.uri.path().to_string();
-    if auth::key_in_query(req.uri.query(), &shared.live.snapshot().keys) {
+    if auth::key_in_query(req.uri.query(), &web.live.snapshot().keys) {
         let message = "Keys are read only from 'Authorization: Bearer', never from the URL.";
         let e = GatewayError::InvalidParameter {
             param: "api_key",
@@ -214,7 +220,7 @@ pub async fn serve(
     }
     if ex.listener == Listener::Main {
         if let Some(r) = console::route(&req.method, &path) {
-            return console::serve(shared, session, ex, r).await;
+            return console::serve(web, session, ex, r).await;
         }
     }
     match route(&req.method, &path, ex.listener) {
@@ -222,18 +228,18 @@ pub async fn serve(
         Route::Asset(a) => page::send_asset(session, ex, a).await,
         Route::NotFound => fail(session, ex, &GatewayError::NotFound(path)).await,
         keyed => {
-            let Some(key) = authorize(shared, session, ex).await? else {
+            let Some(key) = authorize(web, session, ex).await? else {
                 return Ok(());
             };
-            let _call = match shared.web.usage_calls.enter(&key.id) {
+            let _call = match web.usage_calls.enter(&key.id) {
                 Ok(guard) => guard,
                 Err(e) => return fail(session, ex, &e).await,
             };
             match keyed {
-                Route::Usage { csv } => usage_api::answer(shared, session, ex, &key, csv).await,
-                Route::Summary => summary::answer(shared, session, ex, &key).await,
-                Route::Subscription => billing::subscription(shared, session, ex, &key).await,
-                Route::BillingUsage => billing::usage(shared, session, ex, &key).await,
+                Route::Usage { csv } => usage_api::answer(web, session, ex, &key, csv).await,
+                Route::Summary => summary::answer(web, session, ex, &key).await,
+                Route::Subscription => billing::subscription(web, session, ex, &key).await,
+                Route::BillingUsage => billing::usage(web, session, ex, &key).await,
                 Route::Page | Route::Asset(_) | Route::NotFound => Ok(()),
             }
         }
@@ -243,7 +249,7 @@ pub async fn serve(
 /// The bearer key with the `usage` permission, or None once a refusal is sent. Wrong keys count
 /// against the client address; an address over the limit is refused before its key is looked at.
 async fn authorize(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
 ) -> pingora_error::Result<Option<Arc<Key>>> {
@@ -254,8 +260,8 @@ async fn authorize(
             return Ok(None);
         }
     };
-    let keys = &shared.live.snapshot().keys;
-    let throttle = &shared.web.throttle;
+    let keys = &web.live.snapshot().keys;
+    let throttle = &web.throttle;
     match auth::authenticate_guarded(keys, throttle, ex.client, token, now_unix()) {
         Ok(key) => {
             ex.key = Some(key.clone());

@@ -14,8 +14,8 @@ use super::{Exchange, blocking, fail, params, store_failed};
 use crate::config::keys::Key;
 use crate::error::GatewayError;
 use crate::limit::budget;
-use crate::state::Shared;
 use crate::store::rollup::{self, Rollup, RollupQuery, Sums};
+use crate::web::Web;
 
 const DAY_MS: i64 = 24 * 3600 * 1000;
 /// More buckets than a chart can show; a finer bucket over a long range is refused.
@@ -383,11 +383,11 @@ pub fn key_json(key: &Key, spend: f64) -> Value {
 
 /// The rollup of a range for one key (None: every key), read off the proxy's runtime.
 pub(super) async fn read(
-    shared: &Shared,
+    web: &Web,
     key_id: Option<&str>,
     r: &Range,
 ) -> Result<Rollup, crate::store::StoreError> {
-    let (store, q) = (shared.store.clone(), rollup_query(key_id, r));
+    let (store, q) = (web.store.clone(), rollup_query(key_id, r));
     blocking(move || store.rollup(&q)).await
 }
 
@@ -405,16 +405,16 @@ fn rollup_query(key_id: Option<&str>, r: &Range) -> RollupQuery {
 /// threads (a wide range over many keys is real work). `Err`: the store's failure; `Ok(Err)`:
 /// the range's.
 pub(super) async fn summarize(
-    shared: &Shared,
+    web: &Web,
     key_id: Option<&str>,
     r: &Range,
 ) -> Result<Result<Value, GatewayError>, crate::store::StoreError> {
-    let (store, q, range) = (shared.store.clone(), rollup_query(key_id, r), r.clone());
+    let (store, q, range) = (web.store.clone(), rollup_query(key_id, r), r.clone());
     blocking(move || Ok(compute(&store.rollup(&q)?, &range))).await
 }
 
 pub async fn answer(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     key: &Key,
@@ -427,12 +427,12 @@ pub async fn answer(
     if let Err(e) = bucket_starts(&range) {
         return fail(session, ex, &e).await;
     }
-    let mut body = match summarize(shared, Some(&key.id), &range).await {
+    let mut body = match summarize(web, Some(&key.id), &range).await {
         Ok(Ok(b)) => b,
         Ok(Err(e)) => return fail(session, ex, &e).await,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     };
-    body["key"] = key_json(key, shared.spend.get(&key.id));
+    body["key"] = key_json(key, web.spend.get(&key.id));
     super::json(session, ex, &body).await
 }
 

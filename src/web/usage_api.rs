@@ -12,9 +12,9 @@ use serde_json::json;
 use super::{Exchange, blocking, fail, params, store_failed};
 use crate::config::keys::Key;
 use crate::error::GatewayError;
-use crate::state::Shared;
 use crate::store::record::format_time;
 use crate::store::{Cursor, Query, Store};
+use crate::web::Web;
 
 pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = 10_000;
@@ -117,7 +117,7 @@ fn status_range(v: &str) -> Option<(u16, u16)> {
 
 /// Answers `/api/usage` or `/api/usage.csv` with the key's own records.
 pub async fn answer(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     key: &Key,
@@ -133,9 +133,9 @@ pub async fn answer(
         Err(e) => return fail(session, ex, &e).await,
     };
     if csv {
-        send_csv(session, ex, shared, query).await
+        send_csv(session, ex, web, query).await
     } else {
-        send_page(session, ex, &shared.store, query).await
+        send_page(session, ex, &web.store, query).await
     }
 }
 
@@ -191,7 +191,7 @@ pub fn csv_filename(query: &Query) -> String {
 pub async fn send_csv(
     session: &mut Session,
     ex: &mut Exchange,
-    shared: &Shared,
+    web: &Web,
     query: Query,
 ) -> pingora_error::Result<()> {
     let mut h = ResponseHeader::build(200, Some(4))?;
@@ -220,7 +220,7 @@ pub async fn send_csv(
     crate::http1::respond::header(session, &mut ex.sent, bound, Box::new(h), false).await?;
     // A small channel between the blocking reader and this task: memory stays a few chunks.
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
-    let s = shared.store.clone();
+    let s = web.store.clone();
     let reader = tokio::task::spawn_blocking(move || {
         s.export_csv(&query, &mut |chunk| tx.blocking_send(chunk).is_ok())
     });

@@ -3,6 +3,7 @@
 //! advisory lock, so instances starting together do not race); reads use a small pool of
 //! connections; the writer thread owns a connection of its own (`write`).
 
+pub mod keys;
 mod read;
 mod write;
 

@@ -12,12 +12,12 @@ use super::super::summary::{key_json, local_time};
 use super::super::{Exchange, blocking, fail, store_failed};
 use super::login::SignedIn;
 use crate::config::keys::{Key, new_secret, secret_hint, sha256};
-use crate::config::keys_db;
 use crate::config::keys_file::{self, Edit, EditError};
 use crate::error::GatewayError;
 use crate::route::endpoint::Group;
-use crate::state::Shared;
 use crate::store::console::AuditEntry;
+use crate::store::postgres::keys as keys_table;
+use crate::web::Web;
 
 /// One key as the console shows it.
 pub fn key_view(key: &Key, spend: f64, last_used_ms: Option<i64>) -> Value {
@@ -38,9 +38,8 @@ pub fn key_view(key: &Key, spend: f64, last_used_ms: Option<i64>) -> Value {
     v
 }
 
-fn find(shared: &Shared, id: &str) -> Option<Arc<Key>> {
-    shared
-        .live
+fn find(web: &Web, id: &str) -> Option<Arc<Key>> {
+    web.live
         .snapshot()
         .keys
         .keys()
@@ -49,22 +48,22 @@ fn find(shared: &Shared, id: &str) -> Option<Arc<Key>> {
 }
 
 pub async fn list(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
 ) -> pingora_error::Result<()> {
-    let store = shared.store.clone();
+    let store = web.store.clone();
     let last = match blocking(move || store.last_used()).await {
         Ok(l) => l,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     };
-    let snapshot = shared.live.snapshot();
+    let snapshot = web.live.snapshot();
     let table = &snapshot.keys;
     let mut keys: Vec<&Arc<Key>> = table.keys().collect();
     keys.sort_by(|a, b| a.id.cmp(&b.id));
     let data: Vec<Value> = keys
         .iter()
-        .map(|k| key_view(k, shared.spend.get(&k.id), last.get(&k.id).copied()))
+        .map(|k| key_view(k, web.spend.get(&k.id), last.get(&k.id).copied()))
         .collect();
     super::super::json(session, ex, &json!({"object": "list", "data": data})).await
 }
@@ -95,24 +94,24 @@ fn valid_id(id: &str) -> bool {
 
 /// Writes the edit, reloads the keys at once, and records it in the audit log.
 async fn write(
-    shared: &Shared,
+    web: &Web,
     who: &SignedIn,
     action: &str,
     id: &str,
     detail: Value,
     edit: Edit,
 ) -> Result<(), GatewayError> {
-    let config = shared.live.config.clone();
+    let config = web.live.config.clone();
     let table = tokio::task::spawn_blocking(move || match &config.postgres {
-        Some(url) if config.keys_in_postgres => keys_db::apply(url.expose(), &edit),
+        Some(url) if config.keys_in_postgres => keys_table::apply(url.expose(), &edit),
         _ => keys_file::apply(&config.keys_file, &edit),
     })
     .await
     .map_err(|e| GatewayError::Internal(format!("keys file edit: {e}")))?
     .map_err(edit_error)?;
     // In force now, as written (the watcher's reload of the same file changes nothing).
-    shared.live.set_keys(table);
-    let store = shared.store.clone();
+    web.live.set_keys(table);
+    let store = web.store.clone();
     let entry = AuditEntry {
         time_ms: super::super::now_ms(),
         user: who.user.clone(),
@@ -141,13 +140,13 @@ fn fresh_secret() -> (String, String, String) {
 }
 
 async fn answer_key(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     id: &str,
     secret: Option<String>,
 ) -> pingora_error::Result<()> {
-    let key = find(shared, id).map(|k| key_view(&k, shared.spend.get(&k.id), None));
+    let key = find(web, id).map(|k| key_view(&k, web.spend.get(&k.id), None));
     let mut body = json!({"id": id, "key": key});
     if let Some(s) = secret {
         body["secret"] = json!(s);
@@ -156,7 +155,7 @@ async fn answer_key(
 }
 
 pub async fn create(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     who: &SignedIn,
@@ -185,14 +184,14 @@ pub async fn create(
         hint,
         fields,
     };
-    if let Err(e) = write(shared, who, "create", &id, detail, edit).await {
+    if let Err(e) = write(web, who, "create", &id, detail, edit).await {
         return fail(session, ex, &e).await;
     }
-    answer_key(shared, session, ex, &id, Some(secret)).await
+    answer_key(web, session, ex, &id, Some(secret)).await
 }
 
 pub async fn update(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     who: &SignedIn,
@@ -208,28 +207,28 @@ pub async fn update(
         id: id.into(),
         fields,
     };
-    if let Err(e) = write(shared, who, "update", id, detail, edit).await {
+    if let Err(e) = write(web, who, "update", id, detail, edit).await {
         return fail(session, ex, &e).await;
     }
-    answer_key(shared, session, ex, id, None).await
+    answer_key(web, session, ex, id, None).await
 }
 
 pub async fn delete(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     who: &SignedIn,
     id: &str,
 ) -> pingora_error::Result<()> {
     let edit = Edit::Delete { id: id.into() };
-    if let Err(e) = write(shared, who, "delete", id, json!({}), edit).await {
+    if let Err(e) = write(web, who, "delete", id, json!({}), edit).await {
         return fail(session, ex, &e).await;
     }
     super::super::json(session, ex, &json!({"id": id, "deleted": true})).await
 }
 
 pub async fn rotate(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     who: &SignedIn,
@@ -241,8 +240,8 @@ pub async fn rotate(
         secret_sha256,
         hint: hint.clone(),
     };
-    if let Err(e) = write(shared, who, "rotate", id, json!({"hint": hint}), edit).await {
+    if let Err(e) = write(web, who, "rotate", id, json!({"hint": hint}), edit).await {
         return fail(session, ex, &e).await;
     }
-    answer_key(shared, session, ex, id, Some(secret)).await
+    answer_key(web, session, ex, id, Some(secret)).await
 }

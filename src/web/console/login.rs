@@ -17,8 +17,8 @@ use super::super::{Exchange, blocking, fail, store_failed};
 use super::guard::Audit;
 use crate::config::ConsoleConfig;
 use crate::error::GatewayError;
-use crate::state::Shared;
 use crate::store::console::{AuditEntry, Session as Stored};
+use crate::web::Web;
 
 pub const COOKIE: &str = "modelgate_session";
 
@@ -122,7 +122,7 @@ fn origin_matches(session: &Session, console: &ConsoleConfig, origin: &str) -> b
 
 /// The live session of this request, or None (also when the credentials changed since).
 pub async fn current(
-    shared: &Shared,
+    web: &Web,
     session: &Session,
     console: &ConsoleConfig,
 ) -> Result<Option<SignedIn>, GatewayError> {
@@ -130,7 +130,7 @@ pub async fn current(
         return Ok(None);
     };
     let hash = token_hash(&token);
-    let store = shared.store.clone();
+    let store = web.store.clone();
     let h = hash.clone();
     let now = super::super::now_ms();
     let found = blocking(move || store.console.session_get(&h, now))
@@ -180,7 +180,7 @@ fn password_ok(console: &ConsoleConfig, user: &str, password: &str) -> bool {
 
 /// `POST /console/login` `{"user","password"}` → 204 and the session cookie, or 401.
 pub async fn login(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     console: &ConsoleConfig,
@@ -200,7 +200,7 @@ pub async fn login(
     // Each attempt is counted before its password is checked, so parallel attempts cannot slip
     // past the limit; a right one is taken back below.
     if let Some(ip) = ex.client {
-        if let Err(wait) = shared.web.logins.begin(ip, now) {
+        if let Err(wait) = web.logins.begin(ip, now) {
             metric("throttled");
             let e = refused(
                 "Too many failed sign-ins from this address; try again later.",
@@ -211,13 +211,13 @@ pub async fn login(
     }
     // Past the failures all addresses may make, a new address waits its turn.
     let client = ex.client.map(crate::auth::throttle::client_id);
-    match shared.web.sign_ins.turn(client, now) {
+    match web.sign_ins.turn(client, now) {
         Ok(None) => {}
         Ok(Some(wait)) => tokio::time::sleep(wait).await,
         Err(wait) => {
             if let Some(ip) = ex.client {
                 // Its password was not checked: not a failure of its address.
-                shared.web.logins.forgive(ip);
+                web.logins.forgive(ip);
             }
             metric("held");
             let e = refused(
@@ -272,7 +272,7 @@ pub async fn login(
         // Written beside the answer, not before it (a locked store would hold the 401), and
         // at most `AUDITED_FAILURES` a minute one by one, whatever comes from how many
         // addresses: the rest are summed up in one entry.
-        let entries = match shared.web.sign_ins.failed(now) {
+        let entries = match web.sign_ins.failed(now) {
             Audit::Entry => vec![audit],
             Audit::Skip => Vec::new(),
             Audit::SummaryThenEntry(n) => {
@@ -291,7 +291,7 @@ pub async fn login(
             }
         };
         if !entries.is_empty() {
-            let store = shared.store.clone();
+            let store = web.store.clone();
             // Owned by the store it writes to; the audit entries are bounded.
             #[allow(clippy::disallowed_methods)]
             tokio::spawn(async move {
@@ -309,9 +309,9 @@ pub async fn login(
         return fail(session, ex, &GatewayError::BadCredentials).await;
     }
     if let Some(ip) = ex.client {
-        shared.web.logins.forgive(ip);
+        web.logins.forgive(ip);
     }
-    shared.web.sign_ins.signed_in(client);
+    web.sign_ins.signed_in(client);
     metric("ok");
     let token = random_token(32);
     let now_ms = super::super::now_ms();
@@ -322,7 +322,7 @@ pub async fn login(
         expires_ms: now_ms + SESSION_MS,
         cred: credential_tag(console),
     };
-    let store = shared.store.clone();
+    let store = web.store.clone();
     let hash = token_hash(&token);
     let audit = AuditEntry {
         time_ms: now_ms,
@@ -364,12 +364,12 @@ pub async fn login(
 
 /// `POST /console/logout`: ends the session (also in the store) and clears the cookie.
 pub async fn logout(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     who: &SignedIn,
 ) -> pingora_error::Result<()> {
-    let store = shared.store.clone();
+    let store = web.store.clone();
     let hash = who.token_sha256.clone();
     let audit = AuditEntry {
         time_ms: super::super::now_ms(),

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::summary::{self, local_time};
 use super::{Exchange, fail, params, store_failed, usage_api};
 use crate::error::GatewayError;
-use crate::state::Shared;
+use crate::web::Web;
 
 /// Console request bodies are small JSON objects.
 const MAX_BODY: usize = 64 * 1024;
@@ -121,26 +121,26 @@ async fn body(
 }
 
 pub async fn serve(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     route: Route,
 ) -> pingora_error::Result<()> {
-    let Some(console) = shared.live.console() else {
+    let Some(console) = web.live.console() else {
         let e = GatewayError::NotFound("the console (no [console] section in the config)".into());
         return fail(session, ex, &e).await;
     };
     match route {
         Route::Page => return super::page::send_console(session, ex).await,
         Route::Login => {
-            let Some(b) = body(session, ex, shared.live.config.client_body_timeout).await? else {
+            let Some(b) = body(session, ex, web.live.config.client_body_timeout).await? else {
                 return Ok(());
             };
-            return login::login(shared, session, ex, &console, &b).await;
+            return login::login(web, session, ex, &console, &b).await;
         }
         _ => {}
     }
-    let who = match login::current(shared, session, &console).await {
+    let who = match login::current(web, session, &console).await {
         Ok(Some(w)) => w,
         Ok(None) => {
             let e = GatewayError::NotSignedIn {
@@ -157,7 +157,7 @@ pub async fn serve(
     }
     match route {
         Route::Page | Route::Login => Ok(()),
-        Route::Logout => login::logout(shared, session, ex, &who).await,
+        Route::Logout => login::logout(web, session, ex, &who).await,
         Route::SessionInfo => {
             let v = json!({
                 "user": who.user,
@@ -167,31 +167,29 @@ pub async fn serve(
             });
             super::json(session, ex, &v).await
         }
-        Route::Keys => keys::list(shared, session, ex).await,
-        Route::CreateKey => {
-            match body(session, ex, shared.live.config.client_body_timeout).await? {
-                Some(b) => keys::create(shared, session, ex, &who, &b).await,
-                None => Ok(()),
-            }
-        }
+        Route::Keys => keys::list(web, session, ex).await,
+        Route::CreateKey => match body(session, ex, web.live.config.client_body_timeout).await? {
+            Some(b) => keys::create(web, session, ex, &who, &b).await,
+            None => Ok(()),
+        },
         Route::UpdateKey(id) => {
-            match body(session, ex, shared.live.config.client_body_timeout).await? {
-                Some(b) => keys::update(shared, session, ex, &who, &id, &b).await,
+            match body(session, ex, web.live.config.client_body_timeout).await? {
+                Some(b) => keys::update(web, session, ex, &who, &id, &b).await,
                 None => Ok(()),
             }
         }
-        Route::DeleteKey(id) => keys::delete(shared, session, ex, &who, &id).await,
-        Route::RotateKey(id) => keys::rotate(shared, session, ex, &who, &id).await,
-        Route::Usage { csv } => usage(shared, session, ex, csv).await,
-        Route::Summary => usage_summary(shared, session, ex).await,
-        Route::Models => models(shared, session, ex).await,
-        Route::Audit => audit(shared, session, ex).await,
+        Route::DeleteKey(id) => keys::delete(web, session, ex, &who, &id).await,
+        Route::RotateKey(id) => keys::rotate(web, session, ex, &who, &id).await,
+        Route::Usage { csv } => usage(web, session, ex, csv).await,
+        Route::Summary => usage_summary(web, session, ex).await,
+        Route::Models => models(web, session, ex).await,
+        Route::Audit => audit(web, session, ex).await,
     }
 }
 
 /// Every key's records (`key_id=` narrows to one), JSON pages or CSV.
 async fn usage(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
     csv: bool,
@@ -202,15 +200,15 @@ async fn usage(
         Err(e) => return fail(session, ex, &e).await,
     };
     if csv {
-        usage_api::send_csv(session, ex, shared, query).await
+        usage_api::send_csv(session, ex, web, query).await
     } else {
-        usage_api::send_page(session, ex, &shared.store, query).await
+        usage_api::send_page(session, ex, &web.store, query).await
     }
 }
 
 /// The summary across keys, with per-key, per-model and per-day tables.
 async fn usage_summary(
-    shared: &Shared,
+    web: &Web,
     session: &mut Session,
     ex: &mut Exchange,
 ) -> pingora_error::Result<()> {
@@ -223,7 +221,7 @@ async fn usage_summary(
         return fail(session, ex, &e).await;
     }
     let key_id = range.key_id.clone();
-    match summary::summarize(shared, key_id.as_deref(), &range).await {
+    match summary::summarize(web, key_id.as_deref(), &range).await {
         Ok(Ok(v)) => super::json(session, ex, &v).await,
         Ok(Err(e)) => fail(session, ex, &e).await,
         Err(e) => fail(session, ex, &store_failed(&ex.request_id, &e)).await,
@@ -231,13 +229,9 @@ async fn usage_summary(
 }
 
 /// Pools and models as configured (no credential).
-async fn models(
-    shared: &Shared,
-    session: &mut Session,
-    ex: &mut Exchange,
-) -> pingora_error::Result<()> {
+async fn models(web: &Web, session: &mut Session, ex: &mut Exchange) -> pingora_error::Result<()> {
     // The router in force: a reload's models, prices and pools show at once.
-    let snapshot = shared.live.snapshot();
+    let snapshot = web.live.snapshot();
     let router = &snapshot.router;
     let pools: Vec<Value> = router
         .pools
@@ -269,11 +263,7 @@ async fn models(
     super::json(session, ex, &json!({"pools": pools, "models": models})).await
 }
 
-async fn audit(
-    shared: &Shared,
-    session: &mut Session,
-    ex: &mut Exchange,
-) -> pingora_error::Result<()> {
+async fn audit(web: &Web, session: &mut Session, ex: &mut Exchange) -> pingora_error::Result<()> {
     let limit = match params::parse(session.req_header().uri.query(), &["limit"]) {
         Ok(p) => p
             .first()
@@ -282,7 +272,7 @@ async fn audit(
             .clamp(1, 10_000),
         Err(e) => return fail(session, ex, &e).await,
     };
-    let store = shared.store.clone();
+    let store = web.store.clone();
     let entries = match super::blocking(move || store.console.audit_list(limit)).await {
         Ok(e) => e,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,

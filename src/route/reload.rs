@@ -17,9 +17,9 @@ use notify::Watcher;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 
-use super::Problems;
-use super::keys::KeyTable;
 use super::live::Live;
+use crate::config::keys::KeyTable;
+use crate::config::{Config, Fingerprint, Problem, Problems, fingerprint};
 
 pub struct KeysReloader {
     live: Arc<Live>,
@@ -39,21 +39,6 @@ const LIVE_SECTIONS: [&str; 3] = ["pools", "models", "console"];
 
 fn sections(path: &Path) -> Option<toml::Table> {
     std::fs::read_to_string(path).ok()?.parse().ok()
-}
-
-/// What identifies a version of the file, following symlinks.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Fingerprint(Option<(std::time::SystemTime, u64, u64)>);
-
-pub(crate) fn fingerprint(path: &Path) -> Fingerprint {
-    use std::os::unix::fs::MetadataExt;
-    Fingerprint(std::fs::metadata(path).ok().map(|m| {
-        (
-            m.modified().unwrap_or(std::time::UNIX_EPOCH),
-            m.len(),
-            m.ino(),
-        )
-    }))
 }
 
 impl KeysReloader {
@@ -92,12 +77,11 @@ impl KeysReloader {
     /// Reads the config file, builds its router (upstream health carried over) and swaps it
     /// in; a file that does not load keeps the router in force. Returns the models in force.
     pub fn reload_router(&self) -> Result<usize, Problems> {
-        let config = super::Config::load(&self.config)?;
-        let router =
-            crate::route::Router::build_after(&config, Some(&self.live.snapshot().router))?;
+        let config = Config::load(&self.config)?;
+        let router = super::Router::build_after(&config, Some(&self.live.snapshot().router))?;
         let n = router.ordered.len();
-        crate::upstream::warm_tls(&router.pools).map_err(|m| {
-            Problems::one(super::Problem::new(
+        crate::upstream::warm_tls(router.pools.iter().map(|p| &p.cfg)).map_err(|m| {
+            Problems::one(Problem::new(
                 &self.config.display().to_string(),
                 None,
                 "pools",
@@ -150,7 +134,7 @@ impl KeysReloader {
             // Most likely a file caught between truncate and write. To revoke every key on
             // purpose, set `disabled = true` on them.
             let file = self.path.display().to_string();
-            return Err(Problems::one(super::Problem::new(
+            return Err(Problems::one(Problem::new(
                 &file,
                 None,
                 "keys",
@@ -244,7 +228,7 @@ impl BackgroundService for KeysReloader {
                 _ = tick.tick() => false,
             };
             let why = if forced { "SIGHUP" } else { "file changed" };
-            // Keys kept in Postgres are followed by `keys_db::follow`, not here.
+            // Keys kept in Postgres are followed by `store::postgres::keys::follow`, not here.
             let now = fingerprint(&self.path);
             if !self.live.config.keys_in_postgres
                 && (forced || now != seen)

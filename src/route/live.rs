@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 
-use super::keys::KeyTable;
-use super::{Config, Problems};
-use crate::route::Router;
+use super::Router;
+use crate::config::keys::KeyTable;
+use crate::config::{Config, ConsoleConfig, Problems};
+use crate::store::postgres::keys as keys_table;
 
 /// What one request sees of the live state.
 pub struct Snapshot {
@@ -23,7 +24,7 @@ pub struct Live {
     state: ArcSwap<Snapshot>,
     /// `[console]` in force: a reload changes it (a password rotated takes effect at once, and
     /// ends the sessions made with the old one).
-    console: ArcSwapOption<super::ConsoleConfig>,
+    console: ArcSwapOption<ConsoleConfig>,
 }
 
 impl Live {
@@ -31,7 +32,7 @@ impl Live {
     pub fn load(config: Config) -> Result<Live, Problems> {
         let mut problems = Problems::default();
         let keys = match (&config.postgres, config.keys_in_postgres) {
-            (Some(url), true) => super::keys_db::load(url.expose()),
+            (Some(url), true) => keys_table::load(url.expose()),
             _ => KeyTable::load(&config.keys_file),
         };
         let keys = keys.map_err(|p| problems.extend(p)).ok();
@@ -55,11 +56,11 @@ impl Live {
     }
 
     /// `[console]` as in force now (None: no console).
-    pub fn console(&self) -> Option<Arc<super::ConsoleConfig>> {
+    pub fn console(&self) -> Option<Arc<ConsoleConfig>> {
         self.console.load_full()
     }
 
-    pub fn set_console(&self, console: Option<super::ConsoleConfig>) {
+    pub fn set_console(&self, console: Option<ConsoleConfig>) {
         self.console.store(console.map(Arc::new));
     }
 

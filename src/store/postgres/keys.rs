@@ -1,4 +1,4 @@
-//! Config stage, keys kept in Postgres (`[keys] source = "postgres"`): one row per key in the
+//! Store stage, keys kept in Postgres (`[keys] source = "postgres"`): one row per key in the
 //! store's `keys` table, holding the key's `[[keys]]` table as a keys file writes it (only the
 //! secret's SHA-256 and hint, never the secret). Each row is checked by the keys file's parser
 //! (a row that does not pass keeps its version in force, see `table_from`); the console's edits go through the same editor, in a transaction that
@@ -7,17 +7,15 @@
 //! moments, and checks the whole table every `FULL_CHECK` in case a notification was missed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use postgres::Client;
 use postgres::fallible_iterator::FallibleIterator;
 use toml_edit::{ArrayOfTables, DocumentMut, Item, Table};
 
-use super::keys::{KeyTable, secret_hint, sha256};
-use super::keys_file::{Edit, EditError, edit_text};
-use super::live::Live;
-use super::{Problem, Problems};
+use crate::config::keys::{KeyTable, secret_hint, sha256};
+use crate::config::keys_file::{Edit, EditError, edit_text};
+use crate::config::{Problem, Problems};
 
 /// The name problems and logs give the table.
 pub const SOURCE: &str = "postgres keys table";
@@ -134,7 +132,7 @@ struct Taken {
 
 /// Every key in the table (see `table_from`); a row that does not pass is logged and left out.
 pub fn load(url: &str) -> Result<KeyTable, Problems> {
-    let mut c = crate::store::postgres_client(url).map_err(problem)?;
+    let mut c = super::migrated_client(url).map_err(problem)?;
     let rows = rows_of(&mut c).map_err(problem)?;
     let Taken { table, wrong, .. } = table_from(&rows, &BTreeMap::new())?;
     for p in &wrong {
@@ -199,7 +197,7 @@ fn write_diff(
 /// the table now in force.
 pub fn apply(url: &str, edit: &Edit) -> Result<KeyTable, EditError> {
     let io = |m: String| EditError::Io(m);
-    let mut c = crate::store::postgres_client(url).map_err(io)?;
+    let mut c = super::migrated_client(url).map_err(io)?;
     let mut tx = c.transaction().map_err(|e| io(format!("begin: {e}")))?;
     // One editor at a time across the fleet; readers are not blocked.
     tx.batch_execute("LOCK TABLE keys IN EXCLUSIVE MODE")
@@ -291,7 +289,7 @@ pub fn import(url: &str, file_text: &str, file_name: &str) -> Result<usize, Stri
     let text = without_secrets(file_text)?;
     KeyTable::parse(file_name, &text).map_err(|p| p.to_string())?;
     let incoming = entries(&text)?;
-    let mut c = crate::store::postgres_client(url)?;
+    let mut c = super::migrated_client(url)?;
     let mut tx = c.transaction().map_err(|e| format!("begin: {e}"))?;
     tx.batch_execute("LOCK TABLE keys IN EXCLUSIVE MODE")
         .map_err(|e| format!("locking the keys table: {e}"))?;
@@ -310,7 +308,7 @@ pub fn import(url: &str, file_text: &str, file_name: &str) -> Result<usize, Stri
 
 /// `modelgate keys export`: the table as a keys file.
 pub fn export(url: &str) -> Result<String, String> {
-    let mut c = crate::store::postgres_client(url)?;
+    let mut c = super::migrated_client(url)?;
     text_of(&mut c)
 }
 
@@ -318,11 +316,11 @@ pub fn export(url: &str) -> Result<String, String> {
 /// on each (and every `FULL_CHECK`), putting a changed table in force, each row that does not
 /// validate logged, counted and kept at its version in force (`table_from`). Runs on
 /// its own thread for the life of the process; reconnects when the connection is lost.
-pub fn follow(url: String, live: Arc<Live>) {
+pub fn follow(url: String, put_in_force: impl Fn(KeyTable) + Send + 'static) {
     let run = move || {
         let mut followed = Followed::default();
         loop {
-            let mut c = match crate::store::postgres_client(&url) {
+            let mut c = match super::migrated_client(&url) {
                 Ok(c) => c,
                 Err(e) => {
                     tracing::warn!("keys: {e}; trying again in a second");
@@ -336,7 +334,7 @@ pub fn follow(url: String, live: Arc<Live>) {
                 continue;
             }
             // A change may have come while no connection listened: read the table now.
-            if follow_once(&mut c, &live, &mut followed).is_err() {
+            if follow_once(&mut c, &put_in_force, &mut followed).is_err() {
                 continue;
             }
             loop {
@@ -351,7 +349,7 @@ pub fn follow(url: String, live: Arc<Live>) {
                     tracing::warn!("keys: the notification connection: {e}; reconnecting");
                     break;
                 }
-                if follow_once(&mut c, &live, &mut followed).is_err() {
+                if follow_once(&mut c, &put_in_force, &mut followed).is_err() {
                     break;
                 }
             }
@@ -374,7 +372,11 @@ struct Followed {
 }
 
 /// Reads the table and puts it in force when it changed. Err: the connection failed.
-fn follow_once(c: &mut Client, live: &Live, followed: &mut Followed) -> Result<(), ()> {
+fn follow_once(
+    c: &mut Client,
+    put_in_force: &impl Fn(KeyTable),
+    followed: &mut Followed,
+) -> Result<(), ()> {
     let rows = match rows_of(c) {
         Ok(r) => r,
         Err(e) => {
@@ -391,7 +393,7 @@ fn follow_once(c: &mut Client, live: &Live, followed: &mut Followed) -> Result<(
                 tracing::error!("keys: a row not taken, its version in force (if any) stays: {p}");
             }
             let n = table.len();
-            live.set_keys(table);
+            put_in_force(table);
             followed.good = used;
             tracing::info!(keys = n, "keys reloaded from the postgres keys table");
             if let Some(m) = crate::ops::metrics::get() {
