@@ -109,7 +109,13 @@ fn limiter(url: &str, n: usize) {
         .enable_all()
         .build()
         .expect("runtime");
-    let shared = SharedLimits::start(url, OnDown::Deny, Duration::from_millis(500)).expect("redis");
+    let shared = SharedLimits::start(
+        url,
+        OnDown::Deny,
+        Duration::from_millis(500),
+        std::sync::Arc::new(modelgate::ops::metrics::Metrics::new().expect("metrics")),
+    )
+    .expect("redis");
     rt.block_on(async {
         // Warm up (the first call loads the script).
         for i in 0..1_000 {

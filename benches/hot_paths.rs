@@ -123,7 +123,7 @@ fn meter(c: &mut Criterion) {
 /// What a plain chat request's end costs in metrics: its counters and histograms, found by
 /// their labels.
 fn metrics(c: &mut Criterion) {
-    let m = modelgate::ops::metrics::get().expect("metrics");
+    let m = modelgate::ops::metrics::Metrics::new().expect("metrics");
     let end = modelgate::ops::metrics::RequestEnd {
         listener: "main",
         endpoint: "chat",

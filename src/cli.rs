@@ -260,6 +260,14 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         }
     }
     drop(held);
+    let metrics = match crate::ops::metrics::Metrics::new() {
+        Ok(m) => Arc::new(m),
+        Err(e) => {
+            eprintln!("cannot make the metrics: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    metrics.set_key_label(c.metrics_key_label);
     let options = StoreOptions {
         retention: c.retention,
         // Postgres away, or SQLite's file locked by another process past its busy timeout:
@@ -269,6 +277,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         overflow_max: c.memory_max_records,
         refuse_when_full: c.on_store_full == crate::config::OnStoreFull::Refuse,
         spool_max_bytes: c.spool_max_bytes,
+        metrics: Some(metrics.clone()),
         ..StoreOptions::default()
     };
     let (store, where_) = match &c.postgres {
@@ -300,9 +309,6 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         models = c.models.len(),
         "modelgate starting"
     );
-    if let Some(m) = crate::ops::metrics::get() {
-        m.set_key_label(c.metrics_key_label);
-    }
     if let Some(t) = &c.telemetry {
         if let Err(e) = crate::ops::telemetry::start(t) {
             eprintln!("{e}");
@@ -311,11 +317,14 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         tracing::info!(endpoint = %t.otlp_endpoint, "exporting traces over OTLP/HTTP");
     }
     let shared_limits = match &c.redis {
-        Some(url) => match SharedLimits::start(url.expose(), c.on_redis_down, c.redis_timeout) {
+        Some(url) => match SharedLimits::start(
+            url.expose(),
+            c.on_redis_down,
+            c.redis_timeout,
+            metrics.clone(),
+        ) {
             Ok(l) => {
-                if let Some(m) = crate::ops::metrics::get() {
-                    m.redis_up();
-                }
+                metrics.redis_up();
                 Some(l)
             }
             Err(e) => {
@@ -326,16 +335,20 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         None => None,
     };
     if let (Some(url), true) = (&c.postgres, c.keys_in_postgres) {
-        {
-            let live = live.clone();
-            crate::store::postgres::keys::follow(url.expose().to_string(), move |t| {
-                live.set_keys(t)
-            });
-        }
+        let live = live.clone();
+        let url = url.expose().to_string();
+        crate::store::postgres::keys::follow(url, metrics.clone(), move |t| live.set_keys(t));
     }
     let spend_sync = (c.postgres.is_some() || shared_limits.is_some())
         .then(|| sync_spend(store.clone(), shared_limits.clone(), spend.clone()));
-    let shared = crate::state::build(&c, live, store.clone(), spend.clone(), shared_limits);
+    let shared = crate::state::build(
+        &c,
+        live,
+        store.clone(),
+        spend.clone(),
+        shared_limits,
+        metrics,
+    );
     let signals = crate::ops::lifecycle::Signals {
         lifecycle: shared.lifecycle.clone(),
         delay: c.shutdown_delay,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::limit::budget::Spend;
 use crate::limit::shared::SharedLimits;
+use crate::ops::metrics::Metrics;
 use crate::proxy;
 use crate::route::live::Live;
 use crate::store::Store;
@@ -20,9 +21,11 @@ pub fn build(
     store: Arc<Store>,
     spend: Arc<Spend>,
     shared_limits: Option<Arc<SharedLimits>>,
+    metrics: Arc<Metrics>,
 ) -> Arc<proxy::Shared> {
     let web = Arc::new(web::Web {
         live: live.clone(),
+        metrics: metrics.clone(),
         store: store.clone(),
         spend: spend.clone(),
         throttle: crate::auth::Throttle::per_minute(c.auth_failures_per_minute),
@@ -32,6 +35,7 @@ pub fn build(
     });
     Arc::new(proxy::Shared {
         live,
+        metrics,
         store,
         spend,
         limiter: Default::default(),

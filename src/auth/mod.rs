@@ -177,6 +177,7 @@ pub fn authenticate_guarded(
     client: Option<std::net::IpAddr>,
     token: Option<&[u8]>,
     now_unix: i64,
+    metrics: &crate::ops::metrics::Metrics,
 ) -> Result<Arc<Key>, GatewayError> {
     use std::sync::atomic::Ordering::Relaxed;
     let now = std::time::Instant::now();
@@ -209,9 +210,7 @@ pub fn authenticate_guarded(
         if let Some(ip) = client {
             throttle.fail(ip, now);
         }
-        if let Some(m) = crate::ops::metrics::get() {
-            m.auth_failure(client);
-        }
+        metrics.auth_failure(client);
     }
     found
 }

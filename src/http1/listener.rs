@@ -52,13 +52,13 @@ pub struct HeaderDeadline<A> {
 }
 
 /// What the layer above does at this layer's points.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct Hooks {
     /// A request begins on this thread (before Pingora's request is made).
     pub request_started: fn(),
     /// The whole reply (header and body, `Connection: close`) to a connection's first request
     /// that Pingora's reader refuses, on the listener named.
-    pub unparseable: fn(&'static str) -> Vec<u8>,
+    pub unparseable: std::sync::Arc<dyn Fn(&'static str) -> Vec<u8> + Send + Sync>,
 }
 
 #[async_trait]

@@ -25,6 +25,7 @@ use rustls::sign::CertifiedKey;
 
 use crate::config::{Fingerprint, fingerprint};
 pub use crate::config::{Loaded, TlsFiles, load_tls as load};
+use crate::ops::metrics::Metrics;
 
 /// The identity of both files of a pair (a change to either is a renewal to try).
 fn files_fingerprint(files: &TlsFiles) -> (Fingerprint, Fingerprint) {
@@ -42,6 +43,7 @@ pub struct ListenerCert {
     listener: &'static str,
     files: TlsFiles,
     current: ArcSwap<CertifiedKey>,
+    metrics: Arc<Metrics>,
 }
 
 impl fmt::Debug for ListenerCert {
@@ -56,7 +58,11 @@ impl fmt::Debug for ListenerCert {
 impl ListenerCert {
     /// Loads the pair now (a listener never starts without a usable certificate; an expired
     /// one is served, with a warning, since there is no other).
-    pub fn new(listener: &'static str, files: TlsFiles) -> Result<Arc<ListenerCert>, String> {
+    pub fn new(
+        listener: &'static str,
+        files: TlsFiles,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<ListenerCert>, String> {
         let loaded = load(&files)?;
         if loaded.not_after < now_unix() {
             tracing::warn!(
@@ -65,11 +71,12 @@ impl ListenerCert {
                 files.cert.display()
             );
         }
-        expiry(listener, loaded.not_after);
+        metrics.tls_expiry(listener, loaded.not_after);
         Ok(Arc::new(ListenerCert {
             listener,
             files,
             current: ArcSwap::new(loaded.key),
+            metrics,
         }))
     }
 
@@ -94,14 +101,8 @@ impl ListenerCert {
             return Err(format!("{} has expired", self.files.cert.display()));
         }
         self.current.store(new.key);
-        expiry(self.listener, new.not_after);
+        self.metrics.tls_expiry(self.listener, new.not_after);
         Ok(())
-    }
-}
-
-fn expiry(listener: &str, not_after: i64) {
-    if let Some(m) = crate::ops::metrics::get() {
-        m.tls_expiry(listener, not_after);
     }
 }
 
@@ -160,9 +161,7 @@ impl BackgroundService for CertReloader {
                         "TLS certificate not reloaded, the one in force stays: {e}"
                     ),
                 }
-                if let Some(m) = crate::ops::metrics::get() {
-                    m.tls_reload(cert.listener, result.is_ok());
-                }
+                cert.metrics.tls_reload(cert.listener, result.is_ok());
             }
         }
     }

@@ -285,6 +285,7 @@ pub struct SharedLimits {
     /// `UNDO`s waiting for Redis.
     undos: AtomicUsize,
     started: Instant,
+    metrics: Arc<crate::ops::metrics::Metrics>,
 }
 
 impl std::fmt::Debug for SharedLimits {
@@ -306,6 +307,7 @@ impl SharedLimits {
         url: &str,
         on_down: OnDown,
         timeout: Duration,
+        metrics: Arc<crate::ops::metrics::Metrics>,
     ) -> Result<Arc<SharedLimits>, String> {
         let client = redis::Client::open(url).map_err(|e| format!("limits: the redis URL: {e}"))?;
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -339,6 +341,7 @@ impl SharedLimits {
             holds: DashMap::new(),
             undos: AtomicUsize::new(0),
             started: Instant::now(),
+            metrics,
         });
         // The first connection is made on this runtime (later ones are, by the manager), not
         // on whichever request's runtime asks first.
@@ -385,18 +388,14 @@ impl SharedLimits {
                     OnDown::Deny => "refused",
                 }
             );
-            if let Some(m) = crate::ops::metrics::get() {
-                m.redis_down();
-            }
+            self.metrics.redis_down();
         }
     }
 
     fn answered(&self) {
         if self.down.swap(false, Ordering::Relaxed) {
             tracing::warn!("limits: redis is back; limits are shared again");
-            if let Some(m) = crate::ops::metrics::get() {
-                m.redis_up();
-            }
+            self.metrics.redis_up();
         }
     }
 

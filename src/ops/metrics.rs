@@ -3,11 +3,12 @@
 //! upstreams' health and the process's are read at scrape time. Labels stay bounded: models
 //! and pools are the configured ones, a client address is a label only for the first
 //! `MAX_CLIENTS` that failed authentication, a key id only where `[metrics] key_label = true`.
+//! One `Metrics` is made at start and handed (an `Arc`) to each part that counts; none is global.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use prometheus::{
@@ -113,8 +114,15 @@ pub struct Metrics {
     batch_seconds: Histogram,
 }
 
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
 impl Metrics {
-    fn new() -> prometheus::Result<Metrics> {
+    /// The gateway's metrics, made once at start and handed to every part that counts.
+    pub fn new() -> prometheus::Result<Metrics> {
         let registry = Registry::new_custom(Some("modelgate".into()), None)?;
         let process = Registry::new();
         #[cfg(target_os = "linux")]
@@ -635,12 +643,6 @@ fn status_label(status: u16) -> std::borrow::Cow<'static, str> {
         other => return other.to_string().into(),
     };
     common.into()
-}
-
-/// The process's metrics; None only if the registry could not be built (then nothing is counted).
-pub fn get() -> Option<&'static Metrics> {
-    static METRICS: OnceLock<Option<Metrics>> = OnceLock::new();
-    METRICS.get_or_init(|| Metrics::new().ok()).as_ref()
 }
 
 #[cfg(test)]

@@ -198,9 +198,7 @@ impl Gateway {
                     };
                 }
             }
-            if let Some(m) = crate::ops::metrics::get() {
-                m.limits_fallback.inc();
-            }
+            self.shared.metrics.limits_fallback.inc();
             if shared.on_down == OnDown::Deny {
                 return Err(GatewayError::LimiterUnavailable.into());
             }
@@ -238,7 +236,14 @@ impl Gateway {
         let throttle = &self.shared.web.throttle;
         // Key expiry is judged at the request's arrival (no second clock read).
         let now_unix = ctx.time_ms.div_euclid(1000);
-        let key = auth::authenticate_guarded(keys, throttle, client, token, now_unix)?;
+        let key = auth::authenticate_guarded(
+            keys,
+            throttle,
+            client,
+            token,
+            now_unix,
+            &self.shared.metrics,
+        )?;
         ctx.key = Some(key.clone());
         Ok(key)
     }

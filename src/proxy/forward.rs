@@ -159,7 +159,10 @@ async fn try_pool(
         let tried_once = try_once(&gw.connections, session, ctx, pool, up, life, span).await;
         let try_ended = Instant::now();
         ctx.upstream_time += try_ended.saturating_duration_since(started);
-        let outcome = count_try(ctx, pool, up, &tried_once, attempt, span, started);
+        let outcome = end_try(ctx, pool, up, &tried_once, span, started);
+        gw.shared
+            .metrics
+            .attempt(&pool.name, &up.cfg.url, outcome, attempt > 1);
         let tried_as = match &tried_once {
             Try::Reply(_, resp) => Tried::Replied {
                 status: resp.status.as_u16(),
@@ -254,21 +257,16 @@ async fn finish_gone(
     PoolEnd::Done(Box::pin(finished).await)
 }
 
-/// Counts a try in the metrics and, unless it brought a reply (whose try ends with its relay),
-/// its span; how it ended.
-fn count_try(
+/// How a try ended; unless it brought a reply (whose try ends with its relay), its span ends.
+fn end_try(
     ctx: &mut Ctx,
     pool: &Pool,
     up: &Upstream,
     tried: &Try,
-    attempt: u32,
     span: Option<u64>,
     started: Instant,
 ) -> &'static str {
     let outcome = outcome(tried);
-    if let Some(m) = crate::ops::metrics::get() {
-        m.attempt(&pool.name, &up.cfg.url, outcome, attempt > 1);
-    }
     if !matches!(tried, Try::Reply(..)) {
         note_try(ctx, span, started, pool, up, outcome);
     }

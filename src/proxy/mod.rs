@@ -34,6 +34,7 @@ use outcome::Failure;
 /// What the proxy's requests share (built by `state::build`).
 pub struct Shared {
     pub live: Arc<crate::route::live::Live>,
+    pub metrics: Arc<crate::ops::metrics::Metrics>,
     pub store: Arc<crate::store::Store>,
     pub spend: Arc<crate::limit::budget::Spend>,
     pub limiter: crate::limit::rate::Limiter,
@@ -65,10 +66,11 @@ impl Gateway {
         {
             tracing::error!("{e}");
         }
+        let connections = Arc::new(crate::upstream::Connections::new(shared.metrics.clone()));
         Gateway {
             shared,
             listener,
-            connections: Default::default(),
+            connections,
         }
     }
 
@@ -495,9 +497,7 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
     if let Some(log) = shared.access_log.as_ref().filter(|l| l.sampled()) {
         log.log(&access_line(shared, req, ctx, &r));
     }
-    if let Some(m) = crate::ops::metrics::get() {
-        observe(m, ctx, &r, ended);
-    }
+    observe(&shared.metrics, ctx, &r, ended);
     if ctx.trace.as_ref().is_some_and(|t| t.recording()) {
         trace(req, ctx, &r, ended);
     }
@@ -529,7 +529,10 @@ async fn end(shared: &Shared, req: &http::request::Parts, status: u16, ctx: &mut
 /// The contract's 400 for a connection's first request that Pingora's reader refuses (a
 /// malformed request line or header), on `listener`: the whole reply, closing the connection
 /// (`http1::listener`). Counted as a refusal of the listener's.
-pub fn unparseable_reply(listener: &'static str) -> Vec<u8> {
+pub fn unparseable_reply(
+    listener: &'static str,
+    metrics: &crate::ops::metrics::Metrics,
+) -> Vec<u8> {
     let e = crate::error::GatewayError::InvalidParameter {
         param: "request",
         message: "The request is not valid HTTP/1.1: its request line or a header could not be \
@@ -537,9 +540,7 @@ pub fn unparseable_reply(listener: &'static str) -> Vec<u8> {
             .into(),
     };
     let body = e.body();
-    if let Some(m) = crate::ops::metrics::get() {
-        m.unparseable(listener);
-    }
+    metrics.unparseable(listener);
     let mut out = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
          x-request-id: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n",

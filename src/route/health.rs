@@ -22,13 +22,22 @@ const TICK: Duration = Duration::from_millis(100);
 
 pub struct HealthChecker {
     live: Arc<Live>,
+    metrics: Arc<crate::ops::metrics::Metrics>,
     /// The demo upstream this process serves itself (`demo_mock_upstream`), if any.
     demo: Option<String>,
 }
 
 impl HealthChecker {
-    pub fn new(live: Arc<Live>, demo: Option<String>) -> HealthChecker {
-        HealthChecker { live, demo }
+    pub fn new(
+        live: Arc<Live>,
+        metrics: Arc<crate::ops::metrics::Metrics>,
+        demo: Option<String>,
+    ) -> HealthChecker {
+        HealthChecker {
+            live,
+            metrics,
+            demo,
+        }
     }
 }
 
@@ -54,7 +63,7 @@ impl BackgroundService for HealthChecker {
                 () = listening(addr) => {}
             }
         }
-        let connections = Arc::new(upstream::Connections::default());
+        let connections = Arc::new(upstream::Connections::new(self.metrics.clone()));
         let mut due: HashMap<String, Instant> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
         let mut lookup_due = Instant::now() + upstream::DNS_REFRESH;

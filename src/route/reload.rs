@@ -23,6 +23,7 @@ use crate::config::{Config, Fingerprint, Problem, Problems, fingerprint};
 
 pub struct KeysReloader {
     live: Arc<Live>,
+    metrics: Arc<crate::ops::metrics::Metrics>,
     path: PathBuf,
     /// The config file, whose router part is reloaded too.
     config: PathBuf,
@@ -42,13 +43,14 @@ fn sections(path: &Path) -> Option<toml::Table> {
 }
 
 impl KeysReloader {
-    pub fn new(live: Arc<Live>) -> KeysReloader {
+    pub fn new(live: Arc<Live>, metrics: Arc<crate::ops::metrics::Metrics>) -> KeysReloader {
         let path = live.config.keys_file.clone();
         let config = live.config.path.clone();
         let loaded = (fingerprint(&path), fingerprint(&config));
         let started_with = sections(&config);
         KeysReloader {
             live,
+            metrics,
             path,
             config,
             loaded,
@@ -97,7 +99,8 @@ impl KeysReloader {
         match self.reload_router() {
             Ok(n) => {
                 tracing::info!(models = n, file = %self.config.display(), "pools, models and the console reloaded ({why})");
-                if let Some(m) = crate::ops::metrics::get() {
+                {
+                    let m = &self.metrics;
                     m.config_reloads.inc();
                 }
                 let waiting = self.awaiting_restart();
@@ -114,7 +117,8 @@ impl KeysReloader {
                         "config file rejected, the pools and models in force stay: {p}"
                     );
                 }
-                if let Some(m) = crate::ops::metrics::get() {
+                {
+                    let m = &self.metrics;
                     m.config_reload_errors.inc();
                 }
             }
@@ -152,7 +156,8 @@ impl KeysReloader {
             Ok(None) => return false,
             Ok(Some(n)) => {
                 tracing::info!(keys = n, file = %self.path.display(), "keys reloaded ({why})");
-                if let Some(m) = crate::ops::metrics::get() {
+                {
+                    let m = &self.metrics;
                     m.keys.set(n as i64);
                     m.keys_reloads.inc();
                 }
@@ -161,7 +166,8 @@ impl KeysReloader {
                 for p in &problems.0 {
                     tracing::error!("keys file rejected, previous keys stay in force: {p}");
                 }
-                if let Some(m) = crate::ops::metrics::get() {
+                {
+                    let m = &self.metrics;
                     m.keys_reload_errors.inc();
                 }
             }
@@ -212,7 +218,8 @@ impl BackgroundService for KeysReloader {
             .ok();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let (mut seen, mut seen_config) = self.loaded.clone();
-        if let Some(m) = crate::ops::metrics::get() {
+        {
+            let m = &self.metrics;
             m.keys.set(self.live.snapshot().keys.len() as i64);
         }
         loop {

@@ -32,20 +32,15 @@ impl ServeHttp for Admin {
             ),
             "/upstreams" => (200, "application/json", self.upstreams()),
             "/readyz" => self.readiness(),
-            "/metrics" => (
-                200,
-                "text/plain; version=0.0.4",
-                crate::ops::metrics::get()
-                    .map(|m| {
-                        let snapshot = self.shared.live.snapshot();
-                        let upstreams = snapshot.router.upstream_gauges();
-                        if let Some(log) = &self.shared.access_log {
-                            m.access_log_dropped(log.dropped());
-                        }
-                        m.render(self.shared.store.stats(), &upstreams)
-                    })
-                    .unwrap_or_default(),
-            ),
+            "/metrics" => (200, "text/plain; version=0.0.4", {
+                let m = &self.shared.metrics;
+                let snapshot = self.shared.live.snapshot();
+                let upstreams = snapshot.router.upstream_gauges();
+                if let Some(log) = &self.shared.access_log {
+                    m.access_log_dropped(log.dropped());
+                }
+                m.render(self.shared.store.stats(), &upstreams)
+            }),
             _ => (
                 404,
                 "application/json",

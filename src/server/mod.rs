@@ -87,7 +87,10 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
             listener: listener.name(),
             hooks: Hooks {
                 request_started: crate::ops::alloc::request_started,
-                unparseable: crate::proxy::unparseable_reply,
+                unparseable: {
+                    let metrics = shared.metrics.clone();
+                    Arc::new(move |listener| crate::proxy::unparseable_reply(listener, &metrics))
+                },
             },
         });
         let bound = addr
@@ -99,7 +102,8 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
             Some(files) => {
                 // The config stage loaded this pair already; it can only fail here if the
                 // files changed in between.
-                let cert = ListenerCert::new(listener.name(), files.clone())?;
+                let cert =
+                    ListenerCert::new(listener.name(), files.clone(), shared.metrics.clone())?;
                 svc_listeners.push((addr.clone(), Some(cert.settings())));
                 certs.push(cert);
             }
@@ -134,7 +138,7 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
     }
     server.add_service(pingora_core::services::background::background_service(
         "keys reload",
-        KeysReloader::new(shared.live.clone()),
+        KeysReloader::new(shared.live.clone(), shared.metrics.clone()),
     ));
     server.add_service(pingora_core::services::background::background_service(
         "shutdown drain",
@@ -147,7 +151,11 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
     ));
     server.add_service(pingora_core::services::background::background_service(
         "upstream health checks",
-        HealthChecker::new(shared.live.clone(), config.demo_mock_upstream.clone()),
+        HealthChecker::new(
+            shared.live.clone(),
+            shared.metrics.clone(),
+            config.demo_mock_upstream.clone(),
+        ),
     ));
     if let Some(addr) = &config.listeners.admin {
         server.add_service(admin::service(addr, shared.clone()));

@@ -106,6 +106,8 @@ pub struct StoreOptions {
     pub spool: Option<PathBuf>,
     /// The crash journal's folder (`journal`); None: records wait in memory only.
     pub journal: Option<PathBuf>,
+    /// Where the writer counts its batches (rows, time); None: not counted.
+    pub metrics: Option<Arc<crate::ops::metrics::Metrics>>,
 }
 
 impl Default for StoreOptions {
@@ -120,6 +122,7 @@ impl Default for StoreOptions {
             spool_max_bytes: 1 << 30,
             spool: None,
             journal: None,
+            metrics: None,
         }
     }
 }
@@ -257,6 +260,7 @@ impl Store {
             spool_max_bytes: opts.spool_max_bytes,
             memory_max: opts.overflow_max,
             refuse_when_full: opts.refuse_when_full,
+            metrics: opts.metrics.clone(),
         };
         let writer = Writer::new(conn, rx, Arc::clone(&shared), cfg, journal.clone());
         let handle = std::thread::Builder::new()

@@ -103,6 +103,7 @@ pub(super) struct WriterConfig {
     /// `on_store_full = "refuse"`: past `memory_max` new requests are refused and no record
     /// is dropped; else records past it are dropped (counted).
     pub refuse_when_full: bool,
+    pub metrics: Option<Arc<crate::ops::metrics::Metrics>>,
 }
 
 /// How long an idle writer sleeps before looking at retention again.
@@ -471,7 +472,7 @@ impl Writer {
         match result {
             Ok(()) => {
                 self.holds_memory = true;
-                if let Some(m) = crate::ops::metrics::get() {
+                if let Some(m) = &self.cfg.metrics {
                     m.batch(self.batch.len(), started.elapsed());
                 }
                 // The journal's lines of the records after these reach the disk too (a

@@ -27,6 +27,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::config::PoolConfig;
 use crate::http1::client;
+use crate::ops::metrics::Metrics;
 
 /// An exchange on an upstream connection (`http1::client::Conn`, whose methods it has), and
 /// where the connection goes back to once its reply was read whole.
@@ -131,6 +132,7 @@ pub struct Connections {
     idle: Arc<Mutex<Idle>>,
     max_idle: usize,
     sweeping: std::sync::Once,
+    metrics: Arc<Metrics>,
 }
 
 #[derive(Default)]
@@ -170,17 +172,16 @@ struct Kept {
     until: Instant,
 }
 
-impl Default for Connections {
-    fn default() -> Self {
+impl Connections {
+    pub fn new(metrics: Arc<Metrics>) -> Connections {
         Connections {
             idle: Arc::default(),
             max_idle: MAX_IDLE,
             sweeping: std::sync::Once::new(),
+            metrics,
         }
     }
-}
 
-impl Connections {
     /// Runs `exchange` (the request sent, the reply's header read) on a connection to `peer`:
     /// an idle one if one is alive, else a new one. When the idle one proves [`stale`] (the
     /// upstream closed it as the request went out), the request goes again at once on a new
@@ -200,9 +201,7 @@ impl Connections {
         match exchange(Box::new(Conn::new(stream, peer))).await {
             Err(e) if stale(&e, taken) => {
                 tracing::debug!("a reused upstream connection was closed: {e}; on a new one");
-                if let Some(m) = crate::ops::metrics::get() {
-                    m.upstream_stale.inc();
-                }
+                self.metrics.upstream_stale.inc();
                 exchange(self.fresh(peer).await?).await
             }
             done => done,
@@ -221,9 +220,7 @@ impl Connections {
         } else {
             tcp(peer).await?
         };
-        if let Some(m) = crate::ops::metrics::get() {
-            m.upstream_connects.inc();
-        }
+        self.metrics.upstream_connects.inc();
         Ok(Box::new(Conn::new(stream, peer)))
     }
 
@@ -473,7 +470,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         (
-            Connections::default(),
+            Connections::new(Arc::new(Metrics::new().expect("metrics"))),
             listener,
             HttpPeer::new(addr, false, String::new()),
         )

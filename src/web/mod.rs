@@ -35,6 +35,7 @@ use crate::auth::Throttle;
 /// the spend ledger, and the stage's own throttles.
 pub struct Web {
     pub live: Arc<Live>,
+    pub metrics: Arc<crate::ops::metrics::Metrics>,
     pub store: Arc<Store>,
     pub spend: Arc<Spend>,
     /// Wrong keys per client address.
@@ -262,7 +263,7 @@ async fn authorize(
     };
     let keys = &web.live.snapshot().keys;
     let throttle = &web.throttle;
-    match auth::authenticate_guarded(keys, throttle, ex.client, token, now_unix()) {
+    match auth::authenticate_guarded(keys, throttle, ex.client, token, now_unix(), &web.metrics) {
         Ok(key) => {
             ex.key = Some(key.clone());
             if !key.may_use(Group::Usage) {

@@ -316,7 +316,11 @@ pub fn export(url: &str) -> Result<String, String> {
 /// on each (and every `FULL_CHECK`), putting a changed table in force, each row that does not
 /// validate logged, counted and kept at its version in force (`table_from`). Runs on
 /// its own thread for the life of the process; reconnects when the connection is lost.
-pub fn follow(url: String, put_in_force: impl Fn(KeyTable) + Send + 'static) {
+pub fn follow(
+    url: String,
+    metrics: std::sync::Arc<crate::ops::metrics::Metrics>,
+    put_in_force: impl Fn(KeyTable) + Send + 'static,
+) {
     let run = move || {
         let mut followed = Followed::default();
         loop {
@@ -334,7 +338,7 @@ pub fn follow(url: String, put_in_force: impl Fn(KeyTable) + Send + 'static) {
                 continue;
             }
             // A change may have come while no connection listened: read the table now.
-            if follow_once(&mut c, &put_in_force, &mut followed).is_err() {
+            if follow_once(&mut c, &put_in_force, &metrics, &mut followed).is_err() {
                 continue;
             }
             loop {
@@ -349,7 +353,7 @@ pub fn follow(url: String, put_in_force: impl Fn(KeyTable) + Send + 'static) {
                     tracing::warn!("keys: the notification connection: {e}; reconnecting");
                     break;
                 }
-                if follow_once(&mut c, &put_in_force, &mut followed).is_err() {
+                if follow_once(&mut c, &put_in_force, &metrics, &mut followed).is_err() {
                     break;
                 }
             }
@@ -375,6 +379,7 @@ struct Followed {
 fn follow_once(
     c: &mut Client,
     put_in_force: &impl Fn(KeyTable),
+    metrics: &crate::ops::metrics::Metrics,
     followed: &mut Followed,
 ) -> Result<(), ()> {
     let rows = match rows_of(c) {
@@ -396,7 +401,8 @@ fn follow_once(
             put_in_force(table);
             followed.good = used;
             tracing::info!(keys = n, "keys reloaded from the postgres keys table");
-            if let Some(m) = crate::ops::metrics::get() {
+            {
+                let m = metrics;
                 m.keys.set(n as i64);
                 m.keys_reloads.inc();
                 if !wrong.is_empty() {
@@ -408,7 +414,8 @@ fn follow_once(
             for p in &problems.0 {
                 tracing::error!("keys table rejected, previous keys stay in force: {p}");
             }
-            if let Some(m) = crate::ops::metrics::get() {
+            {
+                let m = metrics;
                 m.keys_reload_errors.inc();
             }
         }

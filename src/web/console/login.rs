@@ -188,9 +188,7 @@ pub async fn login(
 ) -> pingora_error::Result<()> {
     let now = Instant::now();
     let metric = |result: &str| {
-        if let Some(m) = crate::ops::metrics::get() {
-            m.sign_in(result);
-        }
+        web.metrics.sign_in(result);
     };
     let refused = |message: &str, wait| GatewayError::RateLimited {
         message: message.into(),
