@@ -14,8 +14,6 @@ pub mod postgres;
 mod query;
 mod spool;
 mod sqlite;
-mod sqlite_engine;
-mod sqlite_rows;
 mod writer;
 
 use std::collections::HashMap;
@@ -215,7 +213,7 @@ impl Store {
     /// The embedded store: creates parent folders, opens/creates the SQLite file (WAL,
     /// synchronous=NORMAL, busy_timeout 5 s) and its schema, starts the writer thread.
     pub fn open(path: &Path, opts: StoreOptions) -> Result<Arc<Store>, String> {
-        let (engine, writer) = sqlite_engine::SqliteEngine::open(path)?;
+        let (engine, writer) = sqlite::SqliteEngine::open(path)?;
         Store::start(Arc::new(engine), Box::new(writer), opts)
     }
 

@@ -4,54 +4,14 @@
 //! disagree. A summary reads rollups for the whole buckets of its range and raw rows only for
 //! the partial buckets at its two edges (under 15 minutes each), so any range is exact and its
 //! cost does not grow with the rows in it. 15 minutes divides every UTC offset in use
-//! (+05:30, +05:45), so local hours and days are whole buckets.
+//! (+05:30, +05:45), so local hours and days are whole buckets. Each engine stores and reads
+//! them in its own SQL (`sqlite/rollup.rs`, `postgres/`); the sums and the plan are here.
 
 use std::collections::HashMap;
 
-use rusqlite::types::Value;
-use rusqlite::{Connection, OptionalExtension, Transaction, params, params_from_iter};
-
-use super::StoreError;
 use super::record::UsageRecord;
-use super::sqlite::{SELECT_COLUMNS, blank_record, read_row};
 
 pub const BUCKET_MS: i64 = 15 * 60 * 1000;
-
-/// `latency` is the rows' latency histogram: (bin u8, count u32 LE) pairs, bins ascending. Kept
-/// in the row, not a table of its own, so a 30-day summary reads one row per bucket × model ×
-/// status instead of one per latency bin too.
-pub(super) const SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS usage_rollup (
-    key_id TEXT NOT NULL,
-    bucket_ms INTEGER NOT NULL,
-    model TEXT NOT NULL,
-    status INTEGER NOT NULL,
-    requests INTEGER NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    total_tokens INTEGER NOT NULL,
-    cost REAL NOT NULL,
-    latency_ms INTEGER NOT NULL,
-    estimated INTEGER NOT NULL,
-    latency BLOB NOT NULL,
-    PRIMARY KEY (key_id, bucket_ms, model, status)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS usage_rollup_time ON usage_rollup (bucket_ms);
-";
-
-const UPSERT_ROLLUP: &str = "INSERT INTO usage_rollup (key_id, bucket_ms, model, status, \
-     requests, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, estimated, \
-     latency) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
-     ON CONFLICT(key_id, bucket_ms, model, status) DO UPDATE SET \
-     requests = requests + excluded.requests, \
-     prompt_tokens = prompt_tokens + excluded.prompt_tokens, \
-     completion_tokens = completion_tokens + excluded.completion_tokens, \
-     total_tokens = total_tokens + excluded.total_tokens, cost = cost + excluded.cost, \
-     latency_ms = latency_ms + excluded.latency_ms, estimated = estimated + excluded.estimated, \
-     latency = excluded.latency";
-
-const SELECT_LATENCY: &str = "SELECT latency FROM usage_rollup \
-     WHERE key_id = ?1 AND bucket_ms = ?2 AND model = ?3 AND status = ?4";
 
 pub fn bucket_of(ms: i64) -> i64 {
     ms.div_euclid(BUCKET_MS) * BUCKET_MS
@@ -70,7 +30,7 @@ pub fn latency_bin(ms: u64) -> u32 {
 /// A latency histogram: bin → requests.
 pub type Hist = std::collections::BTreeMap<u32, u64>;
 
-fn encode(h: &Hist) -> Vec<u8> {
+pub(super) fn encode(h: &Hist) -> Vec<u8> {
     let mut out = Vec::with_capacity(h.len() * 5);
     for (bin, n) in h {
         out.push(u8::try_from(*bin).unwrap_or(u8::MAX));
@@ -80,7 +40,7 @@ fn encode(h: &Hist) -> Vec<u8> {
 }
 
 /// Adds an encoded histogram into `h`; a malformed tail is ignored.
-fn add_encoded(h: &mut Hist, bytes: &[u8]) {
+pub(super) fn add_encoded(h: &mut Hist, bytes: &[u8]) {
     for pair in bytes.chunks_exact(5) {
         let n = u32::from_le_bytes([pair[1], pair[2], pair[3], pair[4]]);
         *h.entry(u32::from(pair[0])).or_default() += u64::from(n);
@@ -175,11 +135,11 @@ pub struct Rollup {
     pub latency: HashMap<String, Hist>,
 }
 
-fn int(v: u64) -> i64 {
+pub(super) fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn uint(v: i64) -> u64 {
+pub(super) fn uint(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
@@ -198,112 +158,6 @@ pub(super) fn aggregate<'a>(
         *row.1.entry(latency_bin(r.latency_ms)).or_default() += 1;
     }
     rows
-}
-
-/// Adds a batch to the rollups, inside the writer's transaction. A row's histogram is merged
-/// with the stored one here (the writer is the only one writing, so read-then-write holds).
-pub(super) fn add_batch(
-    tx: &Transaction<'_>,
-    batch: &[UsageRecord],
-) -> Result<(), super::engine::WriteError> {
-    let err =
-        |what: &str, e: rusqlite::Error| super::sqlite::write_err(&format!("rollup {what}"), e);
-    let mut select = tx
-        .prepare_cached(SELECT_LATENCY)
-        .map_err(|e| err("prepare", e))?;
-    let mut up = tx
-        .prepare_cached(UPSERT_ROLLUP)
-        .map_err(|e| err("prepare", e))?;
-    for ((bucket, key, model, status), (s, mut hist)) in aggregate(batch) {
-        let status = i64::from(status);
-        let stored: Option<Vec<u8>> = select
-            .query_row(params![key, bucket, model, status], |r| r.get(0))
-            .optional()
-            .map_err(|e| err("read", e))?;
-        if let Some(bytes) = stored {
-            add_encoded(&mut hist, &bytes);
-        }
-        up.execute(params![
-            key,
-            bucket,
-            model,
-            status,
-            int(s.requests),
-            int(s.prompt_tokens),
-            int(s.completion_tokens),
-            int(s.total_tokens),
-            s.cost,
-            int(s.latency_ms),
-            int(s.estimated),
-            encode(&hist),
-        ])
-        .map_err(|e| err("upsert", e))?;
-    }
-    Ok(())
-}
-
-/// Builds the rollups of a database written before they existed, once, at open.
-pub(super) fn backfill(conn: &mut Connection) -> Result<(), String> {
-    let err = |e: rusqlite::Error| format!("usage store: rollup backfill: {e}");
-    let has_rollups: bool = conn
-        .query_row("SELECT EXISTS (SELECT 1 FROM usage_rollup)", [], |r| {
-            r.get(0)
-        })
-        .map_err(err)?;
-    let has_rows: bool = conn
-        .query_row("SELECT EXISTS (SELECT 1 FROM usage)", [], |r| r.get(0))
-        .map_err(err)?;
-    if has_rollups || !has_rows {
-        return Ok(());
-    }
-    tracing::info!("usage store: building rollups from the existing records (once)");
-    // IMMEDIATE: it reads before it writes (see `sqlite::insert_batch`).
-    let tx = conn
-        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-        .map_err(err)?;
-    {
-        let mut stmt = tx
-            .prepare(&format!("SELECT {SELECT_COLUMNS} FROM usage"))
-            .map_err(err)?;
-        let mut rows = stmt.query([]).map_err(err)?;
-        let mut chunk = Vec::with_capacity(65_536);
-        let mut rec = blank_record();
-        while let Some(row) = rows.next().map_err(err)? {
-            read_row(row, &mut rec).map_err(err)?;
-            chunk.push(rec.clone());
-            if chunk.len() == 65_536 {
-                add_batch(&tx, &chunk).map_err(|e| e.msg)?;
-                chunk.clear();
-            }
-        }
-        add_batch(&tx, &chunk).map_err(|e| e.msg)?;
-    }
-    tx.commit().map_err(err)
-}
-
-/// Appends ` AND key_id = ?N` / ` AND model = ?N` for the filters the query has.
-fn filters(q: &RollupQuery, sql: &mut String, args: &mut Vec<Value>) {
-    for (col, v) in [("key_id", &q.key_id), ("model", &q.model)] {
-        if let Some(v) = v {
-            args.push(Value::Text(v.clone()));
-            sql.push_str(&format!(" AND {col} = ?{}", args.len()));
-        }
-    }
-}
-
-/// The rollup of `[start, end)`: stored rollups for its whole buckets, raw rows summed the
-/// same way for the partial buckets at its edges.
-pub(super) fn read(conn: &Connection, q: &RollupQuery) -> Result<Rollup, StoreError> {
-    let mut out = Rollup::default();
-    let plan = Plan::of(q);
-    if let Some((from, to)) = plan.whole {
-        whole_buckets(conn, q, from, to, &mut out)?;
-    }
-    for (from, to) in plan.edges {
-        raw_rows(conn, q, from, to, &mut out)?;
-    }
-    out.rows.sort_by_key(|r| r.bucket_ms);
-    Ok(out)
 }
 
 /// How a range is read: its whole buckets from the rollups, the parts of buckets at its edges
@@ -359,89 +213,6 @@ pub(super) fn push_records(out: &mut Rollup, records: &[UsageRecord]) {
         };
         push_row(out, row, &hist);
     }
-}
-
-/// Runs `sql` with `args` and hands each row to `f`.
-fn each_row(
-    conn: &Connection,
-    sql: &str,
-    args: &[Value],
-    mut f: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<()>,
-) -> Result<(), StoreError> {
-    let mut stmt = conn.prepare_cached(sql).map_err(StoreError::query)?;
-    let mut rows = stmt
-        .query(params_from_iter(args.iter()))
-        .map_err(StoreError::query)?;
-    while let Some(r) = rows.next().map_err(StoreError::query)? {
-        f(r).map_err(StoreError::query)?;
-    }
-    Ok(())
-}
-
-fn whole_buckets(
-    conn: &Connection,
-    q: &RollupQuery,
-    from: i64,
-    to: i64,
-    out: &mut Rollup,
-) -> Result<(), StoreError> {
-    let mut args = vec![Value::Integer(from), Value::Integer(to)];
-    let mut sql = String::from(
-        "SELECT bucket_ms, key_id, model, status, requests, prompt_tokens, completion_tokens, \
-         total_tokens, cost, latency_ms, estimated, latency FROM usage_rollup \
-         WHERE bucket_ms >= ?1 AND bucket_ms < ?2",
-    );
-    filters(q, &mut sql, &mut args);
-    each_row(conn, &sql, &args, |r| {
-        // A sum past i64 is a REAL in SQLite (a store written before counts were capped).
-        let g = |i| {
-            r.get::<_, i64>(i)
-                .or_else(|_| r.get::<_, f64>(i).map(|f| f as i64))
-                .map(uint)
-        };
-        let model: String = r.get(2)?;
-        let hist = out.latency.entry(model.clone()).or_default();
-        add_encoded(hist, r.get_ref(11)?.as_blob()?);
-        out.rows.push(RollupRow {
-            bucket_ms: r.get(0)?,
-            key_id: r.get(1)?,
-            model,
-            status: u16::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
-            sums: Sums {
-                requests: g(4)?,
-                prompt_tokens: g(5)?,
-                completion_tokens: g(6)?,
-                total_tokens: g(7)?,
-                cost: r.get(8)?,
-                latency_ms: g(9)?,
-                estimated: g(10)?,
-            },
-        });
-        Ok(())
-    })
-}
-
-/// Sums the raw rows of `[from, to)` (less than one bucket) into `out`.
-fn raw_rows(
-    conn: &Connection,
-    q: &RollupQuery,
-    from: i64,
-    to: i64,
-    out: &mut Rollup,
-) -> Result<(), StoreError> {
-    let mut args = vec![Value::Integer(from), Value::Integer(to)];
-    let mut sql =
-        format!("SELECT {SELECT_COLUMNS} FROM usage WHERE time_ms >= ?1 AND time_ms < ?2");
-    filters(q, &mut sql, &mut args);
-    let mut records = Vec::new();
-    let mut rec = blank_record();
-    each_row(conn, &sql, &args, |row| {
-        read_row(row, &mut rec)?;
-        records.push(rec.clone());
-        Ok(())
-    })?;
-    push_records(out, &records);
-    Ok(())
 }
 
 #[cfg(test)]
@@ -580,7 +351,7 @@ mod tests {
         }
         store.close();
         drop(store);
-        let conn = Connection::open(&path).unwrap();
+        let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch("DELETE FROM usage_rollup;").unwrap();
         drop(conn);
         let store = Store::open(&path, StoreOptions::default()).unwrap();

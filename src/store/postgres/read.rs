@@ -183,7 +183,7 @@ pub(super) fn rollup(c: &mut Client, q: &RollupQuery) -> Result<Rollup, StoreErr
         let mut args = vec![Arg::Int(from), Arg::Int(to)];
         let mut sql = format!(
             "SELECT {} FROM usage WHERE time_ms >= $1::bigint AND time_ms < $2::bigint",
-            crate::store::sqlite::SELECT_COLUMNS
+            crate::store::query::SELECT_COLUMNS
         );
         filters(q, &mut sql, &mut args);
         let rows = c.query(&sql, &params(&args)).map_err(StoreError::pg)?;

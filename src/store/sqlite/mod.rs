@@ -8,14 +8,20 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OpenFlags, OptionalExtension, params};
 
-use super::record::UsageRecord;
+use crate::store::record::UsageRecord;
 
 /// Narrow columns, one per `UsageRecord` field, so the console and exports never parse blobs.
 /// The table is clustered by key: its primary key is (key_id, time_ms, seq), so one key's rows
 /// lie together in time order and a key's page or export is one sequential walk. `seq` is
 /// unique and grows with each insert (`usage_seq` holds the next one); it is the tie-breaker of
 /// the (time_ms, seq) keyset order. `usage_time` serves the queries across every key.
-pub(super) use super::sqlite_rows::{blank_record, csv_row, read_row};
+mod console;
+mod engine;
+mod read;
+mod rollup;
+mod rows;
+
+pub(super) use engine::SqliteEngine;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS usage (
@@ -70,11 +76,6 @@ SELECT key_id, time_ms, rowid, request_id, listener, endpoint, model, status, st
 DROP TABLE usage_rowid;
 ";
 
-/// The column list every reader selects, `seq` first; `read_row` follows this order.
-pub(super) const SELECT_COLUMNS: &str = "seq, time_ms, request_id, key_id, listener, endpoint, \
-     model, status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, \
-     ttft_ms, upstream, estimated, attempts, served_model, cut";
-
 const INSERT: &str = "INSERT INTO usage (time_ms, request_id, key_id, listener, endpoint, model, \
      status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, ttft_ms, \
      upstream, estimated, seq, attempts, served_model, cut) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
@@ -92,7 +93,7 @@ const YIELD_EVERY: i64 = 16;
 const WRITER_CACHE_KIB: i64 = -16_384;
 
 /// Small enough that one DELETE never holds the write lock long enough to stall a batch.
-pub(super) const RETENTION_CHUNK: usize = 5_000;
+pub(in crate::store) const RETENTION_CHUNK: usize = 5_000;
 
 const RETENTION_DELETE: &str = "DELETE FROM usage WHERE (key_id, time_ms, seq) IN \
      (SELECT key_id, time_ms, seq FROM usage WHERE time_ms < ?1 ORDER BY time_ms LIMIT ?2)";
@@ -107,13 +108,16 @@ fn db_err(what: &str, e: rusqlite::Error) -> String {
 /// connection, a full disk, a read-only or failing file system, a file that cannot be opened.
 /// The batch then waits in the spool (on its own file system, it has room where the database
 /// has none) and is tried again, rather than being counted lost.
-pub(super) fn write_err(what: &str, e: rusqlite::Error) -> super::engine::WriteError {
+pub(in crate::store) fn write_err(
+    what: &str,
+    e: rusqlite::Error,
+) -> crate::store::engine::WriteError {
     use rusqlite::ErrorCode::*;
     let transient = matches!(
         e.sqlite_error_code(),
         Some(DatabaseBusy | DatabaseLocked | DiskFull | SystemIoFailure | ReadOnly | CannotOpen)
     );
-    super::engine::WriteError {
+    crate::store::engine::WriteError {
         msg: db_err(what, e),
         transient,
     }
@@ -122,7 +126,7 @@ pub(super) fn write_err(what: &str, e: rusqlite::Error) -> super::engine::WriteE
 /// Opens (creating if needed) the database the writer thread owns, in WAL mode so readers
 /// never wait on it; `synchronous=NORMAL` is durable across process crashes in WAL mode and only
 /// risks the last commits on power loss, the usual trade for a usage log.
-pub(super) fn open_writer(path: &Path) -> Result<Connection, String> {
+pub(in crate::store) fn open_writer(path: &Path) -> Result<Connection, String> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir)
@@ -183,9 +187,9 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, String> {
         "cut",
         "ALTER TABLE usage ADD COLUMN cut TEXT NOT NULL DEFAULT '';",
     )?;
-    conn.execute_batch(super::rollup::SCHEMA)
+    conn.execute_batch(rollup::SCHEMA)
         .map_err(|e| db_err("creating the rollup schema", e))?;
-    super::rollup::backfill(&mut conn)?;
+    rollup::backfill(&mut conn)?;
     Ok(conn)
 }
 
@@ -214,7 +218,7 @@ fn migrate_rowid_table(conn: &mut Connection) -> Result<(), String> {
 
 /// The `seq` the next insert takes: kept in `usage_seq`, or one past the largest in the table
 /// (once, for a table that has none yet).
-fn next_seq(tx: &Connection) -> Result<i64, super::engine::WriteError> {
+fn next_seq(tx: &Connection) -> Result<i64, crate::store::engine::WriteError> {
     let kept: Option<i64> = tx
         .query_row("SELECT next FROM usage_seq WHERE id = 0", [], |r| r.get(0))
         .optional()
@@ -247,7 +251,7 @@ fn add_column(conn: &Connection, table: &str, column: &str, ddl: &str) -> Result
 }
 
 /// A read-only connection for queries and exports; WAL lets it read while the writer commits.
-pub(super) fn open_reader(path: &Path) -> Result<Connection, String> {
+pub(in crate::store) fn open_reader(path: &Path) -> Result<Connection, String> {
     let flags = OpenFlags::SQLITE_OPEN_READ_ONLY
         | OpenFlags::SQLITE_OPEN_NO_MUTEX
         | OpenFlags::SQLITE_OPEN_URI;
@@ -264,10 +268,10 @@ fn int(v: u64) -> i64 {
 }
 
 /// The records of `batch` not in the table yet (for a replay of the spool).
-pub(super) fn not_stored(
+pub(in crate::store) fn not_stored(
     conn: &Connection,
     batch: &[UsageRecord],
-) -> Result<Vec<UsageRecord>, super::engine::WriteError> {
+) -> Result<Vec<UsageRecord>, crate::store::engine::WriteError> {
     let mut find = conn
         .prepare_cached(
             "SELECT 1 FROM usage WHERE key_id = ?1 AND time_ms = ?2 AND request_id = ?3 LIMIT 1",
@@ -297,10 +301,10 @@ pub(super) fn not_stored(
 /// The lock still held by another connection after `busy_timeout` (a backup, or someone's
 /// `sqlite3` shell in a write transaction) is a transient failure: the writer keeps the batch
 /// in the spool and tries again, so nothing is lost to it.
-pub(super) fn insert_batch(
+pub(in crate::store) fn insert_batch(
     conn: &mut Connection,
     batch: &[UsageRecord],
-) -> Result<(), super::engine::WriteError> {
+) -> Result<(), crate::store::engine::WriteError> {
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(|e| write_err("begin", e))?;
@@ -356,13 +360,13 @@ pub(super) fn insert_batch(
     tx.prepare_cached("INSERT OR REPLACE INTO usage_seq (id, next) VALUES (0, ?1)")
         .and_then(|mut s| s.execute(params![seq]))
         .map_err(|e| write_err("usage_seq", e))?;
-    super::rollup::add_batch(&tx, batch)?;
+    rollup::add_batch(&tx, batch)?;
     tx.commit().map_err(|e| write_err("commit", e))
 }
 
 /// Deletes at most one chunk of rows older than `cutoff_ms`; returns how many went. The
 /// spend table is untouched, so retention never lowers a key's spend.
-pub(super) fn delete_expired(conn: &Connection, cutoff_ms: i64) -> Result<usize, String> {
+pub(in crate::store) fn delete_expired(conn: &Connection, cutoff_ms: i64) -> Result<usize, String> {
     let mut stmt = conn
         .prepare_cached(RETENTION_DELETE)
         .map_err(|e| db_err("prepare retention", e))?;
@@ -372,13 +376,13 @@ pub(super) fn delete_expired(conn: &Connection, cutoff_ms: i64) -> Result<usize,
     // Rollups of quarters wholly before the cutoff go with their rows, so summaries never
     // count records the usage API no longer has.
     conn.prepare_cached("DELETE FROM usage_rollup WHERE bucket_ms < ?1")
-        .and_then(|mut s| s.execute(params![super::rollup::bucket_of(cutoff_ms)]))
+        .and_then(|mut s| s.execute(params![crate::store::rollup::bucket_of(cutoff_ms)]))
         .map_err(|e| db_err("rollup retention", e))?;
     Ok(n)
 }
 
 /// key_id → unix ms of its last request (as committed).
-pub(super) fn last_used(conn: &Connection) -> Result<HashMap<String, i64>, String> {
+pub(in crate::store) fn last_used(conn: &Connection) -> Result<HashMap<String, i64>, String> {
     let mut stmt = conn
         .prepare_cached("SELECT key_id, last_used_ms FROM spend")
         .map_err(|e| db_err("prepare last used", e))?;
@@ -389,7 +393,7 @@ pub(super) fn last_used(conn: &Connection) -> Result<HashMap<String, i64>, Strin
         .map_err(|e| db_err("last used", e))
 }
 
-pub(super) fn spend_totals(conn: &Connection) -> Result<HashMap<String, f64>, String> {
+pub(in crate::store) fn spend_totals(conn: &Connection) -> Result<HashMap<String, f64>, String> {
     let mut stmt = conn
         .prepare_cached("SELECT key_id, spend FROM spend")
         .map_err(|e| db_err("prepare spend totals", e))?;
@@ -406,7 +410,7 @@ pub(super) fn spend_totals(conn: &Connection) -> Result<HashMap<String, f64>, St
 
 /// A record whose fields all differ by `i`, for the store's tests.
 #[cfg(test)]
-pub(super) fn sample_record(i: u64, key: &str, time_ms: i64) -> UsageRecord {
+pub(in crate::store) fn sample_record(i: u64, key: &str, time_ms: i64) -> UsageRecord {
     UsageRecord {
         time_ms,
         request_id: format!("req_{i}"),
@@ -556,7 +560,7 @@ mod tests {
             }
             store.close();
         }
-        super::super::spool::Spool::new(spool_path.clone())
+        crate::store::spool::Spool::new(spool_path.clone())
             .append(&recs)
             .unwrap();
         let opts = StoreOptions {

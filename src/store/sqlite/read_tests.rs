@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
+use crate::store::record::{CSV_HEADER, UsageRecord};
 use crate::store::sqlite::sample_record;
 use crate::store::{Store, StoreOptions};
 

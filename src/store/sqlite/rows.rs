@@ -3,7 +3,7 @@
 
 use rusqlite::Row;
 
-use super::record::{CsvRow, UsageRecord};
+use crate::store::record::{CsvRow, UsageRecord};
 
 fn set_text(dst: &mut String, row: &Row<'_>, i: usize) -> rusqlite::Result<()> {
     dst.clear();

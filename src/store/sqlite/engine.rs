@@ -11,12 +11,15 @@ use std::sync::mpsc::{self, SyncSender};
 use bytes::Bytes;
 use rusqlite::Connection;
 
-use super::console::{AuditEntry, Session, SqliteConsole};
-use super::engine::{BatchWriter, Engine, WriteError};
-use super::query::{self, Page, Query};
-use super::record::UsageRecord;
-use super::rollup::{self, Rollup, RollupQuery};
-use super::{StoreError, sqlite};
+use super::console::SqliteConsole;
+use super::read as query;
+use super::rollup;
+use crate::store::console::{AuditEntry, Session};
+use crate::store::engine::{BatchWriter, Engine, WriteError};
+use crate::store::query::{CsvOut, Page, Query};
+use crate::store::record::UsageRecord;
+use crate::store::rollup::{Rollup, RollupQuery};
+use crate::store::{StoreError, sqlite};
 
 /// Idle read-only connections kept for reuse (with their cached statements).
 const READER_POOL: usize = 4;
@@ -37,7 +40,7 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-pub(super) struct SqliteWriter {
+pub(in crate::store) struct SqliteWriter {
     conn: Connection,
     path: PathBuf,
     /// The file the connection opened.
@@ -104,7 +107,7 @@ impl BatchWriter for SqliteWriter {
     }
 }
 
-pub(super) struct SqliteEngine {
+pub(in crate::store) struct SqliteEngine {
     path: PathBuf,
     readers: Mutex<Vec<Connection>>,
     closed: AtomicBool,
@@ -214,7 +217,7 @@ impl Engine for SqliteEngine {
             for _ in 0..=workers {
                 hand_out(&mut ahead);
             }
-            let mut out = query::CsvOut::new(sink);
+            let mut out = CsvOut::new(sink);
             let result = (|| {
                 while let Some(rx) = ahead.pop_front() {
                     hand_out(&mut ahead);
