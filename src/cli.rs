@@ -237,7 +237,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let c = live.config.clone();
+    let c = live.fixed.clone();
     // Pingora retries a busy port forever (that is how its upgrade hand-over works); a plain
     // start should fail fast instead, or a health check would pass with the API unbound.
     let addrs = [
@@ -267,27 +267,27 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    metrics.set_key_label(c.metrics_key_label);
+    metrics.set_key_label(c.metrics.key_label);
     let options = StoreOptions {
-        retention: c.retention,
+        retention: c.storage.retention,
         // Postgres away, or SQLite's file locked by another process past its busy timeout:
         // batches wait on disk (the file is made only then).
-        spool: Some(c.spool.clone()),
-        journal: c.journal.clone(),
-        overflow_max: c.memory_max_records,
-        refuse_when_full: c.on_store_full == crate::config::OnStoreFull::Refuse,
-        spool_max_bytes: c.spool_max_bytes,
+        spool: Some(c.storage.spool.clone()),
+        journal: c.storage.journal.clone(),
+        overflow_max: c.storage.memory_max_records,
+        refuse_when_full: c.storage.on_store_full == crate::config::OnStoreFull::Refuse,
+        spool_max_bytes: c.storage.spool_max_bytes,
         metrics: Some(metrics.clone()),
         ..StoreOptions::default()
     };
-    let (store, where_) = match &c.postgres {
+    let (store, where_) = match &c.storage.postgres {
         Some(url) => (
             Store::open_postgres(url.expose(), options),
             "postgres".to_string(),
         ),
         None => (
-            Store::open(&c.sqlite, options),
-            c.sqlite.display().to_string(),
+            Store::open(&c.storage.sqlite, options),
+            c.storage.sqlite.display().to_string(),
         ),
     };
     let store = match store {
@@ -306,7 +306,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         admin = ?c.listeners.admin,
         store = %where_,
         keys = live.snapshot().keys.len(),
-        models = c.models.len(),
+        models = live.snapshot().config.models.len(),
         "modelgate starting"
     );
     if let Some(t) = &c.telemetry {
@@ -316,11 +316,11 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         }
         tracing::info!(endpoint = %t.otlp_endpoint, "exporting traces over OTLP/HTTP");
     }
-    let shared_limits = match &c.redis {
+    let shared_limits = match &c.limits.redis {
         Some(url) => match SharedLimits::start(
             url.expose(),
-            c.on_redis_down,
-            c.redis_timeout,
+            c.limits.on_redis_down,
+            c.limits.redis_timeout,
             metrics.clone(),
         ) {
             Ok(l) => {
@@ -334,12 +334,12 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         },
         None => None,
     };
-    if let (Some(url), true) = (&c.postgres, c.keys_in_postgres) {
+    if let (Some(url), true) = (&c.storage.postgres, c.keys.in_postgres) {
         let live = live.clone();
         let url = url.expose().to_string();
         crate::store::postgres::keys::follow(url, metrics.clone(), move |t| live.set_keys(t));
     }
-    let spend_sync = (c.postgres.is_some() || shared_limits.is_some())
+    let spend_sync = (c.storage.postgres.is_some() || shared_limits.is_some())
         .then(|| sync_spend(store.clone(), shared_limits.clone(), spend.clone()));
     let shared = crate::state::build(
         &c,
@@ -351,7 +351,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
     );
     let signals = crate::ops::lifecycle::Signals {
         lifecycle: shared.lifecycle.clone(),
-        delay: c.shutdown_delay,
+        delay: c.server.shutdown_delay,
     };
     let server = match crate::server::build(shared, upgrade) {
         Ok(s) => s,
@@ -384,8 +384,8 @@ fn check(path: &Path) -> ExitCode {
         }
     };
     // The store `serve` opens (SQLite: nothing is written here).
-    let store_problem = |config: &Config| match &config.postgres {
-        None => crate::store::check_sqlite_path(&config.sqlite)
+    let store_problem = |config: &Config| match &config.fixed.storage.postgres {
+        None => crate::store::check_sqlite_path(&config.fixed.storage.sqlite)
             .err()
             .map(|m| {
                 crate::config::Problem::new(&path.display().to_string(), None, "storage.sqlite", m)
@@ -408,15 +408,15 @@ fn check(path: &Path) -> ExitCode {
                 store_problem(&config).into_iter().collect(),
             ));
             // What only resolving the upstreams finds (a name that does not resolve), too.
-            if let Err(found) = crate::route::Router::build(&config) {
+            if let Err(found) = crate::route::Router::build(&config.live, &config.fixed.path) {
                 for f in found.0 {
                     if !problems.0.contains(&f) {
                         problems.push(f);
                     }
                 }
             }
-            if !config.keys_in_postgres {
-                keys_problems(&config.keys_file, &mut problems);
+            if !config.fixed.keys.in_postgres {
+                keys_problems(&config.fixed.keys.file, &mut problems);
             }
             Err(problems)
         }
@@ -444,8 +444,8 @@ fn check(path: &Path) -> ExitCode {
             println!(
                 "{}: ok ({} pools, {} models, {} keys)",
                 path.display(),
-                live.config.pools.len(),
-                live.config.models.len(),
+                live.snapshot().config.pools.len(),
+                live.snapshot().config.models.len(),
                 live.snapshot().keys.len()
             );
             ExitCode::SUCCESS
@@ -572,7 +572,7 @@ fn keys_command(config: &Path, command: KeysCommand) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let Some(url) = c.postgres.as_ref() else {
+    let Some(url) = c.fixed.storage.postgres.as_ref() else {
         eprintln!(
             "{}: keys import/export need [storage] postgres",
             config.display()
@@ -591,7 +591,7 @@ fn keys_command(config: &Path, command: KeysCommand) -> ExitCode {
             }
         },
         KeysCommand::Import { file } => {
-            let file = file.unwrap_or_else(|| c.keys_file.clone());
+            let file = file.unwrap_or_else(|| c.fixed.keys.file.clone());
             let text = match std::fs::read_to_string(&file) {
                 Ok(t) => t,
                 Err(e) => {

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::config::Config;
+use crate::config::Fixed;
 use crate::limit::budget::Spend;
 use crate::limit::shared::SharedLimits;
 use crate::ops::metrics::Metrics;
@@ -16,7 +16,7 @@ use crate::web;
 
 /// The state of a gateway serving `config`, from what the start made of it.
 pub fn build(
-    c: &Config,
+    c: &Fixed,
     live: Arc<Live>,
     store: Arc<Store>,
     spend: Arc<Spend>,
@@ -28,7 +28,7 @@ pub fn build(
         metrics: metrics.clone(),
         store: store.clone(),
         spend: spend.clone(),
-        throttle: crate::auth::Throttle::per_minute(c.auth_failures_per_minute),
+        throttle: crate::auth::Throttle::per_minute(c.limits.auth_failures_per_minute),
         logins: Default::default(),
         sign_ins: Default::default(),
         usage_calls: Default::default(),
@@ -43,9 +43,9 @@ pub fn build(
         web,
         lifecycle: Default::default(),
         access_log: crate::ops::access_log::AccessLog::start(
-            c.access_log_rate,
-            c.access_log_format,
-            c.access_log_file.as_deref(),
+            c.log.access_rate,
+            c.log.access_format,
+            c.log.access_file.as_deref(),
         ),
         stored: Default::default(),
     })

@@ -1,5 +1,7 @@
 //! `[limits]`: its raw form as serde reads it, and its check.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -18,8 +20,62 @@ pub(super) struct RawLimits {
     pub(super) budget_mode: Option<Spanned<String>>,
 }
 
+/// `[limits]`: what any one request or client may take, and where a fleet shares its counts.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    /// Wrong keys one client address may present a minute before it gets 429 (on `/v1`, the
+    /// usage APIs and the page alike); 0: no limit.
+    pub auth_failures_per_minute: usize,
+    /// rpm, tpm, concurrency and spend shared by every gateway using this Redis.
+    pub redis: Option<Secret>,
+    /// What happens while Redis cannot be reached.
+    pub on_redis_down: OnDown,
+    /// The longest a request waits for Redis.
+    pub redis_timeout: Duration,
+    /// When a budget is checked against a request's cost.
+    pub budget_mode: BudgetMode,
+}
+
+pub(super) fn check(raw: Option<&RawLimits>, src: &Src<'_>, p: &mut Problems) -> Limits {
+    let on_redis_down = match choose(
+        raw.and_then(|l| l.on_redis_down.as_ref()),
+        "limits.on_redis_down",
+        &["local", "deny"],
+        src,
+        p,
+    ) {
+        0 => OnDown::Local,
+        _ => OnDown::Deny,
+    };
+    let budget_mode = match choose(
+        raw.and_then(|l| l.budget_mode.as_ref()),
+        "limits.budget_mode",
+        &["reserve", "after"],
+        src,
+        p,
+    ) {
+        0 => BudgetMode::Reserve,
+        _ => BudgetMode::After,
+    };
+    Limits {
+        max_body_bytes: raw
+            .and_then(|l| l.max_body_bytes)
+            .unwrap_or(DEFAULT_MAX_BODY_BYTES),
+        auth_failures_per_minute: raw
+            .and_then(|l| l.auth_failures_per_minute)
+            .unwrap_or(FAILURES_PER_WINDOW),
+        redis: redis(raw, src, p),
+        on_redis_down,
+        redis_timeout: Duration::from_millis(
+            raw.and_then(|l| l.redis_timeout_ms).unwrap_or(250).max(1),
+        ),
+        budget_mode,
+    }
+}
+
 /// `[limits] redis`: the URL of the Redis the fleet shares limits in.
-pub(super) fn redis(raw: Option<&RawLimits>, src: &Src<'_>, p: &mut Problems) -> Option<Secret> {
+fn redis(raw: Option<&RawLimits>, src: &Src<'_>, p: &mut Problems) -> Option<Secret> {
     let file = src.file;
     let at = |s: std::ops::Range<usize>| src.at(s);
     raw.and_then(|l| {

@@ -198,6 +198,33 @@ fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, String> {
         .map_err(|e| format!("{} holds no PEM private key: {e}", path.display()))
 }
 
+/// `[demo] mock_upstream`: the address the in-process mock model server listens on; not a
+/// port a listener has (`bound`, from `check`).
+pub(super) fn demo(
+    raw: Option<&super::raw::RawDemo>,
+    bound: &[(&'static str, std::net::SocketAddr)],
+    src: &Src<'_>,
+    p: &mut Problems,
+) -> Option<String> {
+    let m = raw?.mock_upstream.as_ref()?;
+    let problem = match m.get_ref().parse::<std::net::SocketAddr>() {
+        Err(_) => Some("must be IP:PORT".to_string()),
+        Ok(addr) => bound
+            .iter()
+            .find(|(_, b)| addr.port() != 0 && one_port(b, &addr))
+            .map(|(other, _)| format!("{addr} is also `{other}`'s: it needs its own")),
+    };
+    if let Some(message) = problem {
+        p.push(Problem::new(
+            src.file,
+            src.at(m.span()),
+            "demo.mock_upstream",
+            message,
+        ));
+    }
+    Some(m.get_ref().clone())
+}
+
 /// Which API listener a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Listener {

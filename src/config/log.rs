@@ -1,5 +1,7 @@
 //! `[log]`: its raw form as serde reads it, and its check.
 
+use std::path::PathBuf;
+
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -16,12 +18,18 @@ pub(super) struct RawLog {
     pub(super) access_file: Option<String>,
 }
 
-/// `[log]`: the access log's sample rate and format.
-pub(super) fn check(
-    log: Option<&RawLog>,
-    src: &Src<'_>,
-    p: &mut Problems,
-) -> (f64, crate::ops::access_log::Format) {
+/// `[log]`: the access log.
+#[derive(Debug, Clone)]
+pub struct Log {
+    /// Share of requests in the access log (0: off).
+    pub access_rate: f64,
+    pub access_format: crate::ops::access_log::Format,
+    /// The access log appended to this file; None: stdout.
+    pub access_file: Option<PathBuf>,
+}
+
+/// `[log]`: the access log's sample rate, format and file.
+pub(super) fn check(log: Option<&RawLog>, src: &Src<'_>, p: &mut Problems) -> Log {
     let file = src.file;
     let at = |s: std::ops::Range<usize>| src.at(s);
     use crate::ops::access_log::Format;
@@ -59,5 +67,11 @@ pub(super) fn check(
             }
         },
     };
-    (rate, format)
+    Log {
+        access_rate: rate,
+        access_format: format,
+        access_file: log
+            .and_then(|l| l.access_file.as_ref())
+            .map(|f| src.dir.join(f)),
+    }
 }

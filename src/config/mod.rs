@@ -1,12 +1,14 @@
 //! Config stage: read `modelgate.toml` → deserialize strictly (`deny_unknown_fields`) →
-//! validate → typed `Config`. Every problem found names file, line and field; loading never
-//! stops at the first one. Relative paths resolve against the config file's folder.
+//! validate → typed `Config`, one file a section (its raw form and its check), the parse a
+//! list of section calls. Every problem found names file, line and field; loading never stops
+//! at the first one. Relative paths resolve against the config file's folder.
 
 mod console;
 mod cors;
 pub mod headers;
 pub mod keys;
 pub mod keys_file;
+mod keys_source;
 mod limits;
 mod listeners;
 pub use listeners::Listener;
@@ -22,17 +24,20 @@ mod types;
 mod upstream_url;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use toml::Spanned;
 
 pub use cors::Cors;
-pub use limits::{FAILURES_PER_WINDOW, OnDown};
+pub use keys_source::KeysConfig;
+pub use limits::{FAILURES_PER_WINDOW, Limits, OnDown};
 pub use listeners::{Loaded, TlsFiles, load_tls};
+pub use log::Log;
 pub use models::MAX_MODEL_LEN;
 pub use problem::{Problem, Problems};
 use raw::*;
-pub use server::Cidr;
+pub use server::{Cidr, Server};
+pub use storage::Storage;
+pub use telemetry::MetricsConfig;
 pub use types::*;
 use upstream_url::parse_upstream_url;
 
@@ -117,241 +122,55 @@ impl Config {
         let Some(raw) = raw else { return Err(p) };
         let shape = p.0.len();
         let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let src = Src {
+        let src = &Src {
             file: &file,
             text,
             dir: &dir,
         };
-
-        let (listeners, bound) = listeners::check(&raw.listeners, &src, &mut p);
-
-        let (pools, pool_names) = pools::check(&raw.pools, &src, &mut p);
-
-        let models = models::check(&raw.models, &pool_names, &src, &mut p);
-
-        let demo_mock_upstream = raw.demo.and_then(|d| d.mock_upstream).map(|m| {
-            let problem = match m.get_ref().parse::<std::net::SocketAddr>() {
-                Err(_) => Some("must be IP:PORT".to_string()),
-                // It listens too: not on a listener's port.
-                Ok(addr) => bound
-                    .iter()
-                    .find(|(_, b)| addr.port() != 0 && one_port(b, &addr))
-                    .map(|(other, _)| format!("{addr} is also `{other}`'s: it needs its own")),
-            };
-            if let Some(message) = problem {
-                p.push(Problem::new(
-                    &file,
-                    src.at(m.span()),
-                    "demo.mock_upstream",
-                    message,
-                ));
-            }
-            m.into_inner()
-        });
-
-        let console = console::check(raw.console, &src, &mut p);
-
-        let server = raw.server;
-        let trusted_proxies = server::trusted_proxies(server.as_ref(), &src, &mut p);
-
-        let cors = cors::check(raw.cors.as_ref(), &src, &mut p);
-
-        let telemetry = telemetry::check(raw.telemetry.as_ref(), &src, &mut p);
-
-        let (access_log_rate, access_log_format) = log::check(raw.log.as_ref(), &src, &mut p);
-        let postgres = storage::postgres(raw.storage.as_ref(), &src, &mut p);
-
-        let redis = limits::redis(raw.limits.as_ref(), &src, &mut p);
-
-        // An option's value, one of `choices` (the first is its default).
-        let mut choose = |v: Option<&Spanned<String>>, field: &str, choices: &[(&str, u8)]| {
-            let Some(v) = v else { return choices[0].1 };
-            match choices.iter().find(|(name, _)| name == v.get_ref()) {
-                Some((_, c)) => *c,
-                None => {
-                    let names: Vec<String> =
-                        choices.iter().map(|(n, _)| format!("\"{n}\"")).collect();
-                    let message = format!("must be {}", names.join(" or "));
-                    p.push(Problem::new(&file, src.at(v.span()), field, message));
-                    choices[0].1
-                }
-            }
-        };
-        let finish_when_gone = choose(
-            server.as_ref().and_then(|s| s.on_client_gone.as_ref()),
-            "server.on_client_gone",
-            &[("finish", 0), ("cancel", 1)],
-        ) == 0;
-        let limits = raw.limits.as_ref();
-        let on_redis_down = match choose(
-            limits.and_then(|l| l.on_redis_down.as_ref()),
-            "limits.on_redis_down",
-            &[("local", 0), ("deny", 1)],
-        ) {
-            0 => OnDown::Local,
-            _ => OnDown::Deny,
-        };
-        let budget_mode = match choose(
-            limits.and_then(|l| l.budget_mode.as_ref()),
-            "limits.budget_mode",
-            &[("reserve", 0), ("after", 1)],
-        ) {
-            0 => BudgetMode::Reserve,
-            _ => BudgetMode::After,
-        };
-        let on_store_full = match choose(
-            raw.storage.as_ref().and_then(|s| s.on_store_full.as_ref()),
-            "storage.on_store_full",
-            &[("refuse", 0), ("serve", 1)],
-        ) {
-            0 => OnStoreFull::Refuse,
-            _ => OnStoreFull::Serve,
-        };
-        let keys_in_postgres = match &raw.keys.source {
-            None => false,
-            Some(v) => {
-                let bad = |m: &str| Problem::new(&file, src.at(v.span()), "keys.source", m);
-                match v.get_ref().as_str() {
-                    "file" => false,
-                    "postgres" if postgres.is_some() => true,
-                    "postgres" => {
-                        p.push(bad("\"postgres\" needs [storage] postgres"));
-                        false
-                    }
-                    _ => {
-                        p.push(bad("must be \"file\" or \"postgres\""));
-                        false
-                    }
-                }
-            }
-        };
-        let threads_default = default_threads();
-        let config = Config {
+        let p = &mut p;
+        let (listeners, bound) = listeners::check(&raw.listeners, src, p);
+        let (pools, pool_names) = pools::check(&raw.pools, src, p);
+        let storage = storage::check(raw.storage.as_ref(), src, p);
+        let fixed = Fixed {
             path: path.to_path_buf(),
+            demo_mock_upstream: listeners::demo(raw.demo.as_ref(), &bound, src, p),
             listeners,
-            keys_file: dir.join(raw.keys.file.as_deref().unwrap_or("keys.toml")),
-            keys_in_postgres,
-            sqlite: dir.join(
-                raw.storage
-                    .as_ref()
-                    .and_then(|s| s.sqlite.clone())
-                    .unwrap_or_else(|| "usage.db".into()),
-            ),
-            postgres,
-            spool: dir.join(
-                raw.storage
-                    .as_ref()
-                    .and_then(|s| s.spool.clone())
-                    .unwrap_or_else(|| "usage-spool.jsonl".into()),
-            ),
-            journal: match raw.storage.as_ref().and_then(|s| s.journal.clone()) {
-                Some(off) if off == "off" => None,
-                j => Some(dir.join(j.unwrap_or_else(|| "usage-journal".into()))),
-            },
-            retention: raw
-                .storage
-                .as_ref()
-                .and_then(|s| s.retention_days)
-                .filter(|d| *d > 0)
-                .map(|d| Duration::from_secs(d * 86_400)),
-            on_store_full,
-            memory_max_records: raw
-                .storage
-                .as_ref()
-                .and_then(|s| s.memory_max_records)
-                .map_or(200_000, |n| usize::try_from(n.max(1)).unwrap_or(usize::MAX)),
-            spool_max_bytes: raw
-                .storage
-                .as_ref()
-                .and_then(|s| s.spool_max_bytes)
-                .unwrap_or(1 << 30),
-            pools,
-            models,
-            demo_mock_upstream,
-            max_body_bytes: raw
-                .limits
-                .as_ref()
-                .and_then(|l| l.max_body_bytes)
-                .unwrap_or(DEFAULT_MAX_BODY_BYTES),
-            auth_failures_per_minute: raw
-                .limits
-                .as_ref()
-                .and_then(|l| l.auth_failures_per_minute)
-                .unwrap_or(FAILURES_PER_WINDOW),
-            telemetry,
-            redis,
-            on_redis_down,
-            budget_mode,
-            redis_timeout: Duration::from_millis(
-                raw.limits
-                    .as_ref()
-                    .and_then(|l| l.redis_timeout_ms)
-                    .unwrap_or(250)
-                    .max(1),
-            ),
-            metrics_key_label: raw
-                .metrics
-                .as_ref()
-                .and_then(|m| m.key_label)
-                .unwrap_or(false),
-            console,
-            threads: server
-                .as_ref()
-                .and_then(|s| s.threads)
-                .unwrap_or(threads_default)
-                .max(1),
-            grace_period_seconds: server
-                .as_ref()
-                .and_then(|s| s.grace_period_seconds)
-                .unwrap_or(5),
-            shutdown_delay: Duration::from_millis(
-                server
-                    .as_ref()
-                    .and_then(|s| s.shutdown_delay_ms)
-                    .unwrap_or(0),
-            ),
-            client_header_timeout: Duration::from_millis(
-                server
-                    .as_ref()
-                    .and_then(|s| s.client_header_timeout_ms)
-                    .unwrap_or(10_000),
-            ),
-            client_body_timeout: Duration::from_millis(
-                server
-                    .as_ref()
-                    .and_then(|s| s.client_body_timeout_ms)
-                    .unwrap_or(60_000),
-            ),
-            finish_when_gone,
-            client_send_timeout: Duration::from_millis(
-                server
-                    .as_ref()
-                    .and_then(|s| s.client_send_timeout_ms)
-                    .unwrap_or(60_000)
-                    .max(1),
-            ),
-            keepalive_timeout: Duration::from_millis(
-                server
-                    .as_ref()
-                    .and_then(|s| s.keepalive_timeout_ms)
-                    .unwrap_or(60_000),
-            ),
-            access_log_rate,
-            access_log_format,
-            access_log_file: raw
-                .log
-                .as_ref()
-                .and_then(|l| l.access_file.as_ref())
-                .map(|f| dir.join(f)),
-            cors,
-            trusted_proxies,
-            upgrade_sock: dir.join(
-                server
-                    .and_then(|s| s.upgrade_sock)
-                    .unwrap_or_else(|| "modelgate-upgrade.sock".into()),
-            ),
+            keys: keys_source::check(&raw.keys, storage.postgres.is_some(), src, p),
+            storage,
+            server: server::check(raw.server.as_ref(), src, p),
+            limits: limits::check(raw.limits.as_ref(), src, p),
+            log: log::check(raw.log.as_ref(), src, p),
+            cors: cors::check(raw.cors.as_ref(), src, p),
+            metrics: telemetry::metrics(raw.metrics.as_ref()),
+            telemetry: telemetry::check(raw.telemetry.as_ref(), src, p),
         };
-        Ok((config, p.after_shape(shape)))
+        let live = LiveConfig {
+            models: models::check(&raw.models, &pool_names, src, p),
+            pools,
+            console: console::check(raw.console, src, p),
+        };
+        let problems = std::mem::take(p).after_shape(shape);
+        Ok((Config { fixed, live }, problems))
+    }
+}
+
+/// An option's value, one of `choices` (the first is its default): its index.
+fn choose(
+    v: Option<&Spanned<String>>,
+    field: &str,
+    choices: &[&str],
+    src: &Src<'_>,
+    p: &mut Problems,
+) -> usize {
+    let Some(v) = v else { return 0 };
+    match choices.iter().position(|name| name == v.get_ref()) {
+        Some(i) => i,
+        None => {
+            let names: Vec<String> = choices.iter().map(|n| format!("\"{n}\"")).collect();
+            let message = format!("must be {}", names.join(" or "));
+            p.push(Problem::new(src.file, src.at(v.span()), field, message));
+            0
+        }
     }
 }
 
@@ -389,12 +208,6 @@ fn one_port(a: &std::net::SocketAddr, b: &std::net::SocketAddr) -> bool {
     };
     let (x, y) = (a.ip().to_canonical(), b.ip().to_canonical());
     a.port() == b.port() && (x == y || covers(x, y) || covers(y, x))
-}
-
-/// Both API listeners are one Pingora service with one runtime of `threads` threads: by
-/// default one a core, whichever listener gets the traffic.
-fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// What identifies a version of the file, following symlinks.

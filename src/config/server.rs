@@ -6,6 +6,8 @@ use toml::Spanned;
 use super::raw::*;
 use super::*;
 use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -29,11 +31,71 @@ pub(super) struct RawServer {
 }
 
 /// `[server] trusted_proxies`: the proxies whose `X-Forwarded-For` names the client.
-pub(super) fn trusted_proxies(
-    server: Option<&RawServer>,
-    src: &Src<'_>,
-    p: &mut Problems,
-) -> Vec<Cidr> {
+/// `[server]`: threads, timeouts, shutdown and upgrade, who may name the client.
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub threads: usize,
+    pub grace_period_seconds: u64,
+    /// After SIGTERM or SIGINT, how long the listeners stay open, draining (`/readyz` 503,
+    /// replies closing their connections), before the shutdown proper.
+    pub shutdown_delay: Duration,
+    /// Where a process started with `--upgrade` takes the listening sockets over from this
+    /// one (default `modelgate-upgrade.sock` beside the config file).
+    pub upgrade_sock: PathBuf,
+    /// Peers whose `X-Forwarded-For` names the client (see `crate::auth::client`).
+    pub trusted_proxies: Vec<Cidr>,
+    /// A request's header must be complete within this of its first byte, else the
+    /// connection is closed.
+    pub client_header_timeout: Duration,
+    /// The whole request body must arrive within this, else 408.
+    pub client_body_timeout: Duration,
+    /// A reply write the client takes nothing of for this long ends the reply (a client that
+    /// stopped reading holds no stream, upstream connection or export for good).
+    pub client_send_timeout: Duration,
+    /// An idle keep-alive connection is closed after this.
+    pub keepalive_timeout: Duration,
+    /// `on_client_gone = "finish"` (default): the upstream's reply to a client that left is
+    /// read to its end (not sent) so its usage is billed; false: `"cancel"`.
+    pub finish_when_gone: bool,
+}
+
+pub(super) fn check(raw: Option<&RawServer>, src: &Src<'_>, p: &mut Problems) -> Server {
+    let ms = |v: Option<u64>, default: u64| Duration::from_millis(v.unwrap_or(default));
+    let finish_when_gone = choose(
+        raw.and_then(|s| s.on_client_gone.as_ref()),
+        "server.on_client_gone",
+        &["finish", "cancel"],
+        src,
+        p,
+    ) == 0;
+    Server {
+        threads: raw
+            .and_then(|s| s.threads)
+            .unwrap_or_else(default_threads)
+            .max(1),
+        grace_period_seconds: raw.and_then(|s| s.grace_period_seconds).unwrap_or(5),
+        shutdown_delay: ms(raw.and_then(|s| s.shutdown_delay_ms), 0),
+        upgrade_sock: src.dir.join(
+            raw.and_then(|s| s.upgrade_sock.clone())
+                .unwrap_or_else(|| "modelgate-upgrade.sock".into()),
+        ),
+        trusted_proxies: trusted_proxies(raw, src, p),
+        client_header_timeout: ms(raw.and_then(|s| s.client_header_timeout_ms), 10_000),
+        client_body_timeout: ms(raw.and_then(|s| s.client_body_timeout_ms), 60_000),
+        client_send_timeout: ms(raw.and_then(|s| s.client_send_timeout_ms), 60_000)
+            .max(Duration::from_millis(1)),
+        keepalive_timeout: ms(raw.and_then(|s| s.keepalive_timeout_ms), 60_000),
+        finish_when_gone,
+    }
+}
+
+/// Both API listeners are one Pingora service with one runtime of `threads` threads: by
+/// default one a core, whichever listener gets the traffic.
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn trusted_proxies(server: Option<&RawServer>, src: &Src<'_>, p: &mut Problems) -> Vec<Cidr> {
     let file = src.file;
     let at = |s: std::ops::Range<usize>| src.at(s);
     server

@@ -1,4 +1,5 @@
-//! `[telemetry]`: its raw form as serde reads it, and its check.
+//! `[telemetry]` and `[metrics]`: what the gateway reports about itself; their raw forms as
+//! serde reads them, and their checks.
 
 use serde::Deserialize;
 use toml::Spanned;
@@ -50,4 +51,17 @@ pub(super) fn check(
             sample_rate,
         })
     })
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsConfig {
+    /// Per-key series on `/metrics`.
+    pub key_label: bool,
+}
+
+pub(super) fn metrics(raw: Option<&super::raw::RawMetrics>) -> MetricsConfig {
+    MetricsConfig {
+        key_label: raw.and_then(|m| m.key_label).unwrap_or(false),
+    }
 }

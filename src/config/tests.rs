@@ -1,5 +1,6 @@
 //! The config loader's tests: files that load, and every problem named where it is written.
 use super::*;
+use std::time::Duration;
 
 const GOOD: &str = r#"
 [listeners]
@@ -19,15 +20,15 @@ price = { prompt = 1.0, completion = 2.0 }
 #[test]
 fn a_good_config_loads_and_paths_resolve_against_its_folder() {
     let c = Config::parse(Path::new("/etc/mg/modelgate.toml"), GOOD).expect("valid");
-    assert_eq!(c.keys_file, Path::new("/etc/mg/keys.toml"));
-    let up = &c.pools[0].upstreams[1];
+    assert_eq!(c.fixed.keys.file, Path::new("/etc/mg/keys.toml"));
+    let up = &c.live.pools[0].upstreams[1];
     assert!(up.tls);
     assert_eq!(
         (up.host.as_str(), up.port, up.base_path.as_str()),
         ("api.example.com", 443, "/openai")
     );
-    assert_eq!(c.models[0].upstream_model, "echo-1");
-    assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    assert_eq!(c.live.models[0].upstream_model, "echo-1");
+    assert_eq!(c.fixed.limits.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
 }
 
 /// An upstream URL that could not be asked (a space in it) is refused by `check`, and one
@@ -77,9 +78,9 @@ fn pass_headers_and_owned_by_are_checked_where_they_are_written() {
         "name = \"local\"\npass_headers = [\"OpenAI-Processing-Ms\", \"x-mock-*\"]\n",
     );
     let c = Config::parse(Path::new("c.toml"), &text).expect("valid");
-    let pass = &c.pools[0].pass_headers;
+    let pass = &c.live.pools[0].pass_headers;
     assert!(pass.allows("openai-processing-ms") && pass.allows("x-mock-model"));
-    assert_eq!(c.models[0].owned_by, "modelgate");
+    assert_eq!(c.live.models[0].owned_by, "modelgate");
 }
 
 #[test]
@@ -146,10 +147,10 @@ fn every_semantic_problem_is_reported() {
 fn new_sections_are_validated() {
     let with = |extra: &str| Config::parse(Path::new("c.toml"), &format!("{GOOD}\n{extra}"));
     let c = with("[telemetry]\notlp_endpoint = \"http://otel:4318\"\n[metrics]\nkey_label = true\n[limits]\nauth_failures_per_minute = 0\n").expect("valid");
-    let t = c.telemetry.expect("telemetry");
+    let t = c.fixed.telemetry.expect("telemetry");
     assert_eq!((t.service_name.as_str(), t.sample_rate), ("modelgate", 1.0));
-    assert!(c.metrics_key_label);
-    assert_eq!(c.auth_failures_per_minute, 0);
+    assert!(c.fixed.metrics.key_label);
+    assert_eq!(c.fixed.limits.auth_failures_per_minute, 0);
     for (extra, field) in [
         ("[telemetry]\notlp_endpoint = \"otel:4318\"\n", "telemetry"),
         (
@@ -177,19 +178,23 @@ fn fleet_settings_are_read_and_their_mistakes_named() {
     )
     .expect("valid");
     assert_eq!(
-        c.postgres.as_ref().map(Secret::expose),
+        c.fixed.storage.postgres.as_ref().map(Secret::expose),
         Some("postgres://mg@db:5432/mg")
     );
     assert_eq!(
-        c.redis.as_ref().map(Secret::expose),
+        c.fixed.limits.redis.as_ref().map(Secret::expose),
         Some("redis://cache:6379")
     );
-    assert_eq!(c.on_redis_down, super::OnDown::Deny);
-    assert_eq!(c.redis_timeout, Duration::from_millis(50));
-    assert!(!c.keys_in_postgres);
-    assert!(c.spool.ends_with("usage-spool.jsonl"));
+    assert_eq!(c.fixed.limits.on_redis_down, super::OnDown::Deny);
+    assert_eq!(c.fixed.limits.redis_timeout, Duration::from_millis(50));
+    assert!(!c.fixed.keys.in_postgres);
+    assert!(c.fixed.storage.spool.ends_with("usage-spool.jsonl"));
     assert_eq!(
-        (c.on_store_full, c.memory_max_records, c.spool_max_bytes),
+        (
+            c.fixed.storage.on_store_full,
+            c.fixed.storage.memory_max_records,
+            c.fixed.storage.spool_max_bytes
+        ),
         (OnStoreFull::Refuse, 200_000, 1 << 30)
     );
     let c = with(
@@ -197,7 +202,11 @@ fn fleet_settings_are_read_and_their_mistakes_named() {
     )
     .expect("valid");
     assert_eq!(
-        (c.on_store_full, c.memory_max_records, c.spool_max_bytes),
+        (
+            c.fixed.storage.on_store_full,
+            c.fixed.storage.memory_max_records,
+            c.fixed.storage.spool_max_bytes
+        ),
         (OnStoreFull::Serve, 10, 4096)
     );
     // The secrets never show in Debug.
@@ -212,7 +221,7 @@ fn fleet_settings_are_read_and_their_mistakes_named() {
         &format!("{keys_pg}\n[storage]\npostgres = \"host=/tmp user=mg\"\n"),
     )
     .expect("key=value settings");
-    assert!(c.keys_in_postgres);
+    assert!(c.fixed.keys.in_postgres);
     for (extra, field, says) in [
         (
             "[storage]\nsqlite = \"u.db\"\npostgres = \"postgres://db/mg\"\n",

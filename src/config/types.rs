@@ -22,84 +22,41 @@ impl fmt::Debug for Secret {
     }
 }
 
+/// The config file, checked and typed: its sections as the file has them, split by what a
+/// reload puts in force (`live`) and what takes a restart (`fixed`).
 #[derive(Debug, Clone)]
 pub struct Config {
+    pub fixed: Fixed,
+    pub live: LiveConfig,
+}
+
+/// The sections a reload does not change: read once at start.
+#[derive(Debug, Clone)]
+pub struct Fixed {
+    /// The config file itself.
     pub path: PathBuf,
     pub listeners: Listeners,
-    pub keys_file: PathBuf,
-    /// `[keys] source = "postgres"`: the keys live in the Postgres store's `keys` table
-    /// (`keys_file` is then only the default of `keys import`).
-    pub keys_in_postgres: bool,
-    /// The usage store (default `usage.db` beside the config file).
-    pub sqlite: PathBuf,
-    /// The fleet's store instead of `sqlite`: a `postgres://…` URL or `key=value` settings.
-    pub postgres: Option<Secret>,
-    /// Where records wait on disk while Postgres is away (default `usage-spool.jsonl` beside
-    /// the config file).
-    pub spool: PathBuf,
-    /// The folder of the journal each request's record goes to before the store has it, so a
-    /// crash loses none (default `usage-journal` beside the config); None: `"off"`.
-    pub journal: Option<PathBuf>,
-    /// Usage records older than this are deleted; None keeps them forever.
-    pub retention: Option<Duration>,
-    /// `[storage] on_store_full`: what happens once records that cannot be stored fill
-    /// their bounds.
-    pub on_store_full: OnStoreFull,
-    /// `[storage] memory_max_records`: records that may wait in memory (default 200,000).
-    pub memory_max_records: usize,
-    /// `[storage] spool_max_bytes`: bytes that may wait in the spool (default 1 GiB).
-    pub spool_max_bytes: u64,
-    pub pools: Vec<PoolConfig>,
-    pub models: Vec<ModelConfig>,
-    pub demo_mock_upstream: Option<String>,
-    pub max_body_bytes: usize,
-    pub console: Option<ConsoleConfig>,
-    pub threads: usize,
-    pub grace_period_seconds: u64,
-    /// `[server] shutdown_delay_ms`: after SIGTERM or SIGINT, how long the listeners stay open,
-    /// draining (`/readyz` 503, replies closing their connections), before the shutdown proper.
-    pub shutdown_delay: Duration,
-    /// Where a process started with `--upgrade` takes the listening sockets over from this
-    /// one (default `modelgate-upgrade.sock` beside the config file).
-    pub upgrade_sock: PathBuf,
-    /// `[server] trusted_proxies`: peers whose `X-Forwarded-For` names the client (see
-    /// `crate::auth::client`).
-    pub trusted_proxies: Vec<super::Cidr>,
-    /// A request's header must be complete within this of its first byte, else the
-    /// connection is closed.
-    pub client_header_timeout: Duration,
-    /// The whole request body must arrive within this, else 408.
-    pub client_body_timeout: Duration,
-    /// A reply write the client takes nothing of for this long ends the reply (a client that
-    /// stopped reading holds no stream, upstream connection or export for good).
-    pub client_send_timeout: Duration,
-    /// An idle keep-alive connection is closed after this.
-    pub keepalive_timeout: Duration,
-    /// `[server] on_client_gone = "finish"` (default): the upstream's reply to a client that
-    /// left is read to its end (not sent) so its usage is billed; false: `"cancel"`.
-    pub finish_when_gone: bool,
-    /// Share of requests in the access log (0: off).
-    pub access_log_rate: f64,
-    pub access_log_format: crate::ops::access_log::Format,
-    /// `[log] access_file`: the access log appended to this file; None: stdout.
-    pub access_log_file: Option<PathBuf>,
+    pub keys: super::KeysConfig,
+    pub storage: super::Storage,
+    pub server: super::Server,
+    pub limits: super::Limits,
+    pub log: super::Log,
     /// `[cors]`; None: no CORS.
     pub cors: Option<super::Cors>,
-    /// Wrong keys one client address may present a minute before it gets 429 (on `/v1`, the
-    /// usage APIs and the page alike); 0: no limit.
-    pub auth_failures_per_minute: usize,
-    /// `[metrics] key_label`: per-key series on `/metrics`.
-    pub metrics_key_label: bool,
+    pub metrics: super::MetricsConfig,
     /// `[telemetry]`: OTLP export of traces; None: traces are only propagated.
     pub telemetry: Option<crate::ops::telemetry::TelemetryConfig>,
-    /// `[limits] redis`: rpm, tpm, concurrency and spend shared by every gateway using it.
-    pub redis: Option<Secret>,
-    /// `[limits] on_redis_down`: what happens while Redis cannot be reached.
-    pub on_redis_down: super::OnDown,
-    /// `[limits] redis_timeout_ms`: the longest a request waits for Redis.
-    pub redis_timeout: Duration,
-    /// `[limits] budget_mode`: when a budget is checked against a request's cost.
-    pub budget_mode: BudgetMode,
+    /// `[demo] mock_upstream`: the in-process mock model server's address.
+    pub demo_mock_upstream: Option<String>,
+}
+
+/// The sections a reload puts in force (with the keys, in one swap: `route::live`).
+#[derive(Debug, Clone, Default)]
+pub struct LiveConfig {
+    pub pools: Vec<PoolConfig>,
+    pub models: Vec<ModelConfig>,
+    /// `[console]`; None: no console.
+    pub console: Option<ConsoleConfig>,
 }
 
 /// What the gateway does once records that neither the database nor the spool takes fill

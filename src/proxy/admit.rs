@@ -14,7 +14,7 @@ use pingora_proxy::Session;
 use super::ctx::{Ctx, Fallbacks};
 use super::{Gateway, body, models, respond};
 use crate::auth;
-use crate::config::Config;
+use crate::config::Fixed;
 use crate::config::keys::{Key, KeyTable};
 use crate::error::GatewayError;
 use crate::limit::rate::Refusal;
@@ -76,7 +76,7 @@ impl Gateway {
             Target::Proxy(ep) => ep,
             Target::StoredResponse(id) => {
                 permit_endpoint(&key, STORED_RESPONSE, ctx)?;
-                let body = read_body(session, ctx, &self.shared.live.config).await?;
+                let body = read_body(session, ctx, &self.shared.live.fixed).await?;
                 return route_stored(&self.shared.stored, &snapshot.router, &key, &id, ctx, body);
             }
             other => {
@@ -91,7 +91,7 @@ impl Gateway {
         if !other {
             self.permit(&key, endpoint, fleet_spend)?;
         }
-        let read = read_body(session, ctx, &self.shared.live.config).await?;
+        let read = read_body(session, ctx, &self.shared.live.fixed).await?;
         let probe = match probe(session, endpoint, &read).await {
             Ok(p) => p,
             Err(_) if other => {
@@ -425,8 +425,8 @@ fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), S
 /// Reads the whole body before any upstream; a client waiting for `100 Continue` gets it now
 /// (only once its key has passed, and its permission and budget but on an `other` path; never
 /// an HTTP/1.0 client, which knows no interim replies, RFC 9110 §10.1.1).
-async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Result<Bytes, Stop> {
-    if let Some(e) = body::refuse_unread(session, config.max_body_bytes) {
+async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Fixed) -> Result<Bytes, Stop> {
+    if let Some(e) = body::refuse_unread(session, config.limits.max_body_bytes) {
         return Err(e.into());
     }
     ctx.body_asked = true;
@@ -443,8 +443,8 @@ async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Config) -> Res
             .set_close_on_response_before_downstream_finish(true);
         written?;
     }
-    let limit = config.client_body_timeout;
-    let read = tokio::time::timeout(limit, body::read(session, config.max_body_bytes));
+    let limit = config.server.client_body_timeout;
+    let read = tokio::time::timeout(limit, body::read(session, config.limits.max_body_bytes));
     // A slow upload does not hold a shutdown's exit (and its record) back either.
     let read = tokio::select! {
         r = read => r.map_err(|_| GatewayError::RequestTimeout(limit.as_millis() as u64)),

@@ -80,17 +80,19 @@ impl Gateway {
             &session.req_header().headers,
         ));
         // The client's address, for the throttles and the access log.
-        ctx.client = crate::auth::client::ip(session, &self.shared.live.config.trusted_proxies);
+        ctx.client =
+            crate::auth::client::ip(session, &self.shared.live.fixed.server.trusted_proxies);
         // An idle keep-alive connection is closed after `keepalive_timeout_ms`; the body left
         // unread by a reply (drained before the connection is used again) is waited for
         // `client_body_timeout_ms` at most.
         let downstream = session.as_downstream_mut();
-        downstream.set_total_drain_timeout(Some(self.shared.live.config.client_body_timeout));
+        downstream.set_total_drain_timeout(Some(self.shared.live.fixed.server.client_body_timeout));
         if downstream.get_keepalive().is_some() {
             let secs = self
                 .shared
                 .live
-                .config
+                .fixed
+                .server
                 .keepalive_timeout
                 .as_millis()
                 .div_ceil(1000);
@@ -110,7 +112,7 @@ impl Gateway {
         let path = session.req_header().uri.path();
         let web = web::owns(path);
         let cors_applies = !web || web::cors_path(path);
-        if let (Some(cors), true) = (&self.shared.live.config.cors, cors_applies) {
+        if let (Some(cors), true) = (&self.shared.live.fixed.cors, cors_applies) {
             let req = session.req_header();
             ctx.cors = cors.allow(req.headers.get(http::header::ORIGIN));
             let preflight = req.method == http::Method::OPTIONS
@@ -160,7 +162,7 @@ impl Gateway {
                 // The shutdown's cut waits for no upload.
                 if !held_back && !matches!(e, crate::error::GatewayError::ShuttingDown) {
                     ctx.answered = Some(std::time::Instant::now());
-                    let max_body = self.shared.live.config.max_body_bytes;
+                    let max_body = self.shared.live.fixed.limits.max_body_bytes;
                     let cap = max_body.saturating_mul(2).max(LINGER_BYTES);
                     body::linger(session, cap, LINGER).await;
                 }
@@ -351,8 +353,8 @@ impl ProxyHttp for Gateway {
     fn new_ctx(&self) -> Ctx {
         let mut ctx = Ctx::new(self.listener);
         ctx.life = Some(self.shared.lifecycle.enter());
-        ctx.send_timeout = self.shared.live.config.client_send_timeout;
-        ctx.finish_when_gone = self.shared.live.config.finish_when_gone;
+        ctx.send_timeout = self.shared.live.fixed.server.client_send_timeout;
+        ctx.finish_when_gone = self.shared.live.fixed.server.finish_when_gone;
         ctx
     }
 

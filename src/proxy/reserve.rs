@@ -61,8 +61,8 @@ impl Gateway {
         a: Asking<'_>,
     ) -> Result<Option<(u64, &'static str)>, GatewayError> {
         let key = a.key;
-        let config = &self.shared.live.config;
-        if config.budget_mode != BudgetMode::Reserve
+        let config = &self.shared.live.fixed;
+        if config.limits.budget_mode != BudgetMode::Reserve
             || (key.budget.is_none() && key.tpm.is_none())
             || a.endpoint.metering == Metering::Free
             || !crate::meter::enabled()

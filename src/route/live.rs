@@ -1,49 +1,59 @@
-//! The live state both API listeners share: the config, and one snapshot of the key table and
-//! the router behind one `ArcSwap`. A reload prepares a new snapshot, then swaps it in one
+//! The live state both API listeners share: the config's fixed sections, and one snapshot of
+//! what a reload changes (the key table, the router built from the pools and models, the
+//! console) behind one `ArcSwap`. A reload prepares a new snapshot, then swaps it in one
 //! store; each request loads the snapshot once, at its start, so a reload never changes a
 //! request midway.
 
 use std::sync::Arc;
 
-use arc_swap::{ArcSwap, ArcSwapOption};
+use arc_swap::ArcSwap;
 
 use super::Router;
 use crate::config::keys::KeyTable;
-use crate::config::{Config, ConsoleConfig, Problems};
+use crate::config::{Config, ConsoleConfig, Fixed, LiveConfig, Problems};
 use crate::store::postgres::keys as keys_table;
 
 /// What one request sees of the live state.
 pub struct Snapshot {
     pub keys: Arc<KeyTable>,
     pub router: Arc<Router>,
+    /// The reloadable sections the router was built from, and `[console]`.
+    pub config: Arc<LiveConfig>,
+}
+
+impl Snapshot {
+    /// `[console]` in force (None: no console).
+    pub fn console(&self) -> Option<&ConsoleConfig> {
+        self.config.console.as_ref()
+    }
 }
 
 pub struct Live {
-    /// The config as loaded at start: what a reload does not change (see `reload`).
-    pub config: Arc<Config>,
+    /// The sections a reload does not change (see `reload`).
+    pub fixed: Arc<Fixed>,
     state: ArcSwap<Snapshot>,
-    /// `[console]` in force: a reload changes it (a password rotated takes effect at once, and
-    /// ends the sessions made with the old one).
-    console: ArcSwapOption<ConsoleConfig>,
 }
 
 impl Live {
     /// Loads the keys (file or Postgres table) and builds the router; every problem of both is reported.
     pub fn load(config: Config) -> Result<Live, Problems> {
         let mut problems = Problems::default();
-        let keys = match (&config.postgres, config.keys_in_postgres) {
+        let fixed = config.fixed;
+        let keys = match (&fixed.storage.postgres, fixed.keys.in_postgres) {
             (Some(url), true) => keys_table::load(url.expose()),
-            _ => KeyTable::load(&config.keys_file),
+            _ => KeyTable::load(&fixed.keys.file),
         };
         let keys = keys.map_err(|p| problems.extend(p)).ok();
-        let router = Router::build(&config).map_err(|p| problems.extend(p)).ok();
+        let router = Router::build(&config.live, &fixed.path)
+            .map_err(|p| problems.extend(p))
+            .ok();
         match (keys, router) {
             (Some(keys), Some(router)) => Ok(Live {
-                console: ArcSwapOption::from(config.console.clone().map(Arc::new)),
-                config: Arc::new(config),
+                fixed: Arc::new(fixed),
                 state: ArcSwap::from_pointee(Snapshot {
                     keys: Arc::new(keys),
                     router: Arc::new(router),
+                    config: Arc::new(config.live),
                 }),
             }),
             _ => Err(problems),
@@ -55,21 +65,14 @@ impl Live {
         self.state.load_full()
     }
 
-    /// `[console]` as in force now (None: no console).
-    pub fn console(&self) -> Option<Arc<ConsoleConfig>> {
-        self.console.load_full()
-    }
-
-    pub fn set_console(&self, console: Option<ConsoleConfig>) {
-        self.console.store(console.map(Arc::new));
-    }
-
-    /// Puts a new router (pools, models, prices, fallbacks) in force; the keys stay.
-    pub fn set_router(&self, router: Router) {
-        let router = Arc::new(router);
+    /// Puts a new router and the sections it was built from (pools, models, prices,
+    /// fallbacks, the console) in force; the keys stay.
+    pub fn set_router(&self, router: Router, config: LiveConfig) {
+        let (router, config) = (Arc::new(router), Arc::new(config));
         self.state.rcu(|cur| Snapshot {
             keys: cur.keys.clone(),
             router: router.clone(),
+            config: config.clone(),
         });
     }
 
@@ -81,6 +84,7 @@ impl Live {
         self.state.rcu(|cur| Snapshot {
             keys: keys.clone(),
             router: cur.router.clone(),
+            config: cur.config.clone(),
         });
     }
 }

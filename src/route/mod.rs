@@ -17,7 +17,7 @@ pub mod stored;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::config::{Config, ModelConfig, PoolConfig, Problems};
+use crate::config::{LiveConfig, ModelConfig, PoolConfig, Problems};
 use crate::upstream::Upstream;
 use crate::upstream::health::{Health, now_ms};
 use balance::Balancer;
@@ -114,14 +114,19 @@ impl Router {
     }
 
     /// Resolves every upstream address; all problems are reported at once.
-    pub fn build(config: &Config) -> Result<Router, Problems> {
-        Self::build_after(config, None)
+    /// The router of `config`'s pools and models (`file`, the config file, for problems).
+    pub fn build(config: &LiveConfig, file: &std::path::Path) -> Result<Router, Problems> {
+        Self::build_after(config, file, None)
     }
 
     /// Like `build`, for a reload: an upstream that stays (same pool, same URL) keeps its
     /// health as the router in force sees it.
-    pub fn build_after(config: &Config, previous: Option<&Router>) -> Result<Router, Problems> {
-        let file = config.path.display().to_string();
+    pub fn build_after(
+        config: &LiveConfig,
+        file: &std::path::Path,
+        previous: Option<&Router>,
+    ) -> Result<Router, Problems> {
+        let file = file.display().to_string();
         let mut problems = Problems::default();
         let mut pools = HashMap::new();
         for p in &config.pools {
@@ -196,8 +201,9 @@ pub(crate) fn test_router(pools_and_models: &str) -> Router {
         "[listeners]\nmain = \"127.0.0.1:1\"\ndirect = \"127.0.0.1:2\"\n\
          [keys]\nfile = \"keys.toml\"\n{pools_and_models}"
     );
-    let config = Config::parse(std::path::Path::new("/tmp/c.toml"), &text).expect("config");
-    Router::build(&config).expect("router")
+    let path = std::path::Path::new("/tmp/c.toml");
+    let config = crate::config::Config::parse(path, &text).expect("config");
+    Router::build(&config.live, path).expect("router")
 }
 
 #[cfg(test)]

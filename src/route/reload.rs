@@ -44,8 +44,8 @@ fn sections(path: &Path) -> Option<toml::Table> {
 
 impl KeysReloader {
     pub fn new(live: Arc<Live>, metrics: Arc<crate::ops::metrics::Metrics>) -> KeysReloader {
-        let path = live.config.keys_file.clone();
-        let config = live.config.path.clone();
+        let path = live.fixed.keys.file.clone();
+        let config = live.fixed.path.clone();
         let loaded = (fingerprint(&path), fingerprint(&config));
         let started_with = sections(&config);
         KeysReloader {
@@ -80,7 +80,11 @@ impl KeysReloader {
     /// in; a file that does not load keeps the router in force. Returns the models in force.
     pub fn reload_router(&self) -> Result<usize, Problems> {
         let config = Config::load(&self.config)?;
-        let router = super::Router::build_after(&config, Some(&self.live.snapshot().router))?;
+        let router = super::Router::build_after(
+            &config.live,
+            &self.config,
+            Some(&self.live.snapshot().router),
+        )?;
         let n = router.ordered.len();
         crate::upstream::warm_tls(router.pools.iter().map(|p| &p.cfg)).map_err(|m| {
             Problems::one(Problem::new(
@@ -90,8 +94,7 @@ impl KeysReloader {
                 m,
             ))
         })?;
-        self.live.set_router(router);
-        self.live.set_console(config.console);
+        self.live.set_router(router, config.live);
         Ok(n)
     }
 
@@ -99,10 +102,7 @@ impl KeysReloader {
         match self.reload_router() {
             Ok(n) => {
                 tracing::info!(models = n, file = %self.config.display(), "pools, models and the console reloaded ({why})");
-                {
-                    let m = &self.metrics;
-                    m.config_reloads.inc();
-                }
+                self.metrics.config_reloads.inc();
                 let waiting = self.awaiting_restart();
                 if !waiting.is_empty() {
                     tracing::warn!(
@@ -117,15 +117,11 @@ impl KeysReloader {
                         "config file rejected, the pools and models in force stay: {p}"
                     );
                 }
-                {
-                    let m = &self.metrics;
-                    m.config_reload_errors.inc();
-                }
+                self.metrics.config_reload_errors.inc();
             }
         }
     }
 
-    /// Loads the keys file and swaps it in, or leaves the keys in force and says why.
     /// Loads the keys file and swaps it in, or leaves the keys in force and says why.
     /// `Ok(None)`: the file changed while it was read (a write in progress); try again later.
     pub fn reload(&self) -> Result<Option<usize>, Problems> {
@@ -156,20 +152,14 @@ impl KeysReloader {
             Ok(None) => return false,
             Ok(Some(n)) => {
                 tracing::info!(keys = n, file = %self.path.display(), "keys reloaded ({why})");
-                {
-                    let m = &self.metrics;
-                    m.keys.set(n as i64);
-                    m.keys_reloads.inc();
-                }
+                self.metrics.keys.set(n as i64);
+                self.metrics.keys_reloads.inc();
             }
             Err(problems) => {
                 for p in &problems.0 {
                     tracing::error!("keys file rejected, previous keys stay in force: {p}");
                 }
-                {
-                    let m = &self.metrics;
-                    m.keys_reload_errors.inc();
-                }
+                self.metrics.keys_reload_errors.inc();
             }
         }
         true
@@ -218,10 +208,9 @@ impl BackgroundService for KeysReloader {
             .ok();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         let (mut seen, mut seen_config) = self.loaded.clone();
-        {
-            let m = &self.metrics;
-            m.keys.set(self.live.snapshot().keys.len() as i64);
-        }
+        self.metrics
+            .keys
+            .set(self.live.snapshot().keys.len() as i64);
         loop {
             let forced = tokio::select! {
                 _ = shutdown.changed() => return,
@@ -237,7 +226,7 @@ impl BackgroundService for KeysReloader {
             let why = if forced { "SIGHUP" } else { "file changed" };
             // Keys kept in Postgres are followed by `store::postgres::keys::follow`, not here.
             let now = fingerprint(&self.path);
-            if !self.live.config.keys_in_postgres
+            if !self.live.fixed.keys.in_postgres
                 && (forced || now != seen)
                 && self.reload_and_report(why)
             {

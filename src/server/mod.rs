@@ -26,20 +26,20 @@ use drain::Drain;
 
 /// The server, or why it cannot start (a listener's certificate that cannot be loaded).
 pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
-    let config = shared.live.config.clone();
+    let config = shared.live.fixed.clone();
     let conf = ServerConf {
-        threads: config.threads,
+        threads: config.server.threads,
         // One thread per service: a current-thread runtime, no cross-thread wake-ups
         // (pingora-perf-notes.md §1). With more threads, work stealing keeps them balanced.
-        work_stealing: config.threads > 1,
+        work_stealing: config.server.threads > 1,
         // The drain service (lifecycle.rs) ends the process once requests are done; Pingora's
         // own grace period is only the backstop behind it.
-        grace_period_seconds: Some(config.grace_period_seconds + 10),
+        grace_period_seconds: Some(config.server.grace_period_seconds + 10),
         graceful_shutdown_timeout_seconds: Some(5),
         // Pingora's own upstream pool, for its proxy path; modelgate forwards through its
         // own connections (upstream::pool), capped the same.
         upstream_keepalive_pool_size: 4096,
-        upgrade_sock: config.upgrade_sock.display().to_string(),
+        upgrade_sock: config.server.upgrade_sock.display().to_string(),
         ..ServerConf::default()
     };
     let opt = pingora_core::server::configuration::Opt {
@@ -79,11 +79,11 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
         );
         // An idle HTTP/2 connection is closed as an idle HTTP/1.1 one is.
         let mut options = pingora_core::apps::HttpServerOptions::default();
-        options.h2_idle_timeout = Some(config.keepalive_timeout);
+        options.h2_idle_timeout = Some(config.server.keepalive_timeout);
         proxy.server_options = Some(options);
         let app = Arc::new(HeaderDeadline {
             inner: Arc::new(proxy),
-            limit: config.client_header_timeout,
+            limit: config.server.client_header_timeout,
             listener: listener.name(),
             hooks: Hooks {
                 request_started: crate::ops::alloc::request_started,
@@ -145,7 +145,7 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
         Drain {
             lifecycle: shared.lifecycle.clone(),
             store: shared.store.clone(),
-            grace: std::time::Duration::from_secs(config.grace_period_seconds),
+            grace: std::time::Duration::from_secs(config.server.grace_period_seconds),
             access_log: shared.access_log.clone(),
         },
     ));

@@ -462,8 +462,8 @@ mod tests {
             crate::config::Config::parse(std::path::Path::new("/tmp/c.toml"), &text)
                 .expect("config")
         };
-        assert!(!needs_tls(&config("http://127.0.0.1:10").pools));
-        assert!(needs_tls(&config("https://127.0.0.1:10").pools));
+        assert!(!needs_tls(&config("http://127.0.0.1:10").live.pools));
+        assert!(needs_tls(&config("https://127.0.0.1:10").live.pools));
     }
 
     async fn setup() -> (Connections, TcpListener, HttpPeer) {

@@ -401,23 +401,17 @@ fn follow_once(
             put_in_force(table);
             followed.good = used;
             tracing::info!(keys = n, "keys reloaded from the postgres keys table");
-            {
-                let m = metrics;
-                m.keys.set(n as i64);
-                m.keys_reloads.inc();
-                if !wrong.is_empty() {
-                    m.keys_reload_errors.inc();
-                }
+            metrics.keys.set(n as i64);
+            metrics.keys_reloads.inc();
+            if !wrong.is_empty() {
+                metrics.keys_reload_errors.inc();
             }
         }
         Err(problems) => {
             for p in &problems.0 {
                 tracing::error!("keys table rejected, previous keys stay in force: {p}");
             }
-            {
-                let m = metrics;
-                m.keys_reload_errors.inc();
-            }
+            metrics.keys_reload_errors.inc();
         }
     }
     // Not reported again until it changes.

@@ -101,10 +101,10 @@ async fn write(
     detail: Value,
     edit: Edit,
 ) -> Result<(), GatewayError> {
-    let config = web.live.config.clone();
-    let table = tokio::task::spawn_blocking(move || match &config.postgres {
-        Some(url) if config.keys_in_postgres => keys_table::apply(url.expose(), &edit),
-        _ => keys_file::apply(&config.keys_file, &edit),
+    let config = web.live.fixed.clone();
+    let table = tokio::task::spawn_blocking(move || match &config.storage.postgres {
+        Some(url) if config.keys.in_postgres => keys_table::apply(url.expose(), &edit),
+        _ => keys_file::apply(&config.keys.file, &edit),
     })
     .await
     .map_err(|e| GatewayError::Internal(format!("keys file edit: {e}")))?

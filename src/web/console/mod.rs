@@ -126,21 +126,23 @@ pub async fn serve(
     ex: &mut Exchange,
     route: Route,
 ) -> pingora_error::Result<()> {
-    let Some(console) = web.live.console() else {
+    let snapshot = web.live.snapshot();
+    let Some(console) = snapshot.console() else {
         let e = GatewayError::NotFound("the console (no [console] section in the config)".into());
         return fail(session, ex, &e).await;
     };
     match route {
         Route::Page => return super::page::send_console(session, ex).await,
         Route::Login => {
-            let Some(b) = body(session, ex, web.live.config.client_body_timeout).await? else {
+            let Some(b) = body(session, ex, web.live.fixed.server.client_body_timeout).await?
+            else {
                 return Ok(());
             };
-            return login::login(web, session, ex, &console, &b).await;
+            return login::login(web, session, ex, console, &b).await;
         }
         _ => {}
     }
-    let who = match login::current(web, session, &console).await {
+    let who = match login::current(web, session, console).await {
         Ok(Some(w)) => w,
         Ok(None) => {
             let e = GatewayError::NotSignedIn {
@@ -151,7 +153,7 @@ pub async fn serve(
         Err(e) => return fail(session, ex, &e).await,
     };
     if changes_state(&route) {
-        if let Err(e) = login::check_csrf(session, &console, &who) {
+        if let Err(e) = login::check_csrf(session, console, &who) {
             return fail(session, ex, &e).await;
         }
     }
@@ -168,12 +170,14 @@ pub async fn serve(
             super::json(session, ex, &v).await
         }
         Route::Keys => keys::list(web, session, ex).await,
-        Route::CreateKey => match body(session, ex, web.live.config.client_body_timeout).await? {
-            Some(b) => keys::create(web, session, ex, &who, &b).await,
-            None => Ok(()),
-        },
+        Route::CreateKey => {
+            match body(session, ex, web.live.fixed.server.client_body_timeout).await? {
+                Some(b) => keys::create(web, session, ex, &who, &b).await,
+                None => Ok(()),
+            }
+        }
         Route::UpdateKey(id) => {
-            match body(session, ex, web.live.config.client_body_timeout).await? {
+            match body(session, ex, web.live.fixed.server.client_body_timeout).await? {
                 Some(b) => keys::update(web, session, ex, &who, &id, &b).await,
                 None => Ok(()),
             }
