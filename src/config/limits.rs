@@ -38,26 +38,23 @@ pub struct Limits {
 }
 
 pub(super) fn check(raw: Option<&RawLimits>, src: &Src<'_>, p: &mut Problems) -> Limits {
-    let on_redis_down = match choose(
+    let on_redis_down = choose(
         raw.and_then(|l| l.on_redis_down.as_ref()),
         "limits.on_redis_down",
-        &["local", "deny"],
+        &[("local", OnDown::Local), ("deny", OnDown::Deny)],
         src,
         p,
-    ) {
-        0 => OnDown::Local,
-        _ => OnDown::Deny,
-    };
-    let budget_mode = match choose(
+    );
+    let budget_mode = choose(
         raw.and_then(|l| l.budget_mode.as_ref()),
         "limits.budget_mode",
-        &["reserve", "after"],
+        &[
+            ("reserve", BudgetMode::Reserve),
+            ("after", BudgetMode::After),
+        ],
         src,
         p,
-    ) {
-        0 => BudgetMode::Reserve,
-        _ => BudgetMode::After,
-    };
+    );
     Limits {
         max_body_bytes: raw
             .and_then(|l| l.max_body_bytes)

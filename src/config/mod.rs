@@ -154,22 +154,23 @@ impl Config {
     }
 }
 
-/// An option's value, one of `choices` (the first is its default): its index.
-fn choose(
+/// An option's value: the one of `choices` (name, value) it names; the first is the default.
+fn choose<T: Copy>(
     v: Option<&Spanned<String>>,
     field: &str,
-    choices: &[&str],
+    choices: &[(&str, T)],
     src: &Src<'_>,
     p: &mut Problems,
-) -> usize {
-    let Some(v) = v else { return 0 };
-    match choices.iter().position(|name| name == v.get_ref()) {
-        Some(i) => i,
+) -> T {
+    let default = choices[0].1;
+    let Some(v) = v else { return default };
+    match choices.iter().find(|(name, _)| name == v.get_ref()) {
+        Some((_, value)) => *value,
         None => {
-            let names: Vec<String> = choices.iter().map(|n| format!("\"{n}\"")).collect();
+            let names: Vec<String> = choices.iter().map(|(n, _)| format!("\"{n}\"")).collect();
             let message = format!("must be {}", names.join(" or "));
             p.push(Problem::new(src.file, src.at(v.span()), field, message));
-            0
+            default
         }
     }
 }

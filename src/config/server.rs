@@ -64,10 +64,10 @@ pub(super) fn check(raw: Option<&RawServer>, src: &Src<'_>, p: &mut Problems) ->
     let finish_when_gone = choose(
         raw.and_then(|s| s.on_client_gone.as_ref()),
         "server.on_client_gone",
-        &["finish", "cancel"],
+        &[("finish", true), ("cancel", false)],
         src,
         p,
-    ) == 0;
+    );
     Server {
         threads: raw
             .and_then(|s| s.threads)

@@ -49,16 +49,16 @@ pub struct Storage {
 /// `[storage]`, its paths relative to the config file's folder.
 pub(super) fn check(raw: Option<&RawStorage>, src: &Src<'_>, p: &mut Problems) -> Storage {
     let dir = src.dir;
-    let on_store_full = match choose(
+    let on_store_full = choose(
         raw.and_then(|s| s.on_store_full.as_ref()),
         "storage.on_store_full",
-        &["refuse", "serve"],
+        &[
+            ("refuse", OnStoreFull::Refuse),
+            ("serve", OnStoreFull::Serve),
+        ],
         src,
         p,
-    ) {
-        0 => OnStoreFull::Refuse,
-        _ => OnStoreFull::Serve,
-    };
+    );
     Storage {
         sqlite: dir.join(
             raw.and_then(|s| s.sqlite.clone())
