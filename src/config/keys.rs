@@ -120,205 +120,183 @@ impl KeyTable {
         let (raw, mut p) = super::problem::deserialize_all::<RawKeysFile>(file, text);
         let Some(raw) = raw else { return Err(p) };
         let shape = p.0.len();
-        let at = |span: std::ops::Range<usize>| Some(line_of(text, span.start));
         let mut by_hash = HashMap::with_capacity(raw.keys.len());
         let mut ids = HashSet::with_capacity(raw.keys.len());
         for (i, rk) in raw.keys.into_iter().enumerate() {
-            let f = |name: &str| format!("keys[{i}].{name}");
+            let mut c = KeyCheck {
+                file,
+                text,
+                i,
+                p: &mut p,
+            };
             let id = rk.id.get_ref().clone();
             if id.is_empty() || !ids.insert(id.clone()) {
-                p.push(Problem::new(
-                    file,
-                    at(rk.id.span()),
-                    &f("id"),
-                    format!("duplicate or empty id '{id}'"),
-                ));
+                c.problem(rk.id.span(), "id", format!("duplicate or empty id '{id}'"));
             }
-            let sha256 = match (&rk.secret, &rk.secret_sha256) {
-                (Some(s), None) if s.get_ref().len() >= 8 => Some(sha256(s.get_ref().as_bytes())),
-                (Some(s), None) => {
-                    p.push(Problem::new(
-                        file,
-                        at(s.span()),
-                        &f("secret"),
-                        "must be at least 8 characters",
-                    ));
-                    None
-                }
-                (None, Some(h)) => {
-                    let mut out = [0u8; 32];
-                    match hex::decode_to_slice(h.get_ref().trim(), &mut out) {
-                        Ok(()) => Some(out),
-                        Err(_) => {
-                            p.push(Problem::new(
-                                file,
-                                at(h.span()),
-                                &f("secret_sha256"),
-                                "must be 64 hex characters",
-                            ));
-                            None
-                        }
-                    }
-                }
-                (Some(s), Some(_)) => {
-                    p.push(Problem::new(
-                        file,
-                        at(s.span()),
-                        &f("secret"),
-                        "give `secret` or `secret_sha256`, not both",
-                    ));
-                    None
-                }
-                (None, None) => {
-                    p.push(Problem::new(
-                        file,
-                        at(rk.id.span()),
-                        &f("secret"),
-                        "needs `secret` or `secret_sha256`",
-                    ));
-                    None
-                }
-            };
-            let patterns: Vec<Spanned<String>> = rk.models.unwrap_or_default();
-            let model_patterns: Vec<String> = if patterns.is_empty() {
-                vec!["*".to_string()]
-            } else {
-                patterns.iter().map(|p| p.get_ref().clone()).collect()
-            };
-            let mut globs = Vec::with_capacity(patterns.len());
-            for pat in &patterns {
-                match Glob::new(pat.get_ref()) {
-                    Ok(g) => globs.push(g),
-                    Err(e) => p.push(Problem::new(
-                        file,
-                        at(pat.span()),
-                        &f("models"),
-                        format!("bad glob '{}': {e}", pat.get_ref()),
-                    )),
-                }
-            }
-            let models = if model_patterns.iter().any(|p| p == "*") {
-                // The common case needs no matcher: building a GlobSet per key would dominate
-                // loading 100,000 keys.
-                ModelFilter::All
-            } else {
-                let mut gs = GlobSetBuilder::new();
-                for g in globs {
-                    gs.add(g);
-                }
-                ModelFilter::Globs(gs.build().unwrap_or_else(|_| GlobSet::empty()))
-            };
-            let endpoints = match &rk.endpoints {
-                None => Group::ALL.iter().fold(0, |acc, g| acc | g.bit()),
-                Some(list) => list
-                    .iter()
-                    .fold(0, |acc, e| match Group::parse(e.get_ref()) {
-                        Some(g) => acc | g.bit(),
-                        None => {
-                            p.push(Problem::new(
-                                file,
-                                at(e.span()),
-                                &f("endpoints"),
-                                format!(
-                                    "unknown endpoint group '{}' (one of {})",
-                                    e.get_ref(),
-                                    Group::ALL.map(|g| g.name()).join(", ")
-                                ),
-                            ));
-                            acc
-                        }
-                    }),
-            };
-            let expires_at = rk
-                .expires_at
-                .as_ref()
-                .and_then(|v| match parse_time(v.get_ref()) {
-                    Some(t) => Some(t),
-                    None => {
-                        p.push(Problem::new(
-                            file,
-                            at(v.span()),
-                            &f("expires_at"),
-                            "must be an RFC 3339 time, e.g. 2027-01-01T00:00:00Z",
-                        ));
-                        None
-                    }
-                });
-            // A limit of 0 would refuse every request: `disabled = true` says that.
-            for (name, zero) in [
-                (
-                    "rpm",
-                    rk.rpm
-                        .as_ref()
-                        .filter(|v| *v.get_ref() == 0)
-                        .map(Spanned::span),
-                ),
-                (
-                    "tpm",
-                    rk.tpm
-                        .as_ref()
-                        .filter(|v| *v.get_ref() == 0)
-                        .map(Spanned::span),
-                ),
-                (
-                    "max_concurrent",
-                    rk.max_concurrent
-                        .as_ref()
-                        .filter(|v| *v.get_ref() == 0)
-                        .map(Spanned::span),
-                ),
-            ] {
-                if let Some(span) = zero {
-                    p.push(Problem::new(
-                        file,
-                        at(span),
-                        &f(name),
-                        "must be at least 1 (leave it out for no limit; `disabled = true` stops a key)",
-                    ));
-                }
-            }
-            if let Some(b) = &rk.budget {
-                if !b.get_ref().is_finite() || *b.get_ref() < 0.0 {
-                    p.push(Problem::new(
-                        file,
-                        at(b.span()),
-                        &f("budget"),
-                        "must be a number >= 0",
-                    ));
-                }
-            }
-            let hint = match &rk.secret {
-                Some(s) => Some(secret_hint(s.get_ref())),
-                None => rk.secret_hint.clone(),
-            };
-            if let Some(sha256) = sha256 {
-                let key = Key {
-                    id,
-                    sha256,
-                    model_patterns,
-                    models,
-                    endpoints,
-                    rpm: rk.rpm.as_ref().map(|v| *v.get_ref()),
-                    tpm: rk.tpm.as_ref().map(|v| *v.get_ref()),
-                    max_concurrent: rk.max_concurrent.as_ref().map(|v| *v.get_ref()),
-                    budget: rk.budget.map(Spanned::into_inner),
-                    disabled: rk.disabled,
-                    expires_at,
-                    hint,
-                    last_client: Default::default(),
-                    in_flight: Default::default(),
-                };
-                if by_hash.insert(sha256, Arc::new(key)).is_some() {
-                    p.push(Problem::new(
-                        file,
-                        at(rk.id.span()),
-                        &f("secret"),
-                        "the same secret is used by another key",
-                    ));
-                }
+            let Some(key) = c.key(rk, id) else { continue };
+            if let Some(span) = by_hash.insert(key.0.sha256, key.0).and(Some(key.1)) {
+                c.problem(span, "secret", "the same secret is used by another key");
             }
         }
         p.after_shape(shape).into_result(KeyTable { by_hash })
+    }
+}
+
+/// One `[[keys]]` table of a keys file being checked: where its problems go.
+struct KeyCheck<'a> {
+    file: &'a str,
+    text: &'a str,
+    /// Its index, for the problems' field names (`keys[3].rpm`).
+    i: usize,
+    p: &'a mut Problems,
+}
+
+impl KeyCheck<'_> {
+    fn problem(&mut self, span: std::ops::Range<usize>, name: &str, m: impl Into<String>) {
+        let line = Some(line_of(self.text, span.start));
+        let field = format!("keys[{}].{name}", self.i);
+        self.p.push(Problem::new(self.file, line, &field, m));
+    }
+
+    /// The key, with the span of its id (for a secret another key has too); None when its
+    /// secret is missing or not valid. Every other problem is noted and the key still made.
+    fn key(&mut self, rk: RawKey, id: String) -> Option<(Arc<Key>, std::ops::Range<usize>)> {
+        let sha256 = self.sha256(&rk);
+        let (model_patterns, models) = self.models(rk.models.unwrap_or_default());
+        let endpoints = self.endpoints(rk.endpoints.as_deref());
+        let expires_at = rk.expires_at.as_ref().and_then(|v| {
+            let t = parse_time(v.get_ref());
+            if t.is_none() {
+                let m = "must be an RFC 3339 time, e.g. 2027-01-01T00:00:00Z";
+                self.problem(v.span(), "expires_at", m);
+            }
+            t
+        });
+        // A limit of 0 would refuse every request: `disabled = true` says that.
+        let zero = |v: Option<Spanned<u64>>| v.filter(|v| *v.get_ref() == 0).map(|v| v.span());
+        let widen = |v: &Option<Spanned<u32>>| {
+            v.as_ref()
+                .map(|v| Spanned::new(v.span(), u64::from(*v.get_ref())))
+        };
+        for (name, span) in [
+            ("rpm", zero(widen(&rk.rpm))),
+            ("tpm", zero(rk.tpm.clone())),
+            ("max_concurrent", zero(widen(&rk.max_concurrent))),
+        ] {
+            if let Some(span) = span {
+                let m =
+                    "must be at least 1 (leave it out for no limit; `disabled = true` stops a key)";
+                self.problem(span, name, m);
+            }
+        }
+        if let Some(b) = rk
+            .budget
+            .as_ref()
+            .filter(|b| !b.get_ref().is_finite() || *b.get_ref() < 0.0)
+        {
+            self.problem(b.span(), "budget", "must be a number >= 0");
+        }
+        let hint = match &rk.secret {
+            Some(s) => Some(secret_hint(s.get_ref())),
+            None => rk.secret_hint.clone(),
+        };
+        let key = Key {
+            id,
+            sha256: sha256?,
+            model_patterns,
+            models,
+            endpoints,
+            rpm: rk.rpm.as_ref().map(|v| *v.get_ref()),
+            tpm: rk.tpm.as_ref().map(|v| *v.get_ref()),
+            max_concurrent: rk.max_concurrent.as_ref().map(|v| *v.get_ref()),
+            budget: rk.budget.map(Spanned::into_inner),
+            disabled: rk.disabled,
+            expires_at,
+            hint,
+            last_client: Default::default(),
+            in_flight: Default::default(),
+        };
+        Some((Arc::new(key), rk.id.span()))
+    }
+
+    /// The SHA-256 of the key's secret: of `secret`, or `secret_sha256` as given.
+    fn sha256(&mut self, rk: &RawKey) -> Option<[u8; 32]> {
+        match (&rk.secret, &rk.secret_sha256) {
+            (Some(s), None) if s.get_ref().len() >= 8 => Some(sha256(s.get_ref().as_bytes())),
+            (Some(s), None) => {
+                self.problem(s.span(), "secret", "must be at least 8 characters");
+                None
+            }
+            (None, Some(h)) => {
+                let mut out = [0u8; 32];
+                let decoded = hex::decode_to_slice(h.get_ref().trim(), &mut out);
+                if decoded.is_err() {
+                    self.problem(h.span(), "secret_sha256", "must be 64 hex characters");
+                }
+                decoded.ok().map(|()| out)
+            }
+            (Some(s), Some(_)) => {
+                let m = "give `secret` or `secret_sha256`, not both";
+                self.problem(s.span(), "secret", m);
+                None
+            }
+            (None, None) => {
+                let m = "needs `secret` or `secret_sha256`";
+                self.problem(rk.id.span(), "secret", m);
+                None
+            }
+        }
+    }
+
+    /// The model patterns as written (`*` when none) and their matcher.
+    fn models(&mut self, patterns: Vec<Spanned<String>>) -> (Vec<String>, ModelFilter) {
+        let model_patterns: Vec<String> = if patterns.is_empty() {
+            vec!["*".to_string()]
+        } else {
+            patterns.iter().map(|p| p.get_ref().clone()).collect()
+        };
+        let mut globs = Vec::with_capacity(patterns.len());
+        for pat in &patterns {
+            match Glob::new(pat.get_ref()) {
+                Ok(g) => globs.push(g),
+                Err(e) => {
+                    let m = format!("bad glob '{}': {e}", pat.get_ref());
+                    self.problem(pat.span(), "models", m);
+                }
+            }
+        }
+        let models = if model_patterns.iter().any(|p| p == "*") {
+            // The common case needs no matcher: building a GlobSet per key would dominate
+            // loading 100,000 keys.
+            ModelFilter::All
+        } else {
+            let mut gs = GlobSetBuilder::new();
+            for g in globs {
+                gs.add(g);
+            }
+            ModelFilter::Globs(gs.build().unwrap_or_else(|_| GlobSet::empty()))
+        };
+        (model_patterns, models)
+    }
+
+    /// The endpoint groups' bits (every group when the key names none).
+    fn endpoints(&mut self, list: Option<&[Spanned<String>]>) -> u16 {
+        let Some(list) = list else {
+            return Group::ALL.iter().fold(0, |acc, g| acc | g.bit());
+        };
+        list.iter()
+            .fold(0, |acc, e| match Group::parse(e.get_ref()) {
+                Some(g) => acc | g.bit(),
+                None => {
+                    let m = format!(
+                        "unknown endpoint group '{}' (one of {})",
+                        e.get_ref(),
+                        Group::ALL.map(|g| g.name()).join(", ")
+                    );
+                    self.problem(e.span(), "endpoints", m);
+                    acc
+                }
+            })
     }
 }
 

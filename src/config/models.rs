@@ -34,34 +34,7 @@ pub(super) fn check(
     let mut model_names = HashSet::new();
     for (i, rm) in raw.iter().enumerate() {
         let name = rm.name.get_ref().clone();
-        if name.is_empty() || !model_names.insert(name.clone()) {
-            p.push(Problem::new(
-                file,
-                at(rm.name.span()),
-                &format!("models[{i}].name"),
-                format!("duplicate or empty model name '{name}'"),
-            ));
-        }
-        if name.len() > MAX_MODEL_LEN {
-            p.push(Problem::new(
-                file,
-                at(rm.name.span()),
-                &format!("models[{i}].name"),
-                format!(
-                    "longer than {} bytes, the longest model name a request may \
-                     give",
-                    MAX_MODEL_LEN
-                ),
-            ));
-        }
-        if !pool_names.contains(rm.pool.get_ref()) {
-            p.push(Problem::new(
-                file,
-                at(rm.pool.span()),
-                &format!("models[{i}].pool"),
-                format!("no pool named '{}'", rm.pool.get_ref()),
-            ));
-        }
+        check_names(i, rm, &mut model_names, pool_names, src, p);
         let price = rm.price.as_ref().map(|s| *s.get_ref()).unwrap_or_default();
         if let Some(s) = &rm.price {
             if [price.prompt, price.completion, price.request]
@@ -137,3 +110,44 @@ pub(super) fn check(
 
 /// Longest model name accepted: longer ones are refused rather than stored in every record.
 pub const MAX_MODEL_LEN: usize = 256;
+
+/// A model's name (unique, not too long) and the pool it names (configured).
+fn check_names(
+    i: usize,
+    rm: &RawModel,
+    model_names: &mut HashSet<String>,
+    pool_names: &HashSet<String>,
+    src: &Src<'_>,
+    p: &mut Problems,
+) {
+    let (file, at) = (src.file, |s: std::ops::Range<usize>| src.at(s));
+    let name = rm.name.get_ref().clone();
+    if name.is_empty() || !model_names.insert(name.clone()) {
+        p.push(Problem::new(
+            file,
+            at(rm.name.span()),
+            &format!("models[{i}].name"),
+            format!("duplicate or empty model name '{name}'"),
+        ));
+    }
+    if name.len() > MAX_MODEL_LEN {
+        p.push(Problem::new(
+            file,
+            at(rm.name.span()),
+            &format!("models[{i}].name"),
+            format!(
+                "longer than {} bytes, the longest model name a request may \
+                 give",
+                MAX_MODEL_LEN
+            ),
+        ));
+    }
+    if !pool_names.contains(rm.pool.get_ref()) {
+        p.push(Problem::new(
+            file,
+            at(rm.pool.span()),
+            &format!("models[{i}].pool"),
+            format!("no pool named '{}'", rm.pool.get_ref()),
+        ));
+    }
+}

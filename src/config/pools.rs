@@ -87,63 +87,8 @@ pub(super) fn check(
                 "needs at least one upstream URL",
             ));
         }
-        let mut upstreams = Vec::new();
-        for u in rp.upstreams.get_ref() {
-            let (url, weight, key) = match u.get_ref() {
-                RawUpstream::Url(url) => (url, 1, None),
-                RawUpstream::Full(t) => (&t.url, t.weight.unwrap_or(1), t.api_key.as_ref()),
-            };
-            let mut problem = |m: String| {
-                p.push(Problem::new(file, at(u.span()), &field("upstreams"), m));
-            };
-            if !(1..=1000).contains(&weight) {
-                problem(format!("weight of '{url}' must be 1 to 1000"));
-            }
-            let api_key = match key.map(|k| resolve_secret(k)) {
-                None => None,
-                Some(Ok(s)) => Some(s),
-                Some(Err(m)) => {
-                    problem(m);
-                    None
-                }
-            };
-            match parse_upstream_url(url) {
-                Ok(mut up) => {
-                    up.weight = weight;
-                    up.api_key = api_key;
-                    up.line = at(u.span());
-                    upstreams.push(up);
-                }
-                Err(m) => problem(m),
-            }
-        }
-        let strategy = match rp.strategy.as_ref().map(|s| s.get_ref().as_str()) {
-            None | Some("round_robin") => Strategy::RoundRobin,
-            Some("weighted") => Strategy::Weighted,
-            Some("least_connections") => Strategy::LeastConnections,
-            Some(other) => {
-                p.push(Problem::new(
-                    file,
-                    rp.strategy.as_ref().and_then(|s| at(s.span())),
-                    &field("strategy"),
-                    format!("'{other}' is not one of round_robin, weighted, least_connections"),
-                ));
-                Strategy::RoundRobin
-            }
-        };
-        let auth_header = match rp.auth_header.as_ref().map(|s| s.get_ref().as_str()) {
-            None | Some("authorization") => AuthHeader::Authorization,
-            Some("x-api-key") => AuthHeader::XApiKey,
-            Some(other) => {
-                p.push(Problem::new(
-                    file,
-                    rp.auth_header.as_ref().and_then(|s| at(s.span())),
-                    &field("auth_header"),
-                    format!("'{other}' is not one of authorization, x-api-key"),
-                ));
-                AuthHeader::Authorization
-            }
-        };
+        let upstreams = upstreams(rp, &field, src, p);
+        let (strategy, auth_header) = balancing(rp, &field, src, p);
         let max_attempts = rp.max_attempts.as_ref().map_or(3, |m| *m.get_ref());
         if !(1..=10).contains(&max_attempts) {
             p.push(Problem::new(
@@ -205,4 +150,83 @@ pub(super) fn check(
         });
     }
     (pools, pool_names)
+}
+
+/// A pool's upstreams: each URL with its weight and own key, where it is written.
+fn upstreams(
+    rp: &RawPool,
+    field: &dyn Fn(&str) -> String,
+    src: &Src<'_>,
+    p: &mut Problems,
+) -> Vec<UpstreamConfig> {
+    let (file, at) = (src.file, |s: std::ops::Range<usize>| src.at(s));
+    let mut upstreams = Vec::new();
+    for u in rp.upstreams.get_ref() {
+        let (url, weight, key) = match u.get_ref() {
+            RawUpstream::Url(url) => (url, 1, None),
+            RawUpstream::Full(t) => (&t.url, t.weight.unwrap_or(1), t.api_key.as_ref()),
+        };
+        let mut problem = |m: String| {
+            p.push(Problem::new(file, at(u.span()), &field("upstreams"), m));
+        };
+        if !(1..=1000).contains(&weight) {
+            problem(format!("weight of '{url}' must be 1 to 1000"));
+        }
+        let api_key = match key.map(|k| resolve_secret(k)) {
+            None => None,
+            Some(Ok(s)) => Some(s),
+            Some(Err(m)) => {
+                problem(m);
+                None
+            }
+        };
+        match parse_upstream_url(url) {
+            Ok(mut up) => {
+                up.weight = weight;
+                up.api_key = api_key;
+                up.line = at(u.span());
+                upstreams.push(up);
+            }
+            Err(m) => problem(m),
+        }
+    }
+    upstreams
+}
+
+/// A pool's balancing strategy and the header its credential goes in.
+fn balancing(
+    rp: &RawPool,
+    field: &dyn Fn(&str) -> String,
+    src: &Src<'_>,
+    p: &mut Problems,
+) -> (Strategy, AuthHeader) {
+    let (file, at) = (src.file, |s: std::ops::Range<usize>| src.at(s));
+    let strategy = match rp.strategy.as_ref().map(|s| s.get_ref().as_str()) {
+        None | Some("round_robin") => Strategy::RoundRobin,
+        Some("weighted") => Strategy::Weighted,
+        Some("least_connections") => Strategy::LeastConnections,
+        Some(other) => {
+            p.push(Problem::new(
+                file,
+                rp.strategy.as_ref().and_then(|s| at(s.span())),
+                &field("strategy"),
+                format!("'{other}' is not one of round_robin, weighted, least_connections"),
+            ));
+            Strategy::RoundRobin
+        }
+    };
+    let auth_header = match rp.auth_header.as_ref().map(|s| s.get_ref().as_str()) {
+        None | Some("authorization") => AuthHeader::Authorization,
+        Some("x-api-key") => AuthHeader::XApiKey,
+        Some(other) => {
+            p.push(Problem::new(
+                file,
+                rp.auth_header.as_ref().and_then(|s| at(s.span())),
+                &field("auth_header"),
+                format!("'{other}' is not one of authorization, x-api-key"),
+            ));
+            AuthHeader::Authorization
+        }
+    };
+    (strategy, auth_header)
 }

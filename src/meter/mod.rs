@@ -8,6 +8,7 @@ pub mod estimate;
 #[cfg(test)]
 mod props;
 pub mod sse;
+mod sse_usage;
 
 use bytes::Bytes;
 use serde::Deserialize;

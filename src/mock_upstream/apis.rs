@@ -56,6 +56,41 @@ pub(super) fn route(
     Some(reply.unwrap_or_else(|r| r))
 }
 
+/// A stored response (with its input, for `GET …/input_items`), under its id.
+fn keep(stored: &Stored, id: &str, done: &Value, input: &Value) {
+    let mut map = stored.lock().unwrap_or_else(|e| e.into_inner());
+    if map.len() >= MAX_STORED {
+        map.clear();
+    }
+    let mut kept = done.clone();
+    if let Some(o) = kept.as_object_mut() {
+        o.insert("_input".into(), input.clone());
+    }
+    map.insert(id.to_string(), kept);
+}
+
+/// A Responses API object as OpenAI's API returns it.
+fn response_object(
+    id: &str,
+    status: &str,
+    instructions: &Value,
+    model: &str,
+    output: Value,
+    usage: Value,
+) -> Value {
+    json!({
+        "id": id, "object": "response", "created_at": now_secs(), "status": status,
+        "error": null, "incomplete_details": null,
+        "instructions": instructions,
+        "max_output_tokens": null, "model": model, "output": output,
+        "parallel_tool_calls": true, "previous_response_id": null,
+        "reasoning": {"effort": null, "summary": null}, "store": true,
+        "temperature": 1.0, "text": {"format": {"type": "text"}}, "tool_choice": "auto",
+        "tools": [], "top_p": 1.0, "truncation": "disabled", "usage": usage,
+        "user": null, "metadata": {},
+    })
+}
+
 fn responses(
     parsed: &Parsed,
     ov: &Overrides,
@@ -72,18 +107,9 @@ fn responses(
     let msg_id = next_id("msg_mock");
     let model = model_or_default(model);
     let text = tokens.concat();
+    let instructions = body.get("instructions").cloned().unwrap_or(Value::Null);
     let base = |status: &str, output: Value, usage: Value| {
-        json!({
-            "id": id, "object": "response", "created_at": now_secs(), "status": status,
-            "error": null, "incomplete_details": null,
-            "instructions": body.get("instructions").cloned().unwrap_or(Value::Null),
-            "max_output_tokens": null, "model": model, "output": output,
-            "parallel_tool_calls": true, "previous_response_id": null,
-            "reasoning": {"effort": null, "summary": null}, "store": true,
-            "temperature": 1.0, "text": {"format": {"type": "text"}}, "tool_choice": "auto",
-            "tools": [], "top_p": 1.0, "truncation": "disabled", "usage": usage,
-            "user": null, "metadata": {},
-        })
+        response_object(&id, status, &instructions, model, output, usage)
     };
     let part = |t: &str| json!({"type": "output_text", "text": t, "annotations": []});
     let item = |status: &str, content: Value| json!({"id": msg_id, "type": "message", "status": status, "role": "assistant", "content": content});
@@ -106,15 +132,7 @@ fn responses(
         done["incomplete_details"] = json!({"reason": "max_output_tokens"});
     }
     if body.get("store").and_then(Value::as_bool) != Some(false) {
-        let mut map = stored.lock().unwrap_or_else(|e| e.into_inner());
-        if map.len() >= MAX_STORED {
-            map.clear();
-        }
-        let mut kept = done.clone();
-        if let Some(o) = kept.as_object_mut() {
-            o.insert("_input".into(), input.clone());
-        }
-        map.insert(id.clone(), kept);
+        keep(stored, &id, &done, input);
     }
     if body.get("stream").and_then(Value::as_bool) != Some(true) {
         return Ok(Reply::json(200, &done));

@@ -44,10 +44,8 @@ fn token_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.' | b'~' | b'+' | b'/' | b'=')
 }
 
-/// The line with every secret replaced by `[redacted]`.
-pub fn redact(line: &str) -> String {
-    let mut out = line.to_string();
-    // `Bearer <token>`, any case.
+/// `Bearer <token>`, any case: the token redacted.
+fn redact_bearer(out: &mut String) {
     let mut from = 0;
     while let Some(i) = out[from..]
         .to_ascii_lowercase()
@@ -65,6 +63,12 @@ pub fn redact(line: &str) -> String {
         }
         from = start + if end > start { REDACTED.len() } else { 0 };
     }
+}
+
+/// The line with every secret replaced by `[redacted]`.
+pub fn redact(line: &str) -> String {
+    let mut out = line.to_string();
+    redact_bearer(&mut out);
     for name in SECRET_HEADERS {
         let mut from = 0;
         while let Some(i) = out[from..]

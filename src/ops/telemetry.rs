@@ -387,6 +387,40 @@ pub struct Finished<'a> {
     pub trace: &'a Trace,
 }
 
+/// One span of a request's trace, before its context and times are made absolute.
+struct Span {
+    name: Cow<'static, str>,
+    parent: u64,
+    remote_parent: bool,
+    kind: SpanKind,
+    times: (Instant, Instant),
+    attributes: Vec<KeyValue>,
+    status: Status,
+}
+
+fn span_data(
+    e: &Exporter,
+    context: SpanContext,
+    at: &dyn Fn(Instant) -> std::time::SystemTime,
+    s: Span,
+) -> SpanData {
+    SpanData {
+        span_context: context,
+        parent_span_id: SpanId::from(s.parent),
+        parent_span_is_remote: s.remote_parent,
+        span_kind: s.kind,
+        name: s.name,
+        start_time: at(s.times.0),
+        end_time: at(s.times.1),
+        attributes: s.attributes,
+        dropped_attributes_count: 0,
+        events: SpanEvents::default(),
+        links: SpanLinks::default(),
+        status: s.status,
+        instrumentation_scope: e.scope.clone(),
+    }
+}
+
 /// Exports the request's spans, if it is sampled and an exporter is set up.
 pub fn export(f: Finished) {
     let Some(e) = exporter() else { return };
@@ -415,22 +449,19 @@ pub fn export(f: Finished) {
                 parent: u64,
                 remote_parent: bool,
                 kind: SpanKind,
-                (start, end): (Instant, Instant),
+                times: (Instant, Instant),
                 attributes: Vec<KeyValue>,
-                status: Status| SpanData {
-        span_context: context(id),
-        parent_span_id: SpanId::from(parent),
-        parent_span_is_remote: remote_parent,
-        span_kind: kind,
-        name,
-        start_time: at(start),
-        end_time: at(end),
-        attributes,
-        dropped_attributes_count: 0,
-        events: SpanEvents::default(),
-        links: SpanLinks::default(),
-        status,
-        instrumentation_scope: e.scope.clone(),
+                status: Status| {
+        let s = Span {
+            name,
+            parent,
+            remote_parent,
+            kind,
+            times,
+            attributes,
+            status,
+        };
+        span_data(e, context(id), &at, s)
     };
     let end = f.metering.1;
     let error = |failed: bool, what: &str| {

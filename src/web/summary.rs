@@ -206,6 +206,26 @@ fn sums_json(s: &Sums, succeeded: u64) -> Value {
     })
 }
 
+/// The totals of a summary: sums, success rate, latency.
+fn totals_json(rollup: &Rollup, total: &Sums, succeeded: u64) -> Value {
+    let mut all_bins = rollup::Hist::new();
+    for h in rollup.latency.values() {
+        for (bin, n) in h {
+            *all_bins.entry(*bin).or_default() += n;
+        }
+    }
+    let mut totals = sums_json(total, succeeded);
+    totals["failed"] = json!(total.requests - succeeded);
+    totals["success_rate"] =
+        json!((total.requests > 0).then(|| succeeded as f64 / total.requests as f64));
+    totals["latency_avg_ms"] =
+        json!((total.requests > 0).then(|| total.latency_ms / total.requests));
+    totals["latency_p50_ms"] = json!(rollup::percentile(&all_bins, 0.50));
+    totals["latency_p95_ms"] = json!(rollup::percentile(&all_bins, 0.95));
+    totals["estimated"] = json!(total.estimated);
+    totals
+}
+
 /// Totals, buckets, per-model and per-status breakdowns of a rollup, as the API's JSON.
 pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
     let starts = bucket_starts(r)?;
@@ -236,21 +256,7 @@ pub fn compute(rollup: &Rollup, r: &Range) -> Result<Value, GatewayError> {
         }
         *statuses.entry(row.status).or_default() += row.sums.requests;
     }
-    let mut all_bins = rollup::Hist::new();
-    for h in rollup.latency.values() {
-        for (bin, n) in h {
-            *all_bins.entry(*bin).or_default() += n;
-        }
-    }
-    let mut totals = sums_json(&total, succeeded);
-    totals["failed"] = json!(total.requests - succeeded);
-    totals["success_rate"] =
-        json!((total.requests > 0).then(|| succeeded as f64 / total.requests as f64));
-    totals["latency_avg_ms"] =
-        json!((total.requests > 0).then(|| total.latency_ms / total.requests));
-    totals["latency_p50_ms"] = json!(rollup::percentile(&all_bins, 0.50));
-    totals["latency_p95_ms"] = json!(rollup::percentile(&all_bins, 0.95));
-    totals["estimated"] = json!(total.estimated);
+    let totals = totals_json(rollup, &total, succeeded);
     let buckets: Vec<Value> = starts
         .iter()
         .zip(&buckets)

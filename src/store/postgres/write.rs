@@ -253,8 +253,17 @@ fn insert(client: &mut Client, batch: &[UsageRecord]) -> Result<(), postgres::Er
             .filter(|r| ids.contains(&r.request_id))
             .collect()
     };
+    add_spend_and_rollups(&mut tx, &kept)?;
+    tx.commit()
+}
+
+/// The spend and rollups of the rows a batch stored, in the batch's transaction.
+fn add_spend_and_rollups(
+    tx: &mut postgres::Transaction<'_>,
+    kept: &[&UsageRecord],
+) -> Result<(), postgres::Error> {
     let mut spend: BTreeMap<String, (f64, i64)> = BTreeMap::new();
-    for r in &kept {
+    for r in kept {
         let s = spend
             .entry(text(&r.key_id).into_owned())
             .or_insert((0.0, i64::MIN));
@@ -297,5 +306,5 @@ fn insert(client: &mut Client, batch: &[UsageRecord]) -> Result<(), postgres::Er
             )?;
         }
     }
-    tx.commit()
+    Ok(())
 }

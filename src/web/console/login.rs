@@ -178,6 +178,45 @@ fn password_ok(console: &ConsoleConfig, user: &str, password: &str) -> bool {
     user_ok && pw_ok
 }
 
+/// Whether a sign-in from `ip` may have its password checked now (after a wait, past the
+/// failures all addresses may make); the refusal if not. Each attempt is counted before its
+/// password is checked, so parallel attempts cannot slip past the limit; a right one is taken
+/// back once it signed in. Returns the client's id for `Guard::signed_in`.
+async fn sign_in_turn(
+    web: &Web,
+    ip: Option<std::net::IpAddr>,
+    now: Instant,
+) -> Result<Option<u64>, GatewayError> {
+    let refused = |message: &str, wait| GatewayError::RateLimited {
+        message: message.into(),
+        retry_after: crate::limit::rate::retry_after_secs(wait),
+        reason: "sign_ins",
+    };
+    if let Some(ip) = ip {
+        if let Err(wait) = web.logins.begin(ip, now) {
+            web.metrics.sign_in("throttled");
+            let m = "Too many failed sign-ins from this address; try again later.";
+            return Err(refused(m, wait));
+        }
+    }
+    // Past the failures all addresses may make, a new address waits its turn.
+    let client = ip.map(crate::auth::throttle::client_id);
+    match web.sign_ins.turn(client, now) {
+        Ok(None) => {}
+        Ok(Some(wait)) => tokio::time::sleep(wait).await,
+        Err(wait) => {
+            if let Some(ip) = ip {
+                // Its password was not checked: not a failure of its address.
+                web.logins.forgive(ip);
+            }
+            web.metrics.sign_in("held");
+            let m = "Too many failed sign-ins to this console; try again in a moment.";
+            return Err(refused(m, wait));
+        }
+    }
+    Ok(client)
+}
+
 /// `POST /console/login` `{"user","password"}` → 204 and the session cookie, or 401.
 pub async fn login(
     web: &Web,
@@ -190,41 +229,10 @@ pub async fn login(
     let metric = |result: &str| {
         web.metrics.sign_in(result);
     };
-    let refused = |message: &str, wait| GatewayError::RateLimited {
-        message: message.into(),
-        retry_after: crate::limit::rate::retry_after_secs(wait),
-        reason: "sign_ins",
+    let client = match sign_in_turn(web, ex.client, now).await {
+        Ok(client) => client,
+        Err(e) => return fail(session, ex, &e).await,
     };
-    // Each attempt is counted before its password is checked, so parallel attempts cannot slip
-    // past the limit; a right one is taken back below.
-    if let Some(ip) = ex.client {
-        if let Err(wait) = web.logins.begin(ip, now) {
-            metric("throttled");
-            let e = refused(
-                "Too many failed sign-ins from this address; try again later.",
-                wait,
-            );
-            return fail(session, ex, &e).await;
-        }
-    }
-    // Past the failures all addresses may make, a new address waits its turn.
-    let client = ex.client.map(crate::auth::throttle::client_id);
-    match web.sign_ins.turn(client, now) {
-        Ok(None) => {}
-        Ok(Some(wait)) => tokio::time::sleep(wait).await,
-        Err(wait) => {
-            if let Some(ip) = ex.client {
-                // Its password was not checked: not a failure of its address.
-                web.logins.forgive(ip);
-            }
-            metric("held");
-            let e = refused(
-                "Too many failed sign-ins to this console; try again in a moment.",
-                wait,
-            );
-            return fail(session, ex, &e).await;
-        }
-    }
     if !origin_is_absent_or_same(session, console) {
         return fail(session, ex, &GatewayError::CrossSite).await;
     }
@@ -247,63 +255,7 @@ pub async fn login(
     if !ok {
         metric("failed");
         tracing::info!(client = ?ex.client, "console sign-in refused");
-        // In the audit log too, where an operator looks for someone guessing: at most as
-        // many entries as passwords can be checked (the throttle and the argon2 slots bound
-        // that). A name other than the console's is not written: it may be a password typed
-        // in the wrong box.
-        let known = bool::from(user.as_bytes().ct_eq(console.user.as_bytes()));
-        let audit = AuditEntry {
-            time_ms: super::super::now_ms(),
-            user: if known {
-                console.user.clone()
-            } else {
-                String::new()
-            },
-            action: "login_failed".into(),
-            key_id: String::new(),
-            detail: serde_json::json!({
-                "client": ex.client.map(|c| c.to_string()),
-                "reason": if known { "wrong password" } else { "unknown user" },
-            })
-            .to_string(),
-        };
-        // Written beside the answer, not before it (a locked store would hold the 401), and
-        // at most `AUDITED_FAILURES` a minute one by one, whatever comes from how many
-        // addresses: the rest are summed up in one entry.
-        let entries = match web.sign_ins.failed(now) {
-            Audit::Entry => vec![audit],
-            Audit::Skip => Vec::new(),
-            Audit::SummaryThenEntry(n) => {
-                let summary = AuditEntry {
-                    time_ms: audit.time_ms,
-                    user: String::new(),
-                    action: "login_failed_summary".into(),
-                    key_id: String::new(),
-                    detail: serde_json::json!({
-                        "failed_sign_ins_not_listed": n,
-                        "in_the_minute_before": true,
-                    })
-                    .to_string(),
-                };
-                vec![summary, audit]
-            }
-        };
-        if !entries.is_empty() {
-            let store = web.store.clone();
-            // Owned by the store it writes to; the audit entries are bounded.
-            #[allow(clippy::disallowed_methods)]
-            tokio::spawn(async move {
-                let written = blocking(move || {
-                    entries
-                        .iter()
-                        .try_for_each(|entry| store.console.audit_add(entry))
-                })
-                .await;
-                if let Err(e) = written {
-                    tracing::warn!(error = %e, "console: a failed sign-in was not audited");
-                }
-            });
-        }
+        audit_failed(web, ex.client, console, user, now);
         return fail(session, ex, &GatewayError::BadCredentials).await;
     }
     if let Some(ip) = ex.client {
@@ -394,4 +346,69 @@ pub async fn logout(
         |h| h.insert_header("set-cookie", clear),
     )
     .await
+}
+
+/// A failed sign-in in the audit log, where an operator looks for someone guessing: at most as
+/// many entries as passwords can be checked (the throttle and the argon2 slots bound that). A
+/// name other than the console's is not written: it may be a password typed in the wrong box.
+fn audit_failed(
+    web: &Web,
+    client: Option<std::net::IpAddr>,
+    console: &ConsoleConfig,
+    user: &str,
+    now: Instant,
+) {
+    let known = bool::from(user.as_bytes().ct_eq(console.user.as_bytes()));
+    let audit = AuditEntry {
+        time_ms: super::super::now_ms(),
+        user: if known {
+            console.user.clone()
+        } else {
+            String::new()
+        },
+        action: "login_failed".into(),
+        key_id: String::new(),
+        detail: serde_json::json!({
+            "client": client.map(|c| c.to_string()),
+            "reason": if known { "wrong password" } else { "unknown user" },
+        })
+        .to_string(),
+    };
+    // Written beside the answer, not before it (a locked store would hold the 401), and
+    // at most `AUDITED_FAILURES` a minute one by one, whatever comes from how many
+    // addresses: the rest are summed up in one entry.
+    let entries = match web.sign_ins.failed(now) {
+        Audit::Entry => vec![audit],
+        Audit::Skip => Vec::new(),
+        Audit::SummaryThenEntry(n) => {
+            let summary = AuditEntry {
+                time_ms: audit.time_ms,
+                user: String::new(),
+                action: "login_failed_summary".into(),
+                key_id: String::new(),
+                detail: serde_json::json!({
+                    "failed_sign_ins_not_listed": n,
+                    "in_the_minute_before": true,
+                })
+                .to_string(),
+            };
+            vec![summary, audit]
+        }
+    };
+    if !entries.is_empty() {
+        let store = web.store.clone();
+        // Owned by the store it writes to; the audit entries are bounded.
+        #[allow(clippy::disallowed_methods)]
+        tokio::spawn(async move {
+            let written = blocking(move || {
+                entries
+                    .iter()
+                    .try_for_each(|entry| store.console.audit_add(entry))
+            })
+            .await;
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "console: a failed sign-in was not audited");
+            }
+        });
+    }
 }
