@@ -145,6 +145,7 @@ pub fn run() -> ExitCode {
                     chunks,
                     delay_ms,
                     tls,
+                    reuse_port: false,
                 },
                 threads.into(),
             );
@@ -218,10 +219,6 @@ fn hold_hangups() {
     }
 }
 
-fn load(path: &Path) -> Result<Live, crate::config::Problems> {
-    Live::load(Config::load(path)?)
-}
-
 fn serve(path: &Path, upgrade: bool) -> ExitCode {
     hold_hangups();
     // Pingora's proxies make their TLS connectors as they are built and panic on a trust
@@ -230,44 +227,169 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         eprintln!("cannot start: {e}");
         return ExitCode::from(2);
     }
-    let live = match load(path) {
+    let mut config = match Config::load(path) {
+        Ok(c) => c,
+        Err(p) => return failed(p.to_string()),
+    };
+    // Port 0: a port picked now, and held; said on stderr once the rest is checked.
+    let (_held, picked) = match crate::server::ports::pick(&mut config.fixed.listeners, upgrade) {
+        Ok(picked) => picked,
+        Err(e) => return failed(e),
+    };
+    let live = match Live::load(config) {
         Ok(l) => Arc::new(l),
-        Err(p) => {
-            eprintln!("{p}");
-            return ExitCode::from(2);
-        }
+        Err(p) => return failed(p.to_string()),
     };
     let c = live.fixed.clone();
-    // Pingora retries a busy port forever (that is how its upgrade hand-over works); a plain
-    // start should fail fast instead, or a health check would pass with the API unbound.
-    let addrs = [
-        &c.listeners.main,
-        &c.listeners.direct,
-        &c.listeners.admin,
-        &c.demo_mock_upstream,
-    ];
-    // An upgrade takes over sockets the running instance holds: they are busy by design. Each
-    // is held until all are checked, so two of them naming one address fail here too (else
-    // one would answer on the other's port).
-    let mut held = Vec::with_capacity(addrs.len());
-    for addr in addrs.into_iter().flatten().filter(|_| !upgrade) {
-        match std::net::TcpListener::bind(addr) {
-            Ok(l) => held.push(l),
-            Err(e) => {
-                eprintln!("cannot listen on {addr}: {e}");
-                return ExitCode::from(2);
-            }
-        }
+    if let Err(e) = ports_free(&c, upgrade, &crate::server::ports::addrs(&picked)) {
+        return failed(e);
     }
-    drop(held);
     let metrics = match crate::ops::metrics::Metrics::new() {
         Ok(m) => Arc::new(m),
+        Err(e) => return failed(format!("cannot make the metrics: {e}")),
+    };
+    metrics.set_key_label(c.metrics.key_label);
+    let (store, where_) = match open_store(&c, &metrics) {
+        Ok(opened) => opened,
+        Err(e) => return failed(e),
+    };
+    let spend = std::sync::Arc::new(Spend::from_totals(store.spend_at_open()));
+    log_start(&live, &where_);
+    if let Some(t) = &c.telemetry {
+        if let Err(e) = crate::ops::telemetry::start(t) {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+        tracing::info!(endpoint = %t.otlp_endpoint, "exporting traces over OTLP/HTTP");
+    }
+    let shared_limits = match &c.limits.redis {
+        Some(url) => {
+            let (on_down, timeout) = (c.limits.on_redis_down, c.limits.redis_timeout);
+            match SharedLimits::start(url.expose(), on_down, timeout, metrics.clone()) {
+                Ok(l) => {
+                    metrics.redis_up();
+                    Some(l)
+                }
+                Err(e) => return failed(e),
+            }
+        }
+        None => None,
+    };
+    if let (Some(url), true) = (&c.storage.postgres, c.keys.in_postgres) {
+        let live = live.clone();
+        let url = url.expose().to_string();
+        crate::store::postgres::keys::follow(url, metrics.clone(), move |t| live.set_keys(t));
+    }
+    let spend_sync = (c.storage.postgres.is_some() || shared_limits.is_some())
+        .then(|| sync_spend(store.clone(), shared_limits.clone(), spend.clone()));
+    let shared = crate::state::build(
+        &c,
+        live,
+        store.clone(),
+        spend.clone(),
+        shared_limits,
+        metrics,
+    );
+    let signals = crate::ops::lifecycle::Signals {
+        lifecycle: shared.lifecycle.clone(),
+        delay: c.server.shutdown_delay,
+    };
+    let server = match crate::server::build(shared, upgrade, &crate::server::ports::addrs(&picked))
+    {
+        Ok(s) => s,
         Err(e) => {
-            eprintln!("cannot make the metrics: {e}");
+            eprintln!("cannot start: {e}");
+            store.close();
             return ExitCode::from(2);
         }
     };
-    metrics.set_key_label(c.metrics.key_label);
+    if let Some(line) = crate::server::ports::said(&picked) {
+        eprintln!("{line}");
+    }
+    server.run(pingora_core::server::RunArgs {
+        shutdown_signal: Box::new(signals),
+    });
+    drop(spend_sync);
+    // Every runtime has exited, so every request has handed over its record: write them all.
+    store.close();
+    crate::ops::telemetry::flush();
+    tracing::info!(
+        written = store.stats().written,
+        "usage records drained; bye"
+    );
+    ExitCode::SUCCESS
+}
+
+/// The start's log line: where it listens, its store, its keys and models.
+fn log_start(live: &Live, store: &str) {
+    let c = &live.fixed;
+    tracing::info!(
+        main = ?c.listeners.main,
+        main_tls = c.listeners.main_tls.is_some(),
+        direct = ?c.listeners.direct,
+        direct_tls = c.listeners.direct_tls.is_some(),
+        admin = ?c.listeners.admin,
+        store = %store,
+        keys = live.snapshot().keys.len(),
+        models = live.snapshot().config.models.len(),
+        "modelgate starting"
+    );
+}
+
+/// A start that cannot go on: why, on stderr, and exit status 2.
+fn failed(why: String) -> ExitCode {
+    eprintln!("{why}");
+    ExitCode::from(2)
+}
+
+/// Whether every address the config listens on is free. Pingora retries a busy port forever
+/// (that is how its upgrade hand-over works); a plain start should fail fast instead, or a
+/// health check would pass with the API unbound. An upgrade takes over sockets the running
+/// instance holds: they are busy by design. Each is held until all are checked, so two of them
+/// naming one address fail here too (else one would answer on the other's port).
+/// The ports the gateway picked itself (`picked`) are held by it, so not checked; the demo
+/// mock's may be held, not listened on, by whoever picked it (a test harness), so it is tried
+/// with `SO_REUSEPORT`, as the mock binds it.
+fn ports_free(c: &crate::config::Fixed, upgrade: bool, picked: &[String]) -> Result<(), String> {
+    if upgrade {
+        return Ok(());
+    }
+    let addrs = [
+        (&c.listeners.main, false),
+        (&c.listeners.direct, false),
+        (&c.listeners.admin, false),
+        (&c.demo_mock_upstream, true),
+    ];
+    let mut held = Vec::with_capacity(addrs.len());
+    for (addr, reuse_port) in addrs {
+        let Some(addr) = addr.as_deref().filter(|a| !picked.iter().any(|p| p == a)) else {
+            continue;
+        };
+        let bound = addr
+            .parse::<std::net::SocketAddr>()
+            .map_err(std::io::Error::other)
+            .and_then(|a| {
+                let s = socket2::Socket::new(
+                    socket2::Domain::for_address(a),
+                    socket2::Type::STREAM,
+                    None,
+                )?;
+                s.set_reuse_address(true)?;
+                s.set_reuse_port(reuse_port)?;
+                s.bind(&a.into())?;
+                s.listen(1)?;
+                Ok(s)
+            });
+        held.push(bound.map_err(|e| format!("cannot listen on {addr}: {e}"))?);
+    }
+    Ok(())
+}
+
+/// The usage store `[storage]` names, and what to call it in the log.
+fn open_store(
+    c: &crate::config::Fixed,
+    metrics: &Arc<crate::ops::metrics::Metrics>,
+) -> Result<(Arc<Store>, String), String> {
     let options = StoreOptions {
         retention: c.storage.retention,
         // Postgres away, or SQLite's file locked by another process past its busy timeout:
@@ -290,89 +412,10 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
             c.storage.sqlite.display().to_string(),
         ),
     };
-    let store = match store {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("cannot open the usage store {where_}: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let spend = std::sync::Arc::new(Spend::from_totals(store.spend_at_open()));
-    tracing::info!(
-        main = ?c.listeners.main,
-        main_tls = c.listeners.main_tls.is_some(),
-        direct = ?c.listeners.direct,
-        direct_tls = c.listeners.direct_tls.is_some(),
-        admin = ?c.listeners.admin,
-        store = %where_,
-        keys = live.snapshot().keys.len(),
-        models = live.snapshot().config.models.len(),
-        "modelgate starting"
-    );
-    if let Some(t) = &c.telemetry {
-        if let Err(e) = crate::ops::telemetry::start(t) {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-        tracing::info!(endpoint = %t.otlp_endpoint, "exporting traces over OTLP/HTTP");
+    match store {
+        Ok(s) => Ok((s, where_)),
+        Err(e) => Err(format!("cannot open the usage store {where_}: {e}")),
     }
-    let shared_limits = match &c.limits.redis {
-        Some(url) => match SharedLimits::start(
-            url.expose(),
-            c.limits.on_redis_down,
-            c.limits.redis_timeout,
-            metrics.clone(),
-        ) {
-            Ok(l) => {
-                metrics.redis_up();
-                Some(l)
-            }
-            Err(e) => {
-                eprintln!("{e}");
-                return ExitCode::from(2);
-            }
-        },
-        None => None,
-    };
-    if let (Some(url), true) = (&c.storage.postgres, c.keys.in_postgres) {
-        let live = live.clone();
-        let url = url.expose().to_string();
-        crate::store::postgres::keys::follow(url, metrics.clone(), move |t| live.set_keys(t));
-    }
-    let spend_sync = (c.storage.postgres.is_some() || shared_limits.is_some())
-        .then(|| sync_spend(store.clone(), shared_limits.clone(), spend.clone()));
-    let shared = crate::state::build(
-        &c,
-        live,
-        store.clone(),
-        spend.clone(),
-        shared_limits,
-        metrics,
-    );
-    let signals = crate::ops::lifecycle::Signals {
-        lifecycle: shared.lifecycle.clone(),
-        delay: c.server.shutdown_delay,
-    };
-    let server = match crate::server::build(shared, upgrade) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("cannot start: {e}");
-            store.close();
-            return ExitCode::from(2);
-        }
-    };
-    server.run(pingora_core::server::RunArgs {
-        shutdown_signal: Box::new(signals),
-    });
-    drop(spend_sync);
-    // Every runtime has exited, so every request has handed over its record: write them all.
-    store.close();
-    crate::ops::telemetry::flush();
-    tracing::info!(
-        written = store.stats().written,
-        "usage records drained; bye"
-    );
-    ExitCode::SUCCESS
 }
 
 fn check(path: &Path) -> ExitCode {

@@ -514,6 +514,8 @@ async fn an_upgrade_under_load_refuses_nothing_and_finishes_the_stream_in_flight
             (ok, failed)
         })
     };
+    // The new instance takes the listeners over by their addresses: the ports picked.
+    old.pin_ports();
     let config = old.dir.path().join("modelgate.toml");
     let sock = old.dir.path().join("modelgate-upgrade.sock");
     let new = Killed(

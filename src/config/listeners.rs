@@ -73,24 +73,6 @@ pub(super) fn check(
             *slot = Some(v.get_ref().clone());
         }
     }
-    // Both API listeners are one service, which tells their connections apart by the
-    // address each was accepted on: a port the system picks is no address to tell by.
-    if let (Some(m), Some(d)) = (&raw.main, &raw.direct) {
-        for (field, v) in [("listeners.main", m), ("listeners.direct", d)] {
-            if v.get_ref()
-                .parse::<std::net::SocketAddr>()
-                .is_ok_and(|a| a.port() == 0)
-            {
-                p.push(Problem::new(
-                    file,
-                    at(v.span()),
-                    field,
-                    "port 0 is for one API listener alone: with both on, each needs its \
-                     own port",
-                ));
-            }
-        }
-    }
     let tls = raw.tls.as_ref();
     for (name, raw_files, on, slot) in [
         (

@@ -42,6 +42,9 @@ pub struct MockOptions {
     pub delay_ms: u64,
     /// Serve HTTPS with this (certificate PEM path, private key PEM path).
     pub tls: Option<(String, String)>,
+    /// Bind with `SO_REUSEPORT`: the port may be held (not listened on) by whoever picked it,
+    /// as a test harness does for the gateway's in-process demo mock.
+    pub reuse_port: bool,
 }
 
 impl Default for MockOptions {
@@ -50,6 +53,7 @@ impl Default for MockOptions {
             chunks: 8,
             delay_ms: 0,
             tls: None,
+            reuse_port: false,
         }
     }
 }
@@ -98,9 +102,15 @@ impl MockUpstream {
 /// A listening service for `server.add_service(...)`.
 pub fn service(listen: &str, opts: MockOptions) -> pingora_error::Result<Service<MockUpstream>> {
     let tls = opts.tls.clone();
+    let opts_reuse_port = opts.reuse_port;
     let mut svc = Service::new("mock upstream".to_string(), MockUpstream::new(opts));
     match tls {
         Some((cert, key)) => svc.add_tls(listen, &cert, &key)?,
+        None if opts_reuse_port => {
+            let mut o = pingora_core::listeners::TcpSocketOptions::default();
+            o.so_reuseport = Some(true);
+            svc.add_tcp_with_settings(listen, o);
+        }
         None => svc.add_tcp(listen),
     }
     Ok(svc)
@@ -133,6 +143,62 @@ pub fn run_standalone(listen: &str, opts: MockOptions, threads: usize) -> ! {
     server.run_forever()
 }
 
+impl MockUpstream {
+    /// A connection that asked (`x-mock-close-next`) to be closed at its next request: after
+    /// how many milliseconds; its next asks again, if it says so.
+    fn close_asked(&self, addr: &str, session: &ServerSession) -> Option<u64> {
+        let mut close_next = self.close_next.lock().unwrap_or_else(|e| e.into_inner());
+        let close = close_next.remove(addr);
+        let next = request::header_parse::<u64>(&session.req_header().headers, "x-mock-close-next");
+        if let (None, Some(ms)) = (close, next) {
+            close_next.insert(addr.to_string(), ms);
+        }
+        close
+    }
+
+    /// The reply to a request: what the overrides force, else the API's own.
+    fn reply(
+        &self,
+        method: &http::Method,
+        path: &str,
+        parsed: &Parsed,
+        overrides: &Overrides,
+        model: &str,
+        too_large: bool,
+    ) -> Reply {
+        if overrides.html {
+            Reply {
+                status: 200,
+                content_type: "text/html; charset=utf-8",
+                body: ReplyBody::Full(bytes::Bytes::from_static(
+                    b"<html><body>Please sign in to continue.</body></html>",
+                )),
+            }
+        } else if let Some(status) = overrides.status {
+            let mut r = forced_error(status);
+            if overrides.empty_body {
+                r.body = ReplyBody::Full(bytes::Bytes::new());
+            } else if overrides.text_body {
+                r.content_type = "text/html";
+                r.body = ReplyBody::Full(bytes::Bytes::from_static(
+                    b"<html><body>502 Bad Gateway (nginx)</body></html>",
+                ));
+            }
+            r
+        } else if too_large {
+            error_reply(
+                413,
+                "invalid_request_error",
+                &format!("request body larger than {MAX_BODY_BYTES} bytes"),
+                "body_too_large",
+            )
+        } else {
+            apis::route(method, path, parsed, overrides, model, &self.responses)
+                .unwrap_or_else(|| route(method, path, parsed, overrides, model))
+        }
+    }
+}
+
 #[async_trait]
 impl HttpServerApp for MockUpstream {
     async fn process_new_http(
@@ -149,23 +215,12 @@ impl HttpServerApp for MockUpstream {
             }
         }
         let connection = session.client_addr().map(|a| a.to_string());
-        if let Some(addr) = &connection {
-            let close = {
-                let mut close_next = self.close_next.lock().unwrap_or_else(|e| e.into_inner());
-                let close = close_next.remove(addr);
-                let next = request::header_parse::<u64>(
-                    &session.req_header().headers,
-                    "x-mock-close-next",
-                );
-                if let (None, Some(ms)) = (close, next) {
-                    close_next.insert(addr.clone(), ms);
-                }
-                close
-            };
-            if let Some(ms) = close {
-                tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
-                return None;
-            }
+        if let Some(ms) = connection
+            .as_deref()
+            .and_then(|a| self.close_asked(a, &session))
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+            return None;
         }
         let http10_close = {
             let req = session.req_header();
@@ -183,12 +238,10 @@ impl HttpServerApp for MockUpstream {
         let path = req.uri.path().to_string();
         let mut overrides = Overrides::from_headers(&req.headers, &self.opts);
         overrides.status = self.forced_status(&req.headers, overrides.status);
-        let authorization = header_bytes(&req.headers, "authorization").to_vec();
-        let x_api_key = header_bytes(&req.headers, "x-api-key").to_vec();
-        let anthropic_version = header_bytes(&req.headers, "anthropic-version").to_vec();
-        let traceparent = header_bytes(&req.headers, "traceparent").to_vec();
-        let tracestate = header_bytes(&req.headers, "tracestate").to_vec();
-        let accept_encoding = header_bytes(&req.headers, "accept-encoding").to_vec();
+        // What the reply echoes of the request (its body's figures and model added below).
+        let mut echo = Echo::of_headers(&req.headers);
+        echo.path = path.clone();
+        echo.peer = connection.unwrap_or_default();
         let content_type =
             String::from_utf8_lossy(header_bytes(&req.headers, "content-type")).into_owned();
         let expect_continue =
@@ -223,62 +276,23 @@ impl HttpServerApp for MockUpstream {
                 overrides.length_limited = true;
             }
         }
-        let echo = Echo {
-            model: parsed.model(),
-            authorization,
-            x_api_key,
-            anthropic_version,
-            traceparent,
-            tracestate,
-            accept_encoding,
-            body_len: body.total_len,
-            body_sha256: body.sha256_hex,
-            path: path.clone(),
-            peer: connection.unwrap_or_default(),
-        };
+        echo.model = parsed.model();
+        echo.body_len = body.total_len;
+        echo.body_sha256 = body.sha256_hex;
 
         if overrides.garbage {
             write_garbage(&mut session, &echo, parsed.stream()).await;
             return None;
         }
 
-        let reply = if overrides.html {
-            Reply {
-                status: 200,
-                content_type: "text/html; charset=utf-8",
-                body: ReplyBody::Full(bytes::Bytes::from_static(
-                    b"<html><body>Please sign in to continue.</body></html>",
-                )),
-            }
-        } else if let Some(status) = overrides.status {
-            let mut r = forced_error(status);
-            if overrides.empty_body {
-                r.body = ReplyBody::Full(bytes::Bytes::new());
-            } else if overrides.text_body {
-                r.content_type = "text/html";
-                r.body = ReplyBody::Full(bytes::Bytes::from_static(
-                    b"<html><body>502 Bad Gateway (nginx)</body></html>",
-                ));
-            }
-            r
-        } else if body.too_large {
-            error_reply(
-                413,
-                "invalid_request_error",
-                &format!("request body larger than {MAX_BODY_BYTES} bytes"),
-                "body_too_large",
-            )
-        } else {
-            apis::route(
-                &method,
-                &path,
-                &parsed,
-                &overrides,
-                &echo.model,
-                &self.responses,
-            )
-            .unwrap_or_else(|| route(&method, &path, &parsed, &overrides, &echo.model))
-        };
+        let reply = self.reply(
+            &method,
+            &path,
+            &parsed,
+            &overrides,
+            &echo.model,
+            body.too_large,
+        );
 
         // A non-streamed reply waits `delay_ms` before its header (a slow model); a stream
         // waits between its events instead.

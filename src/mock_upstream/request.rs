@@ -314,6 +314,26 @@ pub(super) struct Echo {
     pub(super) peer: String,
 }
 
+impl Echo {
+    /// The request headers a reply echoes, as they arrived; the rest left blank.
+    pub(super) fn of_headers(h: &http::HeaderMap) -> Echo {
+        let copy = |name: &str| super::header_bytes(h, name).to_vec();
+        Echo {
+            model: String::new(),
+            authorization: copy("authorization"),
+            x_api_key: copy("x-api-key"),
+            anthropic_version: copy("anthropic-version"),
+            traceparent: copy("traceparent"),
+            tracestate: copy("tracestate"),
+            accept_encoding: copy("accept-encoding"),
+            body_len: 0,
+            body_sha256: String::new(),
+            path: String::new(),
+            peer: String::new(),
+        }
+    }
+}
+
 /// A header value from arbitrary bytes: invalid bytes (controls) are dropped.
 fn header_value(bytes: &[u8]) -> HeaderValue {
     if let Ok(v) = HeaderValue::from_bytes(bytes) {

@@ -137,12 +137,16 @@ impl Admin {
 pub fn service(
     addr: &str,
     shared: Arc<Shared>,
+    options: Option<pingora_core::listeners::TcpSocketOptions>,
 ) -> Service<pingora_core::apps::http_app::HttpServer<Admin>> {
     let mut svc = Service::new(
         "modelgate admin".to_string(),
         pingora_core::apps::http_app::HttpServer::new_app(Admin { shared }),
     );
-    svc.add_tcp(addr);
+    match options {
+        Some(o) => svc.add_tcp_with_settings(addr, o),
+        None => svc.add_tcp(addr),
+    }
     svc.threads = Some(1);
     svc
 }

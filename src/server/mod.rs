@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod drain;
+pub mod ports;
 
 use std::sync::Arc;
 
@@ -25,7 +26,8 @@ use crate::route::reload::KeysReloader;
 use drain::Drain;
 
 /// The server, or why it cannot start (a listener's certificate that cannot be loaded).
-pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
+/// `picked`: the listen addresses whose port the gateway picked (`ports`), held by it.
+pub fn build(shared: Arc<Shared>, upgrade: bool, picked: &[String]) -> Result<Server, String> {
     let config = shared.live.fixed.clone();
     let conf = ServerConf {
         threads: config.server.threads,
@@ -50,86 +52,19 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
     server.bootstrap();
 
     if let Some(addr) = &config.demo_mock_upstream {
-        match mock_upstream::service(addr, mock_upstream::MockOptions::default()) {
+        // The demo's port may be held by whoever picked it for this process (a test harness).
+        let opts = mock_upstream::MockOptions {
+            reuse_port: true,
+            ..Default::default()
+        };
+        match mock_upstream::service(addr, opts) {
             Ok(svc) => {
                 server.add_service(svc);
             }
             Err(e) => tracing::error!("demo mock upstream not started on {addr}: {e}"),
         }
     }
-    let mut certs = Vec::new();
-    let mut apps = ApiListeners { apps: Vec::new() };
-    let mut svc_listeners = Vec::new();
-    for (listener, addr, tls) in [
-        (
-            Listener::Main,
-            &config.listeners.main,
-            &config.listeners.main_tls,
-        ),
-        (
-            Listener::Direct,
-            &config.listeners.direct,
-            &config.listeners.direct_tls,
-        ),
-    ] {
-        let Some(addr) = addr else { continue };
-        let mut proxy = http_proxy(
-            &server.configuration,
-            Gateway::new(shared.clone(), listener),
-        );
-        // An idle HTTP/2 connection is closed as an idle HTTP/1.1 one is.
-        let mut options = pingora_core::apps::HttpServerOptions::default();
-        options.h2_idle_timeout = Some(config.server.keepalive_timeout);
-        proxy.server_options = Some(options);
-        let app = Arc::new(HeaderDeadline {
-            inner: Arc::new(proxy),
-            limit: config.server.client_header_timeout,
-            listener: listener.name(),
-            hooks: Hooks {
-                request_started: crate::ops::alloc::request_started,
-                unparseable: {
-                    let metrics = shared.metrics.clone();
-                    Arc::new(move |listener| crate::proxy::unparseable_reply(listener, &metrics))
-                },
-            },
-        });
-        let bound = addr
-            .parse::<std::net::SocketAddr>()
-            .map_err(|e| format!("listener {}: {addr}: {e}", listener.name()))?;
-        apps.apps.push((bound, app));
-        match tls {
-            None => svc_listeners.push((addr.clone(), None)),
-            Some(files) => {
-                // The config stage loaded this pair already; it can only fail here if the
-                // files changed in between.
-                let cert =
-                    ListenerCert::new(listener.name(), files.clone(), shared.metrics.clone())?;
-                svc_listeners.push((addr.clone(), Some(cert.settings())));
-                certs.push(cert);
-            }
-        }
-    }
-    if !apps.apps.is_empty() {
-        // Both API listeners are one service, so one runtime of `threads` threads serves
-        // whichever listener gets the traffic.
-        let mut svc = Service::new("modelgate api".to_string(), apps);
-        for (addr, tls) in svc_listeners {
-            match tls {
-                // No L4 read buffer: Pingora reads a request's header into a buffer of its
-                // own, and the 64 KiB one under it (its first page written by every request)
-                // stayed for the connection's life, a kept-alive one's and a stream's too. TLS
-                // keeps it: the TLS layer reads in records of its size. No L4 write buffer
-                // either: `http1::listener::Deadlined` gathers a reply's small writes itself, in a
-                // buffer held only until they are out.
-                None => svc.add_listener(
-                    pingora_core::listeners::ListenerConfig::tcp(&addr)
-                        .l4_buffer(pingora_core::listeners::L4BufferSettings::unbuffered()),
-                ),
-                Some(settings) => svc.add_tls_with_settings(&addr, None, settings),
-            }
-        }
-        server.add_service(svc);
-    }
+    let certs = add_api_service(&mut server, &shared, picked)?;
     if !certs.is_empty() {
         server.add_service(pingora_core::services::background::background_service(
             "tls certificate reload",
@@ -158,7 +93,8 @@ pub fn build(shared: Arc<Shared>, upgrade: bool) -> Result<Server, String> {
         ),
     ));
     if let Some(addr) = &config.listeners.admin {
-        server.add_service(admin::service(addr, shared.clone()));
+        let options = socket_options(ports::reuse_port(picked, addr));
+        server.add_service(admin::service(addr, shared.clone(), options));
     }
     Ok(server)
 }
@@ -216,6 +152,104 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ApiListeners<A> {
             app.cleanup().await;
         }
     }
+}
+
+/// Both API listeners as one service (so one runtime of `threads` threads serves whichever
+/// gets the traffic), each with its header deadline and, where configured, its TLS
+/// certificate; returns the certificates, for their reload service.
+fn add_api_service(
+    server: &mut Server,
+    shared: &Arc<Shared>,
+    picked: &[String],
+) -> Result<Vec<Arc<ListenerCert>>, String> {
+    let config = shared.live.fixed.clone();
+    let mut certs = Vec::new();
+    let mut apps = ApiListeners { apps: Vec::new() };
+    let mut svc_listeners = Vec::new();
+    for (listener, addr, tls) in [
+        (
+            Listener::Main,
+            &config.listeners.main,
+            &config.listeners.main_tls,
+        ),
+        (
+            Listener::Direct,
+            &config.listeners.direct,
+            &config.listeners.direct_tls,
+        ),
+    ] {
+        let Some(addr) = addr else { continue };
+        let mut proxy = http_proxy(
+            &server.configuration,
+            Gateway::new(shared.clone(), listener),
+        );
+        // An idle HTTP/2 connection is closed as an idle HTTP/1.1 one is.
+        let mut options = pingora_core::apps::HttpServerOptions::default();
+        options.h2_idle_timeout = Some(config.server.keepalive_timeout);
+        proxy.server_options = Some(options);
+        let app = Arc::new(HeaderDeadline {
+            inner: Arc::new(proxy),
+            limit: config.server.client_header_timeout,
+            listener: listener.name(),
+            hooks: Hooks {
+                request_started: crate::ops::alloc::request_started,
+                unparseable: {
+                    let metrics = shared.metrics.clone();
+                    Arc::new(move |listener| crate::proxy::unparseable_reply(listener, &metrics))
+                },
+            },
+        });
+        let bound = addr
+            .parse::<std::net::SocketAddr>()
+            .map_err(|e| format!("listener {}: {addr}: {e}", listener.name()))?;
+        apps.apps.push((bound, app));
+        match tls {
+            None => svc_listeners.push((addr.clone(), None)),
+            Some(files) => {
+                // The config stage loaded this pair already; it can only fail here if the
+                // files changed in between.
+                let cert =
+                    ListenerCert::new(listener.name(), files.clone(), shared.metrics.clone())?;
+                svc_listeners.push((addr.clone(), Some(cert.settings())));
+                certs.push(cert);
+            }
+        }
+    }
+    if !apps.apps.is_empty() {
+        let mut svc = Service::new("modelgate api".to_string(), apps);
+        for (addr, tls) in svc_listeners {
+            let options = socket_options(ports::reuse_port(picked, &addr));
+            match tls {
+                // No L4 read buffer: Pingora reads a request's header into a buffer of its
+                // own, and the 64 KiB one under it (its first page written by every request)
+                // stayed for the connection's life, a kept-alive one's and a stream's too. TLS
+                // keeps it: the TLS layer reads in records of its size. No L4 write buffer
+                // either: `http1::listener::Deadlined` gathers a reply's small writes itself, in a
+                // buffer held only until they are out.
+                None => {
+                    let mut l = pingora_core::listeners::ListenerConfig::tcp(&addr)
+                        .l4_buffer(pingora_core::listeners::L4BufferSettings::unbuffered());
+                    if let Some(o) = options {
+                        l = l.tcp_socket_options(o);
+                    }
+                    svc.add_listener(l)
+                }
+                Some(settings) => svc.add_tls_with_settings(&addr, options, settings),
+            }
+        }
+        server.add_service(svc);
+    }
+    Ok(certs)
+}
+
+/// `SO_REUSEPORT` for an address whose port the gateway picked and holds; else Pingora's
+/// defaults.
+fn socket_options(reuse_port: bool) -> Option<pingora_core::listeners::TcpSocketOptions> {
+    reuse_port.then(|| {
+        let mut o = pingora_core::listeners::TcpSocketOptions::default();
+        o.so_reuseport = Some(true);
+        o
+    })
 }
 
 #[cfg(test)]

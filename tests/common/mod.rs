@@ -112,6 +112,8 @@ pub struct Gateway {
     /// Everything the gateway wrote to stderr, read as it comes (a full pipe would block it).
     stderr: Option<std::thread::JoinHandle<String>>,
     ports: Ports,
+    /// The demo mock's port and the dead one, held for the gateway's life (`hold_port`).
+    held: std::sync::Arc<[socket2::Socket; 2]>,
     env: Vec<(String, String)>,
     pub main: String,
     pub direct: String,
@@ -326,28 +328,35 @@ pub fn start() -> Gateway {
     start_with(Setup::default())
 }
 
+/// Starts a gateway whose listeners are on ports it picks itself (port 0; it says which on
+/// stderr), with its demo mock and the dead upstream on ports this process picked and holds
+/// (`hold_port`): no port is released for another process to take before the gateway binds it.
 pub fn start_with(setup: Setup) -> Gateway {
-    let mut last_err = String::new();
-    for _ in 0..3 {
-        match try_start(&setup) {
-            Ok(g) => return g,
-            Err(e) => last_err = e,
-        }
-    }
-    panic!("gateway did not start: {last_err}");
+    let dir = tempfile::tempdir().expect("tmp");
+    let (mock, mock_held) = hold_port(true);
+    let (dead, dead_held) = hold_port(false);
+    let ports = (0, 0, 0, mock, dead);
+    write_config(dir.path(), &setup, ports).expect("config");
+    let held = std::sync::Arc::new([mock_held, dead_held]);
+    spawn(dir, &setup, ports, held).unwrap_or_else(|e| panic!("gateway did not start: {e}"))
 }
 
-fn try_start(setup: &Setup) -> Result<Gateway, String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let ports = (
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-        free_port(),
-    );
-    write_config(dir.path(), setup, ports)?;
-    spawn(dir, setup, ports)
+/// A loopback port picked by the system and held by a socket bound to it and never listening:
+/// nobody else gets it, and a connection to it is refused. With `reuse_port`, a server that
+/// binds it with `SO_REUSEPORT` (the gateway's demo mock) takes it over while it is held.
+pub fn hold_port(reuse_port: bool) -> (u16, socket2::Socket) {
+    let socket =
+        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.set_reuse_port(reuse_port).expect("SO_REUSEPORT");
+    let any: std::net::SocketAddr = "127.0.0.1:0".parse().expect("address");
+    socket.bind(&any.into()).expect("bind");
+    let port = socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .map(|a| a.port())
+        .expect("port");
+    (port, socket)
 }
 
 type Ports = (u16, u16, u16, u16, u16);
@@ -431,8 +440,24 @@ price = {{ prompt = 1000000.0, completion = 1000000.0, request = 0.5 }}
     Ok(())
 }
 
-fn spawn(dir: tempfile::TempDir, setup: &Setup, ports: Ports) -> Result<Gateway, String> {
-    let (main, direct, admin, mock, _) = ports;
+/// The ports a gateway's `listening: main=… direct=… admin=…` line names.
+fn listening(line: &str) -> Option<(u16, u16, u16)> {
+    let port = |name: &str| -> Option<u16> {
+        let word = line
+            .split(' ')
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))?;
+        word.rsplit(':').next()?.parse().ok()
+    };
+    Some((port("main")?, port("direct")?, port("admin")?))
+}
+
+fn spawn(
+    dir: tempfile::TempDir,
+    setup: &Setup,
+    ports: Ports,
+    held: std::sync::Arc<[socket2::Socket; 2]>,
+) -> Result<Gateway, String> {
+    let (_, _, _, mock, dead) = ports;
     let mut child = Command::new(bin())
         .args(["serve", "--config"])
         .arg(dir.path().join("modelgate.toml"))
@@ -442,52 +467,91 @@ fn spawn(dir: tempfile::TempDir, setup: &Setup, ports: Ports) -> Result<Gateway,
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| e.to_string())?;
-    let g = Gateway {
+    // Its stderr is read as it comes (a full pipe would block it): lines to this thread until
+    // the one naming the ports, and all of it at the end.
+    let pipe = child.stderr.take().ok_or("no stderr")?;
+    let (lines, told) = std::sync::mpsc::channel::<String>();
+    let stderr = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        let mut reader = std::io::BufReader::new(pipe);
+        let mut line = String::new();
+        while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+            let _ = lines.send(line.clone());
+            all.push_str(&line);
+            line.clear();
+        }
+        all
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let gone = |child: &mut Child, stderr: std::thread::JoinHandle<String>, why: String| {
+        let _ = child.kill();
+        let _ = child.wait();
+        format!("{why}: {}", stderr.join().unwrap_or_default())
+    };
+    // Ports it picks (0 in the config) are said on a line; a restart's are in its config.
+    let (main, direct, admin) = loop {
+        if ports.0 != 0 {
+            break (ports.0, ports.1, ports.2);
+        }
+        match told.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) => match line
+                .trim_end()
+                .strip_prefix("listening: ")
+                .and_then(listening)
+            {
+                Some(ports) => break ports,
+                None => continue,
+            },
+            Err(_) => return Err(gone(&mut child, stderr, "no ports said within 30 s".into())),
+        }
+    };
+    // Said before it binds them: ready once all answer. A connection to itself (the kernel
+    // may give a connect to a port nothing listens on that very port as its source) is not
+    // the gateway listening.
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(gone(&mut child, stderr, format!("exited with {status}")));
+        }
+        let up = [main, direct, admin, mock].iter().all(|p| {
+            std::net::TcpStream::connect(("127.0.0.1", *p))
+                .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
+        });
+        if up {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(gone(&mut child, stderr, "not listening after 30 s".into()));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(Gateway {
         main: format!("http://127.0.0.1:{main}"),
         direct: format!("http://127.0.0.1:{direct}"),
         admin: format!("http://127.0.0.1:{admin}"),
         mock: format!("http://127.0.0.1:{mock}"),
-        ports,
+        ports: (main, direct, admin, mock, dead),
+        held,
         env: setup.env.clone(),
-        child: {
-            // Moved into the struct below after readiness; keep the handle here.
-            let deadline = Instant::now() + Duration::from_secs(30);
-            loop {
-                if let Ok(Some(status)) = child.try_wait() {
-                    let mut err = String::new();
-                    if let Some(mut s) = child.stderr.take() {
-                        let _ = s.read_to_string(&mut err);
-                    }
-                    return Err(format!("exited with {status}: {err}"));
-                }
-                // A connection to itself (the kernel may give a connect to a port nothing
-                // listens on that very port as its source) is not the gateway listening.
-                let up = [main, direct, admin, mock].iter().all(|p| {
-                    std::net::TcpStream::connect(("127.0.0.1", *p))
-                        .is_ok_and(|s| s.local_addr().ok() != s.peer_addr().ok())
-                });
-                if up {
-                    break child;
-                }
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    return Err("not listening after 30 s".into());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        },
-        stderr: None,
+        child,
+        stderr: Some(stderr),
         dir,
-    };
-    let mut g = g;
-    if let Some(mut pipe) = g.child.stderr.take() {
-        g.stderr = Some(std::thread::spawn(move || {
-            let mut all = Vec::new();
-            let _ = pipe.read_to_end(&mut all);
-            String::from_utf8_lossy(&all).into_owned()
-        }));
+    })
+}
+
+/// The config in `dir` with its listeners' port 0 replaced by the ports given.
+fn pin_ports(dir: &std::path::Path, ports: Ports) {
+    let config = dir.join("modelgate.toml");
+    let (main, direct, admin, _, _) = ports;
+    let mut text = std::fs::read_to_string(&config).expect("config");
+    for (name, port) in [("main", main), ("direct", direct), ("admin", admin)] {
+        text = text.replacen(
+            &format!("{name} = \"127.0.0.1:0\""),
+            &format!("{name} = \"127.0.0.1:{port}\""),
+            1,
+        );
     }
-    Ok(g)
+    std::fs::write(&config, text).expect("config");
 }
 
 impl Gateway {
@@ -533,7 +597,8 @@ impl Gateway {
         self.restart_stopped()
     }
 
-    /// Starts a terminated gateway again on the same folder and ports.
+    /// Starts a terminated gateway again on the same folder and ports (its listeners' ports
+    /// written into its config: the ones it picked are free again, and taken back at once).
     pub fn restart_stopped(mut self) -> Gateway {
         let dir = tempfile::tempdir().expect("tmp");
         let old = std::mem::replace(&mut self.dir, dir);
@@ -541,7 +606,14 @@ impl Gateway {
             env: self.env.clone(),
             ..Setup::default()
         };
-        spawn(old, &setup, self.ports).expect("restart")
+        pin_ports(old.path(), self.ports);
+        spawn(old, &setup, self.ports, self.held.clone()).expect("restart")
+    }
+
+    /// Writes the ports the gateway picked into its config (for another instance to take its
+    /// listeners over in an upgrade, which finds them by address).
+    pub fn pin_ports(&self) {
+        pin_ports(self.dir.path(), self.ports);
     }
 
     pub fn bases(&self) -> [String; 2] {

@@ -7,7 +7,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from harness import FULL_KEY, REPO_ROOT, START_ATTEMPTS, start_gateway, stop
+from harness import FULL_KEY, REPO_ROOT, start_gateway, stop
 
 
 @pytest.fixture(scope="session")
@@ -17,14 +17,10 @@ def gateway(tmp_path_factory):
         binary = REPO_ROOT / binary
     if not binary.is_file():
         pytest.fail(f"gateway binary {binary} not found: run `cargo build` or set MODELGATE_BIN")
-    failures = []
-    for attempt in range(1, START_ATTEMPTS + 1):
-        gw, why = start_gateway(binary, tmp_path_factory.mktemp(f"gateway-{attempt}"))
-        if why is None:
-            break
-        failures.append(f"attempt {attempt} ({gw.ports}): {why}; stderr:\n{gw.stderr()}")
-    else:
-        pytest.fail("gateway did not start:\n" + "\n".join(failures), pytrace=False)
+    gw, why = start_gateway(binary, tmp_path_factory.mktemp("gateway"))
+    if why is not None:
+        pytest.fail(f"gateway did not start ({gw.ports}): {why}; stderr:\n{gw.stderr()}",
+                    pytrace=False)
     yield gw
     stop(gw.process)
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -92,7 +92,6 @@ def screenshot_path(name: str) -> Path:
     return SCREENSHOTS / name
 
 STARTUP_DEADLINE_S = 30
-START_ATTEMPTS = 3
 
 
 # ---------------------------------------------------------------------------------------
@@ -106,12 +105,33 @@ class Gateway:
     ports: dict  # main, direct, admin, mock -> port
     stderr_path: Path
     scheme: str = "http"
+    # Sockets holding ports this process picked (the demo mock's), for the gateway's life.
+    held: list = field(default_factory=list)
 
     def base_url(self, listener: str) -> str:
         return f"{self.scheme}://127.0.0.1:{self.ports[listener]}/v1"
 
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")[-8000:]
+
+
+def hold_port() -> tuple:
+    """(port, socket): a loopback port the system picked, held by a socket bound to it with
+    SO_REUSEPORT and never listening, so no other process gets it while the gateway's demo
+    mock (which binds with SO_REUSEPORT) takes it over."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1], s
+
+
+def said_ports(stderr_path: Path):
+    """The ports the gateway's `listening: main=… direct=… admin=…` line names, or None yet."""
+    for line in stderr_path.read_text(errors="replace").splitlines():
+        if line.startswith("listening: "):
+            words = dict(w.split("=", 1) for w in line.split()[1:] if "=" in w)
+            return {name: int(addr.rsplit(":", 1)[1]) for name, addr in words.items()}
+    return None
 
 
 def free_ports(n: int) -> list:
@@ -229,12 +249,15 @@ def stop(process: subprocess.Popen) -> None:
 
 
 def start_gateway(binary: Path, workdir: Path, tls=None):
-    """Starts the gateway on fresh free ports and waits until it is ready; with `tls` (see
+    """Starts the gateway and waits until it is ready: its listeners on ports it picks itself
+    (port 0; it names them on stderr), its demo mock on a port this process holds
+    (`hold_port`), so no port is released for another process to take first. With `tls` (see
     make_certificate), both API listeners speak HTTPS.
-    Returns (gateway, None), or (gateway, why) with the process stopped if startup failed,
-    for example because another process took one of the ports in the meantime."""
+    Returns (gateway, None), or (gateway, why) with the process stopped if startup failed."""
+    mock, held = hold_port()
     # `app` and `other_app`: two more origins for the CORS test (only `app` is allowed).
-    ports = dict(zip(["main", "direct", "admin", "mock", "app", "other_app"], free_ports(6)))
+    app, other_app = free_ports(2)
+    ports = {"main": 0, "direct": 0, "admin": 0, "mock": mock, "app": app, "other_app": other_app}
     config = workdir / "modelgate.toml"
     config.write_text(gateway_config(ports) + (tls_config(tls) if tls else ""))
     (workdir / "keys.toml").write_text(KEYS_TOML)
@@ -248,17 +271,16 @@ def start_gateway(binary: Path, workdir: Path, tls=None):
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"),
                  "MG_SDK_CONSOLE_PASSWORD": CONSOLE_PASSWORD},
         )
-    gateway = Gateway(process, ports, stderr_path, "https" if tls else "http")
+    gateway = Gateway(process, ports, stderr_path, "https" if tls else "http", [held])
     deadline = time.monotonic() + STARTUP_DEADLINE_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             return gateway, f"exited with code {process.returncode}"
-        if is_ready(ports, tls):
-            return gateway, None
-        # Pingora keeps retrying a port that is taken instead of exiting: give up at once.
-        if "is in use" in gateway.stderr():
-            stop(process)
-            return gateway, "a port was in use"
+        said = said_ports(stderr_path)
+        if said:
+            ports.update(said)
+            if is_ready(ports, tls):
+                return gateway, None
         time.sleep(0.1)
     stop(process)
     return gateway, f"not ready within {STARTUP_DEADLINE_S} s"
