@@ -33,6 +33,8 @@ pub struct Key {
     pub tpm: Option<u64>,
     pub max_concurrent: Option<u32>,
     pub budget: Option<f64>,
+    /// The model for ids no model entry matches (before `[routing] default_model`).
+    pub default_model: Option<String>,
     pub disabled: bool,
     /// Unix seconds.
     pub expires_at: Option<i64>,
@@ -210,6 +212,7 @@ impl KeyCheck<'_> {
             tpm: rk.tpm.as_ref().map(|v| *v.get_ref()),
             max_concurrent: rk.max_concurrent.as_ref().map(|v| *v.get_ref()),
             budget: rk.budget.map(Spanned::into_inner),
+            default_model: rk.default_model.clone(),
             disabled: rk.disabled,
             expires_at,
             hint,
@@ -359,6 +362,7 @@ struct RawKey {
     tpm: Option<Spanned<u64>>,
     max_concurrent: Option<Spanned<u32>>,
     budget: Option<Spanned<f64>>,
+    default_model: Option<String>,
     #[serde(default)]
     disabled: bool,
     expires_at: Option<Spanned<toml::Value>>,

@@ -17,6 +17,7 @@ mod models;
 mod pools;
 mod problem;
 mod raw;
+mod routing;
 mod server;
 mod storage;
 mod telemetry;
@@ -32,9 +33,10 @@ pub use keys_source::KeysConfig;
 pub use limits::{FAILURES_PER_WINDOW, Limits, OnDown};
 pub use listeners::{Loaded, TlsFiles, load_tls};
 pub use log::Log;
-pub use models::MAX_MODEL_LEN;
+pub use models::{MAX_MODEL_LEN, is_glob};
 pub use problem::{Problem, Problems};
 use raw::*;
+pub use routing::names_a_model;
 pub use server::{Cidr, Server};
 pub use storage::Storage;
 pub use telemetry::MetricsConfig;
@@ -144,8 +146,10 @@ impl Config {
             metrics: telemetry::metrics(raw.metrics.as_ref()),
             telemetry: telemetry::check(raw.telemetry.as_ref(), src, p),
         };
+        let models = models::check(&raw.models, &pool_names, src, p);
         let live = LiveConfig {
-            models: models::check(&raw.models, &pool_names, src, p),
+            default_model: routing::check(raw.routing.as_ref(), &models, src, p),
+            models,
             pools,
             console: console::check(raw.console, src, p),
         };

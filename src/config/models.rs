@@ -18,6 +18,7 @@ pub(super) struct RawModel {
     pub(super) fallbacks: Option<Spanned<Vec<String>>>,
     pub(super) owned_by: Option<Spanned<String>>,
     pub(super) max_output_tokens: Option<Spanned<u64>>,
+    pub(super) aliases: Option<Spanned<Vec<String>>>,
 }
 
 /// `[[models]]`: names (unique, within the longest a request may give), pools, prices,
@@ -78,10 +79,21 @@ pub(super) fn check(
                 *m.get_ref()
             }
         };
+        // A glob sends the id asked for, unless `upstream_model` says otherwise.
+        let default_upstream = if is_glob(&name) {
+            "{model}".to_string()
+        } else {
+            name.clone()
+        };
         models.push(ModelConfig {
             owned_by,
             max_output_tokens,
-            upstream_model: rm.upstream_model.clone().unwrap_or_else(|| name.clone()),
+            upstream_model: rm.upstream_model.clone().unwrap_or(default_upstream),
+            aliases: rm
+                .aliases
+                .as_ref()
+                .map(|a| a.get_ref().clone())
+                .unwrap_or_default(),
             name,
             pool: rm.pool.get_ref().clone(),
             price,
@@ -93,19 +105,49 @@ pub(super) fn check(
         });
     }
 
+    check_aliases(raw, &mut model_names, src, p);
     for (i, (rm, m)) in raw.iter().zip(&models).enumerate() {
         for f in &m.fallbacks {
-            if f == &m.name || !model_names.contains(f) {
+            if f == &m.name || m.aliases.contains(f) || is_glob(f) || !model_names.contains(f) {
                 p.push(Problem::new(
                     file,
                     rm.fallbacks.as_ref().and_then(|f| at(f.span())),
                     &format!("models[{i}].fallbacks"),
-                    format!("'{f}' is not another configured model"),
+                    format!("'{f}' is not another configured model (a name or an alias)"),
                 ));
             }
         }
     }
     models
+}
+
+/// Whether a model entry's name is a glob (`claude-*`): it takes every id it matches.
+pub fn is_glob(name: &str) -> bool {
+    name.contains(['*', '?', '['])
+}
+
+/// Each model's aliases: other ids for it, each unique among names and aliases, none a glob.
+fn check_aliases(raw: &[RawModel], names: &mut HashSet<String>, src: &Src<'_>, p: &mut Problems) {
+    for (i, rm) in raw.iter().enumerate() {
+        let Some(aliases) = &rm.aliases else { continue };
+        for a in aliases.get_ref() {
+            let why = if a.is_empty() || a.len() > MAX_MODEL_LEN {
+                Some(format!("alias '{a}' must be 1 to {MAX_MODEL_LEN} bytes"))
+            } else if is_glob(a) {
+                Some(format!(
+                    "alias '{a}' is a glob: make it a model entry's name"
+                ))
+            } else if !names.insert(a.clone()) {
+                Some(format!("alias '{a}' is already a model's name or alias"))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                let field = format!("models[{i}].aliases");
+                p.push(Problem::new(src.file, src.at(aliases.span()), &field, why));
+            }
+        }
+    }
 }
 
 /// Longest model name accepted: longer ones are refused rather than stored in every record.
@@ -149,5 +191,15 @@ fn check_names(
             &format!("models[{i}].pool"),
             format!("no pool named '{}'", rm.pool.get_ref()),
         ));
+    }
+    if is_glob(&name) {
+        if let Err(e) = globset::Glob::new(&name) {
+            p.push(Problem::new(
+                file,
+                at(rm.name.span()),
+                &format!("models[{i}].name"),
+                format!("bad glob '{name}': {e}"),
+            ));
+        }
     }
 }

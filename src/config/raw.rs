@@ -13,6 +13,7 @@ use super::listeners::RawListeners;
 use super::log::RawLog;
 use super::models::RawModel;
 use super::pools::RawPool;
+use super::routing::RawRouting;
 use super::server::RawServer;
 use super::storage::RawStorage;
 use super::telemetry::RawTelemetry;
@@ -27,6 +28,7 @@ pub(super) struct RawConfig {
     pub(super) pools: Vec<RawPool>,
     #[serde(default)]
     pub(super) models: Vec<RawModel>,
+    pub(super) routing: Option<RawRouting>,
     pub(super) demo: Option<RawDemo>,
     pub(super) console: Option<Spanned<RawConsole>>,
     pub(super) limits: Option<RawLimits>,

@@ -55,6 +55,8 @@ pub struct Fixed {
 pub struct LiveConfig {
     pub pools: Vec<PoolConfig>,
     pub models: Vec<ModelConfig>,
+    /// `[routing] default_model`: the model for ids no model entry matches.
+    pub default_model: Option<String>,
     /// `[console]`; None: no console.
     pub console: Option<ConsoleConfig>,
 }
@@ -194,6 +196,8 @@ pub struct ModelConfig {
     pub owned_by: String,
     /// The output a budget or tpm reservation assumes when a request names no limit.
     pub max_output_tokens: u64,
+    /// Other ids that name this model (listed by `/v1/models`).
+    pub aliases: Vec<String>,
 }
 
 /// The output a reservation assumes for a model that sets no `max_output_tokens`.

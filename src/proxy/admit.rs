@@ -25,7 +25,7 @@ use crate::ops::lifecycle::InFlight;
 use crate::route::body as route_body;
 use crate::route::endpoint::{BodyKind, Endpoint, Group, Metering, Target, classify};
 use crate::route::stored::StoredResponses;
-use crate::route::{Route, Router};
+use crate::route::{Found, Route, Router};
 
 /// Why admission stopped before the proxy.
 pub(super) enum Stop {
@@ -117,16 +117,7 @@ impl Gateway {
         }
         ctx.model = probe.model.clone();
         ctx.stream = probe.stream;
-        let route = match route_model(&snapshot.router, &key, &probe.model) {
-            // A key pasted as the model is neither repeated nor kept in the record.
-            Err(Stop::Refuse(GatewayError::ModelNotFound(_)))
-                if auth::mentions_secret(&snapshot.keys, &probe.model) =>
-            {
-                ctx.model = REDACTED.into();
-                return Err(GatewayError::ModelNotFound(REDACTED.into()).into());
-            }
-            routed => routed?,
-        };
+        let route = routed(ctx, &snapshot, &key, &probe.model)?;
         let path = session.req_header().uri.path();
         let asking = super::reserve::Asking {
             key: &key,
@@ -480,19 +471,43 @@ async fn probe(
     }
 }
 
-/// The model's route, if it exists and the key may use it.
-fn route_model(router: &Router, key: &Key, model: &str) -> Result<Arc<Route>, Stop> {
-    let Some(route) = router.get(model).cloned() else {
+/// The route of the model a request names (see `route_model`), its id in `ctx.model`.
+fn routed(
+    ctx: &mut Ctx,
+    snapshot: &crate::route::live::Snapshot,
+    key: &Key,
+    model: &str,
+) -> Result<Arc<Route>, Stop> {
+    let found = match route_model(&snapshot.router, key, model) {
+        // A key pasted as the model is neither repeated nor kept in the record.
+        Err(Stop::Refuse(GatewayError::ModelNotFound(_)))
+            if auth::mentions_secret(&snapshot.keys, model) =>
+        {
+            ctx.model = REDACTED.into();
+            return Err(GatewayError::ModelNotFound(REDACTED.into()).into());
+        }
+        routed => routed?,
+    };
+    // Recorded, metered and priced as the id it is served as.
+    ctx.model = found.id;
+    Ok(found.route)
+}
+
+/// The model's route (or its default's, when no entry matches it: the key's, else
+/// `[routing]`'s), if the key may use it; the route and the id it is served as.
+fn route_model(router: &Router, key: &Key, model: &str) -> Result<Found, Stop> {
+    let Some(found) = router.resolve(model, key.default_model.as_deref()) else {
         return Err(GatewayError::ModelNotFound(model.to_string()).into());
     };
-    if !key.may_use_model(model) {
+    let asked = if found.by_default { &found.id } else { model };
+    if !super::models::may_see(key, asked, &found.route) && !key.may_use_model(&found.id) {
         return Err(GatewayError::PermissionDenied {
             param: "model",
-            message: format!("This key may not use the model '{model}'."),
+            message: format!("This key may not use the model '{asked}'."),
         }
         .into());
     }
-    Ok(route)
+    Ok(found)
 }
 
 /// What the reservation changes in the upstream request: its output limit, lowered (with the
@@ -542,7 +557,7 @@ fn prepare_upstream(
     ctx.body = route_body::for_upstream_limited(
         &body,
         &probe,
-        route.upstream_rename(&route.model.name),
+        route.upstream_rename(&ctx.model, &probe.model).as_deref(),
         ask_usage,
         upstream.lowered,
     );

@@ -105,7 +105,8 @@ pub(super) async fn run(gw: &Gateway, session: &mut impl Downstream, ctx: &mut C
                     &f.body,
                     &f.probe,
                     // The body names the model the client asked for.
-                    next.upstream_rename(&route.model.name),
+                    next.upstream_rename(&next.model.name, &f.probe.model)
+                        .as_deref(),
                     f.ask_usage,
                     f.lowered,
                 );

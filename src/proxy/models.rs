@@ -8,10 +8,11 @@ use crate::config::keys::Key;
 use crate::error::ErrorShape;
 use crate::route::{Route, Router};
 
-fn object(r: &Route, created: i64, shape: ErrorShape) -> Value {
+/// The model object of `id` (a name or alias of `r`'s entry, or an id its glob matches).
+fn object(id: &str, r: &Route, created: i64, shape: ErrorShape) -> Value {
     match shape {
         ErrorShape::OpenAi => {
-            json!({"id": r.model.name, "object": "model", "created": created, "owned_by": r.model.owned_by})
+            json!({"id": id, "object": "model", "created": created, "owned_by": r.model.owned_by})
         }
         ErrorShape::Anthropic => {
             let created_at = time::OffsetDateTime::from_unix_timestamp(created)
@@ -23,20 +24,20 @@ fn object(r: &Route, created: i64, shape: ErrorShape) -> Value {
                 .unwrap_or_else(|| "1970-01-01T00:00:00Z".into());
             json!({
                 "type": "model",
-                "id": r.model.name,
-                "display_name": r.model.name,
+                "id": id,
+                "display_name": id,
                 "created_at": created_at,
             })
         }
     }
 }
 
+/// The ids a key may use: each entry's name and aliases (a glob entry's aliases only).
 pub fn list(router: &Router, key: &Key, shape: ErrorShape) -> Vec<u8> {
     let data: Vec<Value> = router
-        .ordered
-        .iter()
-        .filter(|r| key.may_use_model(&r.model.name))
-        .map(|r| object(r, router.created, shape))
+        .listed()
+        .filter(|(id, r)| may_see(key, id, r))
+        .map(|(id, r)| object(id, r, router.created, shape))
         .collect();
     let list = match shape {
         ErrorShape::OpenAi => json!({"object": "list", "data": data}),
@@ -52,8 +53,16 @@ pub fn list(router: &Router, key: &Key, shape: ErrorShape) -> Vec<u8> {
 
 /// The model object, or None when it does not exist or the key may not see it.
 pub fn get(router: &Router, key: &Key, id: &str, shape: ErrorShape) -> Option<Vec<u8>> {
-    let r = router
-        .get(id)
-        .filter(|r| key.may_use_model(&r.model.name))?;
-    Some(object(r, router.created, shape).to_string().into_bytes())
+    let r = router.get(id).filter(|r| may_see(key, id, r))?;
+    Some(
+        object(id, r, router.created, shape)
+            .to_string()
+            .into_bytes(),
+    )
+}
+
+/// Whether a key may use `id` of `r`'s entry: by that id, or (an alias) by the entry's name.
+pub fn may_see(key: &Key, id: &str, r: &Route) -> bool {
+    key.may_use_model(id)
+        || (r.model.aliases.iter().any(|a| a == id) && key.may_use_model(&r.model.name))
 }

@@ -74,16 +74,45 @@ pub struct Route {
 }
 
 impl Route {
-    /// The model name to splice into the body for the upstream, if it differs from `asked`,
-    /// the name the client's body holds (this route's own name, or for a fallback the model
-    /// the client asked for).
-    pub fn upstream_rename(&self, asked: &str) -> Option<&str> {
-        (self.model.upstream_model != asked).then_some(self.model.upstream_model.as_str())
+    /// The id a request for `asked` is served and recorded as: the id itself on a glob entry,
+    /// else the entry's name (an alias is its model).
+    pub fn id_for(&self, asked: &str) -> String {
+        if crate::config::is_glob(&self.model.name) {
+            asked.to_string()
+        } else {
+            self.model.name.clone()
+        }
+    }
+
+    /// The model the upstream is asked for, serving `id` (`id_for`): `upstream_model`, its
+    /// `{model}` replaced by `id`.
+    pub fn upstream_for(&self, id: &str) -> String {
+        self.model.upstream_model.replace("{model}", id)
+    }
+
+    /// The model to splice into the body for the upstream serving `id`, if it differs from
+    /// `in_body`, the model the client's body names.
+    pub fn upstream_rename(&self, id: &str, in_body: &str) -> Option<String> {
+        let up = self.upstream_for(id);
+        (up != in_body).then_some(up)
     }
 }
 
+/// The route a request's model takes, and the id it is served as (`Route::id_for`).
+pub struct Found {
+    pub route: Arc<Route>,
+    pub id: String,
+    /// Found by a default model (the key's or `[routing]`'s): nothing matched the id asked.
+    pub by_default: bool,
+}
+
 pub struct Router {
+    /// Entries by name and by alias.
     by_model: HashMap<String, Arc<Route>>,
+    /// Glob entries, in config order: the first that matches takes an id no name matched.
+    globs: Vec<(globset::GlobMatcher, Arc<Route>)>,
+    /// `[routing] default_model`.
+    default_model: Option<String>,
     /// Config order, for GET /v1/models.
     pub ordered: Vec<Arc<Route>>,
     /// Every pool, in config order (models may share one; unused pools are here too).
@@ -152,6 +181,7 @@ impl Router {
             );
         }
         let mut by_model = HashMap::new();
+        let mut globs = Vec::new();
         let mut ordered = Vec::new();
         for m in &config.models {
             if let Some(pool) = pools.get(&m.pool) {
@@ -159,7 +189,17 @@ impl Router {
                     model: m.clone(),
                     pool: pool.clone(),
                 });
-                by_model.insert(m.name.clone(), r.clone());
+                match globset::Glob::new(&m.name) {
+                    Ok(g) if crate::config::is_glob(&m.name) => {
+                        globs.push((g.compile_matcher(), r.clone()));
+                    }
+                    _ => {
+                        by_model.insert(m.name.clone(), r.clone());
+                    }
+                }
+                for a in &m.aliases {
+                    by_model.insert(a.clone(), r.clone());
+                }
                 ordered.push(r);
             }
         }
@@ -171,6 +211,8 @@ impl Router {
             .collect();
         problems.into_result(Router {
             by_model,
+            globs,
+            default_model: config.default_model.clone(),
             ordered,
             pools,
             created,
@@ -188,8 +230,45 @@ impl Router {
             .map(|u| u.health.clone())
     }
 
+    /// The entry `model` names: by name or alias, else the first glob that matches it.
     pub fn get(&self, model: &str) -> Option<&Arc<Route>> {
-        self.by_model.get(model)
+        self.by_model.get(model).or_else(|| {
+            self.globs
+                .iter()
+                .find(|(g, _)| g.is_match(model))
+                .map(|(_, r)| r)
+        })
+    }
+
+    /// The route for `asked`, else for the key's default model (`key_default`), else for
+    /// `[routing] default_model`.
+    pub fn resolve(&self, asked: &str, key_default: Option<&str>) -> Option<Found> {
+        if let Some(route) = self.get(asked) {
+            let id = route.id_for(asked);
+            return Some(Found {
+                route: route.clone(),
+                id,
+                by_default: false,
+            });
+        }
+        let default = key_default.or(self.default_model.as_deref())?;
+        let route = self.get(default)?;
+        Some(Found {
+            id: route.id_for(default),
+            route: route.clone(),
+            by_default: true,
+        })
+    }
+
+    /// The ids `/v1/models` lists: each entry's name (a glob's only by its aliases) and its
+    /// aliases, in config order, with the route of each.
+    pub fn listed(&self) -> impl Iterator<Item = (&str, &Arc<Route>)> {
+        self.ordered.iter().flat_map(|r| {
+            let name = (!crate::config::is_glob(&r.model.name)).then_some(r.model.name.as_str());
+            name.into_iter()
+                .chain(r.model.aliases.iter().map(String::as_str))
+                .map(move |id| (id, r))
+        })
     }
 }
 

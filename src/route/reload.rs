@@ -36,7 +36,7 @@ pub struct KeysReloader {
 }
 
 /// The config file's sections a reload puts in force; every other one takes a restart.
-const LIVE_SECTIONS: [&str; 3] = ["pools", "models", "console"];
+const LIVE_SECTIONS: [&str; 4] = ["pools", "models", "routing", "console"];
 
 fn sections(path: &Path) -> Option<toml::Table> {
     std::fs::read_to_string(path).ok()?.parse().ok()
