@@ -241,7 +241,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         Err(p) => return failed(p.to_string()),
     };
     let c = live.fixed.clone();
-    if let Err(e) = ports_free(&c, upgrade, &crate::server::ports::addrs(&picked)) {
+    if let Err(e) = ports_free(&c, upgrade, &picked) {
         return failed(e);
     }
     let metrics = match crate::ops::metrics::Metrics::new() {
@@ -294,8 +294,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         lifecycle: shared.lifecycle.clone(),
         delay: c.server.shutdown_delay,
     };
-    let server = match crate::server::build(shared, upgrade, &crate::server::ports::addrs(&picked))
-    {
+    let server = match crate::server::build(shared, upgrade, &picked) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("cannot start: {e}");
@@ -303,7 +302,7 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Some(line) = crate::server::ports::said(&picked) {
+    if let Some(line) = picked.said() {
         eprintln!("{line}");
     }
     server.run(pingora_core::server::RunArgs {
@@ -350,7 +349,11 @@ fn failed(why: String) -> ExitCode {
 /// The ports the gateway picked itself (`picked`) are held by it, so not checked; the demo
 /// mock's may be held, not listened on, by whoever picked it (a test harness), so it is tried
 /// with `SO_REUSEPORT`, as the mock binds it.
-fn ports_free(c: &crate::config::Fixed, upgrade: bool, picked: &[String]) -> Result<(), String> {
+fn ports_free(
+    c: &crate::config::Fixed,
+    upgrade: bool,
+    picked: &crate::server::ports::Picked,
+) -> Result<(), String> {
     if upgrade {
         return Ok(());
     }
@@ -362,7 +365,7 @@ fn ports_free(c: &crate::config::Fixed, upgrade: bool, picked: &[String]) -> Res
     ];
     let mut held = Vec::with_capacity(addrs.len());
     for (addr, reuse_port) in addrs {
-        let Some(addr) = addr.as_deref().filter(|a| !picked.iter().any(|p| p == a)) else {
+        let Some(addr) = addr.as_deref().filter(|a| !picked.has(a)) else {
             continue;
         };
         let bound = addr

@@ -36,7 +36,6 @@ pub use log::Log;
 pub use models::{MAX_MODEL_LEN, is_glob};
 pub use problem::{Problem, Problems};
 use raw::*;
-pub use routing::names_a_model;
 pub use server::{Cidr, Server};
 pub use storage::Storage;
 pub use telemetry::MetricsConfig;

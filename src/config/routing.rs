@@ -13,7 +13,7 @@ pub(super) struct RawRouting {
 }
 
 /// Whether `id` names one of `models`: a name, an alias, or an id a glob entry matches.
-pub fn names_a_model(models: &[ModelConfig], id: &str) -> bool {
+fn names_a_model(models: &[ModelConfig], id: &str) -> bool {
     models.iter().any(|m| {
         m.name == id
             || m.aliases.iter().any(|a| a == id)

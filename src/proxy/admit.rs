@@ -489,7 +489,9 @@ fn routed(
         routed => routed?,
     };
     // Recorded, metered and priced as the id it is served as.
-    ctx.model = found.id;
+    if let Some(id) = found.id {
+        ctx.model = id;
+    }
     Ok(found.route)
 }
 
@@ -499,8 +501,12 @@ fn route_model(router: &Router, key: &Key, model: &str) -> Result<Found, Stop> {
     let Some(found) = router.resolve(model, key.default_model.as_deref()) else {
         return Err(GatewayError::ModelNotFound(model.to_string()).into());
     };
-    let asked = if found.by_default { &found.id } else { model };
-    if !super::models::may_see(key, asked, &found.route) && !key.may_use_model(&found.id) {
+    // An alias is checked as asked (or by its model's name); a default model by its own id.
+    let asked = match &found.id {
+        Some(id) if found.route.model.aliases.iter().all(|a| a != model) => id,
+        _ => model,
+    };
+    if !super::models::may_see(key, asked, &found.route) {
         return Err(GatewayError::PermissionDenied {
             param: "model",
             message: format!("This key may not use the model '{asked}'."),

@@ -14,6 +14,7 @@ pub mod reload;
 pub mod retry;
 pub mod stored;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -76,34 +77,32 @@ pub struct Route {
 impl Route {
     /// The id a request for `asked` is served and recorded as: the id itself on a glob entry,
     /// else the entry's name (an alias is its model).
-    pub fn id_for(&self, asked: &str) -> String {
+    pub fn id_for<'a>(&'a self, asked: &'a str) -> &'a str {
         if crate::config::is_glob(&self.model.name) {
-            asked.to_string()
+            asked
         } else {
-            self.model.name.clone()
+            &self.model.name
         }
     }
 
-    /// The model the upstream is asked for, serving `id` (`id_for`): `upstream_model`, its
-    /// `{model}` replaced by `id`.
-    pub fn upstream_for(&self, id: &str) -> String {
-        self.model.upstream_model.replace("{model}", id)
-    }
-
-    /// The model to splice into the body for the upstream serving `id`, if it differs from
-    /// `in_body`, the model the client's body names.
-    pub fn upstream_rename(&self, id: &str, in_body: &str) -> Option<String> {
-        let up = self.upstream_for(id);
+    /// The model to splice into the body for the upstream serving `id` (`id_for`), if it
+    /// differs from `in_body`, the model the client's body names: `upstream_model`, its
+    /// `{model}` replaced by `id` (a string made only for a template).
+    pub fn upstream_rename(&self, id: &str, in_body: &str) -> Option<Cow<'_, str>> {
+        let up = &self.model.upstream_model;
+        let up = match up.contains("{model}") {
+            true => Cow::Owned(up.replace("{model}", id)),
+            false => Cow::Borrowed(up.as_str()),
+        };
         (up != in_body).then_some(up)
     }
 }
 
-/// The route a request's model takes, and the id it is served as (`Route::id_for`).
+/// The route a request's model takes, and the id it is served as (`Route::id_for`) where
+/// that is not the id asked (an alias, a default model).
 pub struct Found {
     pub route: Arc<Route>,
-    pub id: String,
-    /// Found by a default model (the key's or `[routing]`'s): nothing matched the id asked.
-    pub by_default: bool,
+    pub id: Option<String>,
 }
 
 pub struct Router {
@@ -243,20 +242,17 @@ impl Router {
     /// The route for `asked`, else for the key's default model (`key_default`), else for
     /// `[routing] default_model`.
     pub fn resolve(&self, asked: &str, key_default: Option<&str>) -> Option<Found> {
-        if let Some(route) = self.get(asked) {
-            let id = route.id_for(asked);
-            return Some(Found {
-                route: route.clone(),
-                id,
-                by_default: false,
-            });
-        }
-        let default = key_default.or(self.default_model.as_deref())?;
-        let route = self.get(default)?;
+        let (route, id) = match self.get(asked) {
+            Some(route) => (route, route.id_for(asked)),
+            None => {
+                let default = key_default.or(self.default_model.as_deref())?;
+                let route = self.get(default)?;
+                (route, route.id_for(default))
+            }
+        };
         Some(Found {
-            id: route.id_for(default),
+            id: (id != asked).then(|| id.to_string()),
             route: route.clone(),
-            by_default: true,
         })
     }
 

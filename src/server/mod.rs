@@ -27,7 +27,7 @@ use drain::Drain;
 
 /// The server, or why it cannot start (a listener's certificate that cannot be loaded).
 /// `picked`: the listen addresses whose port the gateway picked (`ports`), held by it.
-pub fn build(shared: Arc<Shared>, upgrade: bool, picked: &[String]) -> Result<Server, String> {
+pub fn build(shared: Arc<Shared>, upgrade: bool, picked: &ports::Picked) -> Result<Server, String> {
     let config = shared.live.fixed.clone();
     let conf = ServerConf {
         threads: config.server.threads,
@@ -93,7 +93,7 @@ pub fn build(shared: Arc<Shared>, upgrade: bool, picked: &[String]) -> Result<Se
         ),
     ));
     if let Some(addr) = &config.listeners.admin {
-        let options = socket_options(ports::reuse_port(picked, addr));
+        let options = socket_options(picked.has(addr));
         server.add_service(admin::service(addr, shared.clone(), options));
     }
     Ok(server)
@@ -160,7 +160,7 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for ApiListeners<A> {
 fn add_api_service(
     server: &mut Server,
     shared: &Arc<Shared>,
-    picked: &[String],
+    picked: &ports::Picked,
 ) -> Result<Vec<Arc<ListenerCert>>, String> {
     let config = shared.live.fixed.clone();
     let mut certs = Vec::new();
@@ -218,7 +218,7 @@ fn add_api_service(
     if !apps.apps.is_empty() {
         let mut svc = Service::new("modelgate api".to_string(), apps);
         for (addr, tls) in svc_listeners {
-            let options = socket_options(ports::reuse_port(picked, &addr));
+            let options = socket_options(picked.has(&addr));
             match tls {
                 // No L4 read buffer: Pingora reads a request's header into a buffer of its
                 // own, and the 64 KiB one under it (its first page written by every request)

@@ -13,8 +13,23 @@ use socket2::{Domain, Socket, Type};
 
 use crate::config::Listeners;
 
-/// The listeners whose port was picked: (name, address).
-pub type Picked = Vec<(&'static str, String)>;
+/// The listeners whose port was picked: (name, address) of each.
+#[derive(Default)]
+pub struct Picked(Vec<(&'static str, String)>);
+
+impl Picked {
+    /// The line that says which ports were picked (`listening: main=127.0.0.1:41234 …`);
+    /// None when none was.
+    pub fn said(&self) -> Option<String> {
+        let words: Vec<String> = self.0.iter().map(|(n, a)| format!("{n}={a}")).collect();
+        (!words.is_empty()).then(|| format!("listening: {}", words.join(" ")))
+    }
+
+    /// Whether `addr`'s port was picked here (held: Pingora binds it with `SO_REUSEPORT`).
+    pub fn has(&self, addr: &str) -> bool {
+        self.0.iter().any(|(_, a)| a == addr)
+    }
+}
 
 /// The sockets holding the picked ports: keep them for the life of the process.
 pub struct Held(#[allow(dead_code)] Vec<Socket>);
@@ -59,22 +74,5 @@ pub fn pick(listeners: &mut Listeners, upgrade: bool) -> Result<(Held, Picked), 
         *slot = Some(at.to_string());
         picked.push((name, at.to_string()));
     }
-    Ok((Held(held), picked))
-}
-
-/// The line that says which ports were picked (`listening: main=127.0.0.1:41234 …`); None when
-/// none was.
-pub fn said(picked: &[(&str, String)]) -> Option<String> {
-    let words: Vec<String> = picked.iter().map(|(n, a)| format!("{n}={a}")).collect();
-    (!words.is_empty()).then(|| format!("listening: {}", words.join(" ")))
-}
-
-/// The addresses picked.
-pub fn addrs(picked: &[(&str, String)]) -> Vec<String> {
-    picked.iter().map(|(_, a)| a.clone()).collect()
-}
-
-/// Whether `addr` is one whose port was picked (Pingora binds those with `SO_REUSEPORT`).
-pub fn reuse_port(picked: &[String], addr: &str) -> bool {
-    picked.iter().any(|p| p == addr)
+    Ok((Held(held), Picked(picked)))
 }

@@ -18,7 +18,8 @@ pub struct UsageRecord {
     pub listener: String,
     /// The contract's endpoint group (`chat`, `embeddings`, …, `models`, `usage`).
     pub endpoint: String,
-    /// The model the client asked for ("" when none).
+    /// The model the request was served as: the id asked for, an alias's model, or the
+    /// default model an unknown id took (the id asked for when refused; "" when none).
     pub model: String,
     pub status: u16,
     pub stream: bool,
