@@ -35,16 +35,9 @@ async fn a_stalled_body_gets_408_and_a_record_saying_so() {
         "{took:?}"
     );
     // The key had passed: the request left a record, with the client's status.
-    let r = eventually_async(Duration::from_secs(5), "no 408 record", async || {
-        let page: serde_json::Value = get(&g.main, "/api/usage", Some(KEY))
-            .await
-            .json()
-            .await
-            .expect("json");
-        page["data"]
-            .as_array()
-            .and_then(|d| d.iter().find(|r| r["status"] == 408).cloned())
-            .ok_or_else(|| page.to_string())
+    let within = Duration::from_secs(5);
+    let r = await_record_where(&client(), &g.main, KEY, within, "no 408 record", |r| {
+        r["status"] == 408
     })
     .await;
     // Its latency ends with the 408, not with the drain of the upload after it.

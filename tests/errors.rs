@@ -742,22 +742,18 @@ async fn an_error_reply_whose_client_reset_the_connection_is_recorded_499() {
     .await
     .expect("request");
     drop(client);
-    let record =
-        common::eventually_async(std::time::Duration::from_secs(5), "no record", async || {
-            let page: serde_json::Value = get(&g.direct, "/api/usage?limit=10", Some(KEY))
-                .await
-                .json()
-                .await
-                .expect("json");
-            // These reads of the usage API are recorded too (under the same key), and one can
-            // be written before the chat request's record: look for that one.
-            page["data"]
-                .as_array()
-                .and_then(|d| d.iter().find(|r| r["model"] == "gone-model"))
-                .cloned()
-                .ok_or_else(|| page.to_string())
-        })
-        .await;
+    // The reads of the usage API are recorded too (under the same key), and one can be written
+    // before the chat request's record: look for that one.
+    let within = std::time::Duration::from_secs(5);
+    let record = common::await_record_where(
+        &common::client(),
+        &g.direct,
+        KEY,
+        within,
+        "no record",
+        |r| r["model"] == "gone-model",
+    )
+    .await;
     assert_eq!(
         (record["model"].as_str(), record["status"].as_u64()),
         (Some("gone-model"), Some(499)),

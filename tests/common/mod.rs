@@ -794,7 +794,24 @@ pub async fn await_key_record(
     request_id: &str,
     within: Duration,
 ) -> serde_json::Value {
-    eventually_async(within, &format!("no record {request_id}"), async || {
+    let what = format!("no record {request_id}");
+    await_record_where(client, direct, key, within, &what, |r| {
+        r["request_id"] == request_id
+    })
+    .await
+}
+
+/// The newest of `key`'s records (among its newest 1,000) that `matches`, once there is one;
+/// panics with `what` after `within`.
+pub async fn await_record_where(
+    client: &reqwest::Client,
+    direct: &str,
+    key: &str,
+    within: Duration,
+    what: &str,
+    matches: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    eventually_async(within, what, async || {
         let page: serde_json::Value = client
             .get(format!("{direct}/api/usage?limit=1000&order=desc"))
             .bearer_auth(key)
@@ -806,7 +823,7 @@ pub async fn await_key_record(
             .expect("json");
         page["data"]
             .as_array()
-            .and_then(|d| d.iter().find(|r| r["request_id"] == request_id))
+            .and_then(|d| d.iter().find(|r| matches(r)))
             .cloned()
             .ok_or_else(String::new)
     })
