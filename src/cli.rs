@@ -290,10 +290,8 @@ fn serve(path: &Path, upgrade: bool) -> ExitCode {
         shared_limits,
         metrics,
     );
-    let signals = crate::ops::lifecycle::Signals {
-        lifecycle: shared.lifecycle.clone(),
-        delay: c.server.shutdown_delay,
-    };
+    let signals =
+        crate::ops::lifecycle::Signals::new(shared.lifecycle.clone(), c.server.shutdown_delay);
     let server = match crate::server::build(shared, upgrade, &picked) {
         Ok(s) => s,
         Err(e) => {

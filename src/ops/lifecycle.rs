@@ -117,10 +117,45 @@ impl Drop for InFlight {
 /// for a fast shutdown, which stops the runtimes at once: every request in flight lost its
 /// record. Here a SIGINT after any of them asks the requests in flight to end now (`cut`).
 pub struct Signals {
-    pub lifecycle: Arc<Lifecycle>,
+    lifecycle: Arc<Lifecycle>,
     /// `[server] shutdown_delay_ms`: how long SIGTERM or SIGINT keeps the listeners open,
     /// draining, before the shutdown proper.
-    pub delay: Duration,
+    delay: Duration,
+    /// SIGQUIT, SIGTERM, SIGINT seen before Pingora watches for them (`recv`): its watch
+    /// starts once the listeners are open, and a signal in between must neither kill the
+    /// process (their default) nor be lost.
+    early: [Arc<std::sync::atomic::AtomicBool>; 3],
+}
+
+impl Signals {
+    /// Catches the shutdown signals from now on (call it before the listeners open).
+    pub fn new(lifecycle: Arc<Lifecycle>, delay: Duration) -> Signals {
+        use signal_hook::consts::{SIGINT, SIGQUIT, SIGTERM};
+        let early: [Arc<std::sync::atomic::AtomicBool>; 3] = Default::default();
+        for (sig, flag) in [SIGQUIT, SIGTERM, SIGINT].into_iter().zip(&early) {
+            if let Err(e) = signal_hook::flag::register(sig, flag.clone()) {
+                tracing::warn!("cannot catch signal {sig} before the server runs: {e}");
+            }
+        }
+        Signals {
+            lifecycle,
+            delay,
+            early,
+        }
+    }
+
+    /// The shutdown a signal caught before `recv` began asks for, if one was.
+    fn caught_early(&self) -> Option<ShutdownSignal> {
+        let [quit, term, int] = &self.early;
+        let seen = |f: &Arc<std::sync::atomic::AtomicBool>| f.swap(false, Ordering::SeqCst);
+        if seen(quit) {
+            Some(ShutdownSignal::GracefulUpgrade)
+        } else if seen(term) || seen(int) {
+            Some(ShutdownSignal::GracefulTerminate)
+        } else {
+            None
+        }
+    }
 }
 
 #[async_trait]
@@ -135,10 +170,13 @@ impl ShutdownSignalWatch for Signals {
             tracing::error!("cannot watch the shutdown signals; stop the process with SIGKILL");
             return std::future::pending().await;
         };
-        let first = tokio::select! {
-            _ = quit.recv() => ShutdownSignal::GracefulUpgrade,
-            _ = term.recv() => ShutdownSignal::GracefulTerminate,
-            _ = int.recv() => ShutdownSignal::GracefulTerminate,
+        let first = match self.caught_early() {
+            Some(s) => s,
+            None => tokio::select! {
+                _ = quit.recv() => ShutdownSignal::GracefulUpgrade,
+                _ = term.recv() => ShutdownSignal::GracefulTerminate,
+                _ = int.recv() => ShutdownSignal::GracefulTerminate,
+            },
         };
         let mut interrupted = false;
         // An upgrade hands the listeners over: the new instance serves on them meanwhile, and
