@@ -19,6 +19,12 @@ pub enum GatewayError {
         param: &'static str,
         message: String,
     },
+    /// A parameter (or an endpoint, `param = "model"`) the model's provider has no
+    /// equivalent of, in a request the gateway translates for it.
+    Unsupported {
+        param: &'static str,
+        message: String,
+    },
     InvalidApiKey,
     InsufficientBalance,
     PermissionDenied {
@@ -104,6 +110,13 @@ impl GatewayError {
                 400,
                 "invalid_request_error",
                 "invalid_parameter",
+                Some(*param),
+                message.clone(),
+            ),
+            E::Unsupported { param, message } => (
+                400,
+                "invalid_request_error",
+                "unsupported_parameter",
                 Some(*param),
                 message.clone(),
             ),

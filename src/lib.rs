@@ -1,5 +1,5 @@
 //! modelgate: an OpenAI-compatible gateway on Pingora. The modules follow one request, top
-//! to bottom: cli → server → state → proxy → web → auth → limit → route → upstream → http1 →
+//! to bottom: cli → server → state → proxy → web → auth → limit → route → translate → upstream → http1 →
 //! meter → store → config → ops → mock_upstream → error; each uses only those below it
 //! (`tests/architecture.rs`). No function outside tests runs past 100 lines but the two
 //! tables that say so (the error mapping, the metrics' registration).
@@ -19,5 +19,6 @@ pub mod route;
 pub mod server;
 pub mod state;
 pub mod store;
+pub mod translate;
 pub mod upstream;
 pub mod web;

@@ -16,6 +16,8 @@ pub(super) struct RawPool {
     pub(super) upstreams: Spanned<Vec<Spanned<RawUpstream>>>,
     pub(super) api_key: Option<Spanned<String>>,
     pub(super) auth_header: Option<Spanned<String>>,
+    pub(super) provider: Option<Spanned<String>>,
+    pub(super) native: Option<Spanned<Vec<String>>>,
     pub(super) strategy: Option<Spanned<String>>,
     #[serde(default, deserialize_with = "duration_ms")]
     pub(super) connect_timeout_ms: Option<u64>,
@@ -88,7 +90,13 @@ pub(super) fn check(
             ));
         }
         let upstreams = upstreams(rp, &field, src, p);
+        let (provider, native) = provider(rp, &field, src, p);
         let (strategy, auth_header) = balancing(rp, &field, src, p);
+        // Anthropic's API takes the key in `x-api-key`.
+        let auth_header = match (provider, &rp.auth_header) {
+            (Provider::Anthropic, None) => AuthHeader::XApiKey,
+            _ => auth_header,
+        };
         let max_attempts = rp.max_attempts.as_ref().map_or(3, |m| *m.get_ref());
         if !(1..=10).contains(&max_attempts) {
             p.push(Problem::new(
@@ -127,6 +135,8 @@ pub(super) fn check(
             upstreams,
             api_key,
             auth_header,
+            provider,
+            native,
             strategy,
             connect_timeout: ms(rp.connect_timeout_ms, 5_000),
             read_timeout,
@@ -229,4 +239,57 @@ fn balancing(
         }
     };
     (strategy, auth_header)
+}
+
+/// A pool's provider and the inbound APIs it passes through (`native`). An Anthropic pool
+/// takes only the Messages API as it is.
+fn provider(
+    rp: &RawPool,
+    field: &dyn Fn(&str) -> String,
+    src: &Src<'_>,
+    p: &mut Problems,
+) -> (Provider, Native) {
+    let (file, at) = (src.file, |s: std::ops::Range<usize>| src.at(s));
+    let provider = match rp.provider.as_ref().map(|s| s.get_ref().as_str()) {
+        None => Provider::OpenAi,
+        Some(name) => match Provider::ALL.into_iter().find(|k| k.name() == name) {
+            Some(k) => k,
+            None => {
+                let later = ["gemini", "vertex", "bedrock", "azure"];
+                let why = if later.contains(&name) {
+                    format!("'{name}' is not supported yet: one of openai, anthropic")
+                } else {
+                    format!("'{name}' is not one of openai, anthropic")
+                };
+                p.push(Problem::new(
+                    file,
+                    rp.provider.as_ref().and_then(|s| at(s.span())),
+                    &field("provider"),
+                    why,
+                ));
+                Provider::OpenAi
+            }
+        },
+    };
+    let Some(names) = &rp.native else {
+        return (provider, provider.default_native());
+    };
+    let mut apis = Vec::new();
+    for name in names.get_ref() {
+        let why = match Api::parse(name) {
+            None => {
+                let all: Vec<&str> = Api::ALL.iter().map(|a| a.name()).collect();
+                format!("'{name}' is not one of {}", all.join(", "))
+            }
+            Some(api) if provider == Provider::Anthropic && api != Api::Messages => format!(
+                "an anthropic pool speaks only the Messages API: '{name}' arrives translated"
+            ),
+            Some(api) => {
+                apis.push(api);
+                continue;
+            }
+        };
+        p.push(Problem::new(file, at(names.span()), &field("native"), why));
+    }
+    (provider, Native::of(apis))
 }

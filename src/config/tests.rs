@@ -262,3 +262,33 @@ fn fleet_settings_are_read_and_their_mistakes_named() {
     let e = Config::parse(Path::new("c.toml"), &bad).expect_err("unknown source");
     assert!(e.to_string().contains("keys.source"), "{e}");
 }
+
+#[test]
+fn a_pools_provider_and_native_apis_are_checked() {
+    let with = |lines: &str| {
+        GOOD.replace(
+            "name = \"local\"\n",
+            &format!("name = \"local\"\n{lines}\n"),
+        )
+    };
+    let c = Config::parse(Path::new("c.toml"), &with("provider = \"anthropic\"")).expect("valid");
+    assert_eq!(c.live.pools[0].provider, Provider::Anthropic);
+    assert_eq!(c.live.pools[0].auth_header, AuthHeader::XApiKey);
+    assert!(c.live.pools[0].native.passes(Api::Messages));
+    assert!(!c.live.pools[0].native.passes(Api::Chat));
+    for (lines, says) in [
+        ("provider = \"gemini\"", "not supported yet"),
+        ("provider = \"acme\"", "not one of openai, anthropic"),
+        (
+            "native = [\"chatt\"]",
+            "'chatt' is not one of chat, completions",
+        ),
+        (
+            "provider = \"anthropic\"\nnative = [\"chat\"]",
+            "speaks only the Messages API",
+        ),
+    ] {
+        let e = Config::parse(Path::new("c.toml"), &with(lines)).expect_err(lines);
+        assert!(e.to_string().contains(says), "{lines}: {e}");
+    }
+}

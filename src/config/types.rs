@@ -94,6 +94,99 @@ pub struct Listeners {
     pub direct_tls: Option<super::TlsFiles>,
 }
 
+/// The API a pool's upstreams speak (`provider`): what the gateway translates requests to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Provider {
+    /// OpenAI's APIs: the inbound APIs named in `native` pass through; the Responses and
+    /// Messages APIs, when not named, arrive as Chat Completions.
+    #[default]
+    OpenAi,
+    /// Anthropic's Messages API: every inbound API arrives as a message.
+    Anthropic,
+}
+
+impl Provider {
+    pub const ALL: [Provider; 2] = [Provider::OpenAi, Provider::Anthropic];
+
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::OpenAi => "openai",
+            Provider::Anthropic => "anthropic",
+        }
+    }
+
+    /// The APIs a pool of this kind passes through unless its `native` says otherwise.
+    pub fn default_native(self) -> Native {
+        match self {
+            Provider::OpenAi => Native(Api::ALL.iter().fold(0, |bits, api| bits | api.bit())),
+            Provider::Anthropic => Native(Api::Messages.bit()),
+        }
+    }
+}
+
+/// An inbound API a pool may take as it is (`native`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completions,
+    Embeddings,
+    Images,
+    Audio,
+    Moderations,
+    Responses,
+    Messages,
+}
+
+impl Api {
+    pub const ALL: [Api; 8] = [
+        Api::Chat,
+        Api::Completions,
+        Api::Embeddings,
+        Api::Images,
+        Api::Audio,
+        Api::Moderations,
+        Api::Responses,
+        Api::Messages,
+    ];
+
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Embeddings => "embeddings",
+            Api::Images => "images",
+            Api::Audio => "audio",
+            Api::Moderations => "moderations",
+            Api::Responses => "responses",
+            Api::Messages => "messages",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Api> {
+        Api::ALL.into_iter().find(|a| a.name() == s)
+    }
+
+    fn bit(self) -> u16 {
+        1 << (self as u16)
+    }
+}
+
+/// The inbound APIs a pool passes through untranslated (`native`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Native(u16);
+
+impl Native {
+    pub fn of(apis: impl IntoIterator<Item = Api>) -> Native {
+        Native(apis.into_iter().fold(0, |bits, api| bits | api.bit()))
+    }
+
+    pub fn passes(self, api: Api) -> bool {
+        self.0 & api.bit() != 0
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum AuthHeader {
     #[default]
@@ -109,6 +202,10 @@ pub struct PoolConfig {
     /// The header the credential goes upstream in: `authorization` (`Bearer <key>`) or
     /// `x-api-key` (the bare key, as Anthropic's API takes it).
     pub auth_header: AuthHeader,
+    /// The API the pool's upstreams speak.
+    pub provider: Provider,
+    /// The inbound APIs passed through as they are; the others are translated.
+    pub native: Native,
     pub strategy: Strategy,
     pub connect_timeout: Duration,
     /// The longest wait for any one read or write on the upstream connection.

@@ -1,14 +1,14 @@
 //! The mock's Responses API (`/v1/responses`, plain and streamed, with stored responses to
-//! retrieve, list the input of, cancel and delete) and Anthropic's Messages API
-//! (`/v1/messages`, plain and streamed, and `/v1/messages/count_tokens`). Words are tokens,
-//! as everywhere in the mock; the reply text is the same as for chat.
+//! retrieve, list the input of, cancel and delete); Anthropic's Messages API is routed from
+//! here to `anthropic`. Words are tokens, as everywhere in the mock; the reply text is the
+//! same as for chat.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use bytes::Bytes;
 use http::Method;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::errors::{bad_request, error_reply};
 use super::replies::{Reply, json_object, model_or_default, next_id, now_secs};
@@ -22,7 +22,7 @@ pub(super) type Stored = Mutex<HashMap<String, Value>>;
 const MAX_STORED: usize = 10_000;
 
 /// One named server-sent event: `event: <name>` then its data.
-fn named_event(name: &str, value: &Value) -> Bytes {
+pub(super) fn named_event(name: &str, value: &Value) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {value}\n\n"))
 }
 
@@ -48,8 +48,8 @@ pub(super) fn route(
     let post = method == Method::POST;
     let reply = match path {
         "/v1/responses" if post => responses(parsed, ov, model, stored),
-        "/v1/messages" if post => messages(parsed, ov, model),
-        "/v1/messages/count_tokens" if post => count_tokens(parsed),
+        "/v1/messages" if post => super::anthropic::messages(parsed, ov, model),
+        "/v1/messages/count_tokens" if post => super::anthropic::count_tokens(parsed),
         p if p.starts_with("/v1/responses/") => stored_call(method, p, stored),
         _ => return None,
     };
@@ -254,86 +254,4 @@ fn stored_call(method: &Method, path: &str, stored: &Stored) -> Result<Reply, Re
             "method_not_allowed",
         )),
     }
-}
-
-fn messages_prompt(body: &Map<String, Value>) -> usize {
-    let messages: usize = body
-        .get("messages")
-        .and_then(Value::as_array)
-        .map_or(0, |m| {
-            m.iter().map(|m| m.get("content").map_or(0, words)).sum()
-        });
-    (messages + body.get("system").map_or(0, words)).max(1)
-}
-
-fn messages(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Reply, Reply> {
-    let body = json_object(parsed)?;
-    if body.get("max_tokens").and_then(Value::as_u64).is_none() {
-        return Err(bad_request("max_tokens: Field required"));
-    }
-    let prompt = messages_prompt(body);
-    let tokens = reply_tokens(ov.chunks);
-    let stop = if ov.length_limited {
-        "max_tokens"
-    } else {
-        "end_turn"
-    };
-    let id = next_id("msg_mock");
-    let model = model_or_default(model);
-    if body.get("stream").and_then(Value::as_bool) != Some(true) {
-        return Ok(Reply::json(
-            200,
-            &json!({
-                "id": id, "type": "message", "role": "assistant", "model": model,
-                "content": [{"type": "text", "text": tokens.concat()}],
-                "stop_reason": stop, "stop_sequence": null,
-                "usage": {"input_tokens": prompt, "output_tokens": tokens.len(),
-                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-            }),
-        ));
-    }
-    let mut events = vec![
-        named_event(
-            "message_start",
-            &json!({"type": "message_start", "message": {
-                "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": prompt, "output_tokens": 1,
-                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
-            }}),
-        ),
-        named_event(
-            "content_block_start",
-            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-        ),
-        named_event("ping", &json!({"type": "ping"})),
-    ];
-    for t in &tokens {
-        events.push(named_event(
-            "content_block_delta",
-            &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t}}),
-        ));
-    }
-    events.push(named_event(
-        "content_block_stop",
-        &json!({"type": "content_block_stop", "index": 0}),
-    ));
-    events.push(named_event(
-        "message_delta",
-        &json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
-                "usage": {"output_tokens": tokens.len()}}),
-    ));
-    events.push(named_event(
-        "message_stop",
-        &json!({"type": "message_stop"}),
-    ));
-    Ok(Reply::events(events))
-}
-
-fn count_tokens(parsed: &Parsed) -> Result<Reply, Reply> {
-    let body = json_object(parsed)?;
-    Ok(Reply::json(
-        200,
-        &json!({"input_tokens": messages_prompt(body)}),
-    ))
 }

@@ -27,8 +27,26 @@ pub(super) fn not_found() -> Reply {
     )
 }
 
-/// The reply for `x-mock-status: S`.
-pub(super) fn forced_error(status: u16) -> Reply {
+/// The reply for `x-mock-status: S`: Anthropic's error shape on its API's paths.
+pub(super) fn forced_error(status: u16, path: &str) -> Reply {
+    if path.starts_with("/v1/messages") {
+        let kind = match status {
+            400 => "invalid_request_error",
+            401 => "authentication_error",
+            402 => "billing_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            504 => "timeout_error",
+            529 => "overloaded_error",
+            _ => "api_error",
+        };
+        let body = json!({"type": "error", "error": {"type": kind,
+                          "message": format!("mock upstream forced status {status}")},
+                          "request_id": "req_mock"});
+        return Reply::json(status, &body);
+    }
     let error_type = match status {
         401 => "authentication_error",
         403 => "permission_error",
@@ -51,6 +69,6 @@ mod tests {
 
     #[test]
     fn forced_error_keeps_the_status() {
-        assert_eq!(forced_error(429).status, 429);
+        assert_eq!(forced_error(429, "/v1/chat/completions").status, 429);
     }
 }

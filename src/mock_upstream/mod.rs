@@ -5,6 +5,7 @@
 // One request, top to bottom: `request` reads and decodes it, `replies` answers it (with
 // `tokens` for the words and counts, `errors` for error bodies, `stream` for SSE events), and
 // this file writes the answer back.
+mod anthropic;
 mod apis;
 mod errors;
 mod replies;
@@ -175,7 +176,7 @@ impl MockUpstream {
                 )),
             }
         } else if let Some(status) = overrides.status {
-            let mut r = forced_error(status);
+            let mut r = forced_error(status, path);
             if overrides.empty_body {
                 r.body = ReplyBody::Full(bytes::Bytes::new());
             } else if overrides.text_body {
@@ -279,6 +280,7 @@ impl HttpServerApp for MockUpstream {
         echo.model = parsed.model();
         echo.body_len = body.total_len;
         echo.body_sha256 = body.sha256_hex;
+        echo.body = request::echo_body(&session.req_header().headers, &parsed);
 
         if overrides.garbage {
             write_garbage(&mut session, &echo, parsed.stream()).await;

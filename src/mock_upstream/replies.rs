@@ -487,6 +487,8 @@ mod tests {
             plain_reply: false,
             ignore_max_tokens: false,
             length_limited: false,
+            tool_calls: None,
+            cache_write: false,
         }
     }
 

@@ -81,6 +81,11 @@ pub(super) struct Overrides {
     pub(super) ignore_max_tokens: bool,
     /// The reply was shortened to the request's output limit.
     pub(super) length_limited: bool,
+    /// `x-mock-tool-calls: N` (at most 16): a Messages turn that calls tools calls N.
+    pub(super) tool_calls: Option<usize>,
+    /// `x-mock-cache-write: 1`: a Messages prompt's cached part is reported as written to
+    /// the cache, not read from it.
+    pub(super) cache_write: bool,
 }
 
 impl Overrides {
@@ -94,6 +99,8 @@ impl Overrides {
     }
 
     pub(super) fn from_headers(headers: &HeaderMap, opts: &MockOptions) -> Self {
+        let tool_calls = header_parse::<usize>(headers, "x-mock-tool-calls").map(|n| n.min(16));
+        let cache_write = header_flag(headers, "x-mock-cache-write");
         Overrides {
             chunks: header_parse::<usize>(headers, "x-mock-chunks")
                 .unwrap_or(opts.chunks)
@@ -131,6 +138,8 @@ impl Overrides {
             gzip: header_flag(headers, "x-mock-gzip"),
             pad_bytes: header_parse::<usize>(headers, "x-mock-pad-bytes")
                 .map(|n| n.min(MAX_PAD_BYTES)),
+            tool_calls,
+            cache_write,
         }
     }
 }
@@ -310,6 +319,9 @@ pub(super) struct Echo {
     pub(super) body_len: usize,
     pub(super) body_sha256: String,
     pub(super) path: String,
+    /// `x-mock-echo-body: 1`: the JSON body as it arrived, base64 (at most 24 KiB of it), in
+    /// `x-mock-body`, for tests that check what a translated request became.
+    pub(super) body: Option<String>,
     /// The connection's source address ("" when unknown): which connection a request came on.
     pub(super) peer: String,
 }
@@ -328,6 +340,7 @@ impl Echo {
             accept_encoding: copy("accept-encoding"),
             body_len: 0,
             body_sha256: String::new(),
+            body: None,
             path: String::new(),
             peer: String::new(),
         }
@@ -400,9 +413,23 @@ pub(super) fn add_echo_headers(
     )?;
     header.insert_header("x-mock-body-len", echo.body_len.to_string())?;
     header.insert_header("x-mock-body-sha256", echo.body_sha256.as_str())?;
+    if let Some(b) = &echo.body {
+        header.insert_header("x-mock-body", b.as_str())?;
+    }
     header.insert_header("x-mock-path", header_value(echo.path.as_bytes()))?;
     header.insert_header("x-mock-peer", header_value(echo.peer.as_bytes()))?;
     Ok(())
+}
+
+/// `x-mock-echo-body: 1`: a JSON body as it arrived, base64, when at most 24 KiB.
+pub(super) fn echo_body(headers: &HeaderMap, parsed: &Parsed) -> Option<String> {
+    use base64::Engine;
+    let Parsed::Json(v) = parsed else { return None };
+    if !header_flag(headers, "x-mock-echo-body") {
+        return None;
+    }
+    let text = v.to_string();
+    (text.len() <= 24 * 1024).then(|| base64::engine::general_purpose::STANDARD.encode(text))
 }
 
 #[cfg(test)]

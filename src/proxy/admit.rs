@@ -11,7 +11,7 @@ use bytes::Bytes;
 use pingora_error::Error;
 use pingora_proxy::Session;
 
-use super::ctx::{Ctx, Fallbacks};
+use super::ctx::{Ctx, Fallbacks, Sending};
 use super::{Gateway, body, models, respond};
 use crate::auth;
 use crate::config::Fixed;
@@ -20,7 +20,6 @@ use crate::error::GatewayError;
 use crate::limit::rate::Refusal;
 use crate::limit::shared::OnDown;
 use crate::meter::Meter;
-use crate::meter::sse::{Dialect, SseMeter};
 use crate::ops::lifecycle::InFlight;
 use crate::route::body as route_body;
 use crate::route::endpoint::{BodyKind, Endpoint, Group, Metering, Target, classify};
@@ -320,6 +319,7 @@ const STORED_RESPONSE: Endpoint = Endpoint {
     group: Group::Responses,
     body: BodyKind::Json,
     metering: Metering::Free,
+    api: Some(crate::route::endpoint::Api::Responses),
 };
 
 /// Sends a stored-response call to the upstream that made the response: the one remembered
@@ -535,38 +535,17 @@ fn prepare_upstream(
     body: Bytes,
     upstream: Upstream,
 ) -> Result<(), Stop> {
-    // Streams are metered from their events; ask the upstream for usage if the client did
-    // not (and hide it from the client again, see meter/sse.rs).
-    let metering = crate::meter::enabled();
-    let ask_usage =
-        metering && probe.stream && endpoint.metering == Metering::Chat && !probe.include_usage;
-    let sse = |m: SseMeter| Meter::Sse(Box::new(m));
-    ctx.meter = match endpoint.metering {
-        _ if !metering => Meter::None,
-        Metering::Chat if probe.stream => sse(SseMeter::new(ask_usage)),
-        Metering::Responses if probe.stream => sse(SseMeter::of(Dialect::Responses)),
-        Metering::Messages if probe.stream => sse(SseMeter::of(Dialect::Messages)),
-        Metering::Chat | Metering::Usage | Metering::Responses | Metering::Messages => {
-            Meter::json()
-        }
-        // A stream of another endpoint counts the usage its events report, as a plain reply
-        // does; it is passed on as it came (no `[DONE]` of the gateway's).
-        Metering::Reported if probe.stream => sse(SseMeter::reported()),
-        Metering::Reported => Meter::json_reported(),
-        Metering::PerRequest | Metering::Free => Meter::None,
-    };
-    if let Some(n) = upstream.cut_at {
-        ctx.meter.cut_after(n);
-    }
     ctx.free = endpoint.metering == Metering::Free;
     ctx.asked = Some(route.clone());
-    ctx.body = route_body::for_upstream_limited(
-        &body,
-        &probe,
-        route.upstream_rename(&ctx.model, &probe.model).as_deref(),
-        ask_usage,
-        upstream.lowered,
-    );
+    let sending = Sending {
+        endpoint,
+        body,
+        probe,
+        lowered: upstream.lowered,
+        cut_at: upstream.cut_at,
+    };
+    let id = ctx.model.clone();
+    super::sending::for_route(ctx, &sending, &route, &id)?;
     // Only models the key may use: a fallback is not a way around its allow-list (nor onto a
     // dearer model it was kept from).
     let fallbacks: Vec<Arc<Route>> = route
@@ -584,10 +563,7 @@ fn prepare_upstream(
     if !fallbacks.is_empty() {
         ctx.fallbacks = Some(Box::new(Fallbacks {
             routes: fallbacks,
-            body,
-            probe,
-            ask_usage,
-            lowered: upstream.lowered,
+            sending,
         }));
     }
     ctx.route = Some(route);

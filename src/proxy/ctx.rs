@@ -42,6 +42,10 @@ pub struct Ctx {
     /// request's final status is settled from (`outcome::settle`).
     pub sent: crate::http1::respond::Sent,
     pub meter: Meter,
+    /// The reply's translation into the client's API, when the pool speaks another.
+    pub translation: Option<Box<crate::translate::Translation>>,
+    /// Where a translated request goes upstream (the path of the pool's API).
+    pub upstream_path: Option<&'static str>,
     /// A compressed reply (an upstream that ignored `Accept-Encoding: identity`): decoded for
     /// the meter only, the bytes pass on as they came.
     pub decoder: Option<Box<crate::meter::decode::Decoder>>,
@@ -142,6 +146,8 @@ impl Ctx {
             stream: false,
             sent: crate::http1::respond::Sent::default(),
             meter: Meter::None,
+            translation: None,
+            upstream_path: None,
             decoder: None,
             ttft_ms: None,
             proxied: false,
@@ -221,11 +227,19 @@ pub struct Decor<'a> {
 /// client's body as read, to splice each fallback's upstream model name into.
 pub struct Fallbacks {
     pub routes: Vec<Arc<Route>>,
+    /// The client's request, to make each fallback's body from.
+    pub sending: Sending,
+}
+
+/// The client's request as every route's body is made from it.
+pub struct Sending {
+    pub endpoint: crate::route::endpoint::Endpoint,
     pub body: Bytes,
     pub probe: crate::route::body::Probe,
-    pub ask_usage: bool,
     /// The output limit the reservation lowered, with its field.
     pub lowered: Option<(u64, &'static str)>,
+    /// The output events after which a stream is cut (the budget held).
+    pub cut_at: Option<u64>,
 }
 
 /// `req_` + 16 hex of a per-process random prefix + 12 hex of a counter: unique, sortable

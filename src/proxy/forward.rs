@@ -22,7 +22,6 @@ use crate::http1::Downstream;
 use crate::ops::lifecycle::{Lifecycle, cut};
 use crate::route::Pool;
 use crate::route::balance::backoff;
-use crate::route::body as route_body;
 use crate::route::retry::{self, Next, Standing, Tried};
 use crate::upstream;
 use crate::upstream::Upstream;
@@ -101,15 +100,12 @@ pub(super) async fn run(gw: &Gateway, session: &mut impl Downstream, ctx: &mut C
     for (n, next) in std::iter::once(&route).chain(routes).enumerate() {
         if n > 0 {
             if let Some(f) = &fallbacks {
-                ctx.body = route_body::for_upstream_limited(
-                    &f.body,
-                    &f.probe,
-                    // The body names the model the client asked for.
-                    next.upstream_rename(&next.model.name, &f.probe.model)
-                        .as_deref(),
-                    f.ask_usage,
-                    f.lowered,
-                );
+                // The body names the model the client asked for; a pool that cannot take
+                // the request (its provider has no equivalent) is passed over.
+                if let Err(e) = super::sending::for_route(ctx, &f.sending, next, &next.model.name) {
+                    error = Some(e);
+                    continue;
+                }
             }
             tracing::debug!(request_id = %ctx.request_id, model = %next.model.name, "fallback");
         }
@@ -430,7 +426,13 @@ fn upstream_request(
     span: Option<u64>,
 ) -> pingora_error::Result<upstream::Request> {
     let mut req = session.request()?;
-    upstream::rewrite_request(&mut req, up, ctx.body.len(), &ctx.request_id)?;
+    upstream::rewrite_request(
+        &mut req,
+        up,
+        ctx.body.len(),
+        &ctx.request_id,
+        ctx.upstream_path,
+    )?;
     if let (Some(t), Some(span)) = (ctx.trace.as_ref(), span) {
         req.insert_header("traceparent", t.traceparent(span))?;
     }

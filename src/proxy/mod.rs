@@ -15,6 +15,7 @@ mod relay;
 pub mod reply;
 mod reserve;
 pub mod respond;
+mod sending;
 
 use std::sync::Arc;
 

@@ -346,7 +346,19 @@ pub(super) async fn pass_error(
         _ => false,
     };
     let json = !body.is_empty() && serde_json::from_slice::<serde_json::Value>(&body).is_ok();
-    let body = if whole && json {
+    // The provider's error in the client's API, when the request was translated.
+    let translated = ctx
+        .translation
+        .as_ref()
+        .filter(|_| whole && json)
+        .and_then(|t| t.error(status, &body));
+    let body = if let Some((to, translated)) = translated {
+        if to != status {
+            resp.set_status(to)?;
+            resp.set_reason_phrase(None)?;
+        }
+        bytes::Bytes::from(translated)
+    } else if whole && json {
         bytes::Bytes::from(body)
     } else {
         let text = String::from_utf8_lossy(&body[..body.len().min(200)])

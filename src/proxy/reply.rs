@@ -105,8 +105,8 @@ pub fn on_upstream_header(
         // A stream request answered with a plain reply: metered from its `usage`.
         ctx.meter.plain_reply();
     }
-    if resp.status.is_success() && ctx.meter.is_metered() {
-        // Compressed anyway: metered from a decoded copy.
+    if resp.status.is_success() && (ctx.meter.is_metered() || ctx.translation.is_some()) {
+        // Compressed anyway: metered (and translated) from a decoded copy.
         ctx.decoder = resp
             .headers
             .get(http::header::CONTENT_ENCODING)
@@ -129,6 +129,9 @@ pub fn on_upstream_header(
         // Events are edited on the way (usage stripped): the length is no longer known.
         resp.remove_header(&http::header::CONTENT_LENGTH);
     }
+    if let (true, Some(t)) = (resp.status.is_success(), ctx.translation.as_mut()) {
+        t.on_header(resp)?;
+    }
     Ok(())
 }
 
@@ -136,13 +139,22 @@ pub fn on_upstream_header(
 /// events; notes when content first reaches the client.
 pub fn on_body(ctx: &mut Ctx, body: &mut Option<Bytes>, end: bool) {
     let content = match ctx.decoder.as_mut() {
-        // The meter reads (and may edit) a decoded copy; the bytes pass on unchanged.
+        // The meter reads (and may edit) a decoded copy; the bytes pass on unchanged, unless
+        // they are translated (from the decoded copy).
         Some(d) => {
             let mut decoded = body.as_ref().map(|b| Bytes::from(d.decode(b)));
-            ctx.meter.feed(&mut decoded, end)
+            let content = ctx.meter.feed(&mut decoded, end);
+            if ctx.translation.is_some() {
+                *body = decoded;
+            }
+            content
         }
         None => ctx.meter.feed(body, end),
     };
+    if let Some(t) = ctx.translation.as_mut() {
+        let out = t.feed(body.as_deref(), end);
+        *body = (!out.is_empty() || end).then_some(out);
+    }
     if content && ctx.ttft_ms.is_none() {
         ctx.ttft_ms = Some(ctx.started.elapsed().as_millis() as u64);
     }

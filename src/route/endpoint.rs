@@ -2,6 +2,7 @@
 //! how its body names the model (JSON field or multipart form field), how its reply is
 //! metered, and which API's error shape it speaks.
 
+pub use crate::config::Api;
 pub use crate::config::keys::Group;
 
 /// How the request body carries `model`.
@@ -38,6 +39,9 @@ pub struct Endpoint {
     pub group: Group,
     pub body: BodyKind,
     pub metering: Metering,
+    /// The API it belongs to (what a pool passes through or has translated); None for a
+    /// path of no named API (`other`).
+    pub api: Option<Api>,
 }
 
 /// What a request is, decided from method and path alone.
@@ -83,31 +87,39 @@ pub fn classify(method: &http::Method, path: &str) -> Target {
     if let Some(rest) = path.strip_prefix("/v1/responses/") {
         return stored_response(method, rest);
     }
-    let ep = |group, body, metering| {
+    let ep = |group, body, metering, api| {
         Target::Proxy(Endpoint {
             group,
             body,
             metering,
+            api,
         })
     };
     let target = match path {
-        "/v1/chat/completions" | "/v1/completions" => ep(Chat, Json, Metering::Chat),
-        "/v1/embeddings" => ep(Embeddings, Json, Metering::Usage),
-        "/v1/moderations" => ep(Moderations, Json, Metering::Usage),
-        "/v1/images/generations" => ep(Images, Json, Metering::PerRequest),
-        "/v1/images/edits" | "/v1/images/variations" => {
-            ep(Images, MultipartOrJson, Metering::PerRequest)
-        }
-        "/v1/audio/transcriptions" | "/v1/audio/translations" => {
-            ep(Audio, MultipartOrJson, Metering::PerRequest)
-        }
-        "/v1/audio/speech" => ep(Audio, Json, Metering::PerRequest),
-        "/v1/responses" => ep(Responses, Json, Metering::Responses),
-        "/v1/messages" => ep(Messages, Json, Metering::Messages),
-        "/v1/messages/count_tokens" => ep(Messages, Json, Metering::Free),
+        "/v1/chat/completions" => ep(Chat, Json, Metering::Chat, Some(Api::Chat)),
+        "/v1/completions" => ep(Chat, Json, Metering::Chat, Some(Api::Completions)),
+        "/v1/embeddings" => ep(Embeddings, Json, Metering::Usage, Some(Api::Embeddings)),
+        "/v1/moderations" => ep(Moderations, Json, Metering::Usage, Some(Api::Moderations)),
+        "/v1/images/generations" => ep(Images, Json, Metering::PerRequest, Some(Api::Images)),
+        "/v1/images/edits" | "/v1/images/variations" => ep(
+            Images,
+            MultipartOrJson,
+            Metering::PerRequest,
+            Some(Api::Images),
+        ),
+        "/v1/audio/transcriptions" | "/v1/audio/translations" => ep(
+            Audio,
+            MultipartOrJson,
+            Metering::PerRequest,
+            Some(Api::Audio),
+        ),
+        "/v1/audio/speech" => ep(Audio, Json, Metering::PerRequest, Some(Api::Audio)),
+        "/v1/responses" => ep(Responses, Json, Metering::Responses, Some(Api::Responses)),
+        "/v1/messages" => ep(Messages, Json, Metering::Messages, Some(Api::Messages)),
+        "/v1/messages/count_tokens" => ep(Messages, Json, Metering::Free, Some(Api::Messages)),
         // Routed by the model its body names; a body that names none makes it a 404.
         p if p.starts_with("/v1/") && method == http::Method::POST => {
-            ep(Other, Json, Metering::Reported)
+            ep(Other, Json, Metering::Reported, None)
         }
         _ => Target::Other,
     };
@@ -262,6 +274,7 @@ mod tests {
                 group: Group::Other,
                 body: BodyKind::Json,
                 metering: Metering::Reported,
+                api: None,
             })
         );
         assert_eq!(

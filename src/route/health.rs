@@ -149,7 +149,7 @@ async fn check(connections: &upstream::Connections, pool: &Arc<Pool>, i: usize) 
 async fn models(connections: &upstream::Connections, up: &Upstream) -> pingora_error::Result<u16> {
     let peer = up.peer();
     let mut req = RequestHeader::build("GET", b"/v1/models", Some(4))?;
-    upstream::rewrite_request(&mut req, up, 0, "health-check")?;
+    upstream::rewrite_request(&mut req, up, 0, "health-check", None)?;
     req.remove_header(&http::header::CONTENT_LENGTH);
     let req = upstream::Request::of(&req)?;
     // A kept connection the upstream closed as the check went out says nothing of its health:

@@ -97,12 +97,18 @@ fn connection_named(headers: &http::HeaderMap) -> Vec<String> {
         .collect()
 }
 
-/// Rewrites the client's request header into the upstream's.
+/// The Messages API version an Anthropic upstream is asked for when the client names none
+/// (a request translated from another API, a health check): the one the translation writes.
+pub const ANTHROPIC_VERSION: &str = "2026-10-21";
+
+/// Rewrites the client's request header into the upstream's. `path`: where a translated
+/// request goes instead of the client's path (its query is not kept).
 pub fn rewrite_request(
     req: &mut RequestHeader,
     up: &Upstream,
     body_len: usize,
     request_id: &str,
+    path: Option<&str>,
 ) -> pingora_error::Result<()> {
     // What stays with the client, and the headers its `Connection` names (removed before the
     // gateway's own go in, so none of those can be named away).
@@ -125,6 +131,14 @@ pub fn rewrite_request(
         http::HeaderValue::from_static("identity"),
     )?;
     req.insert_header("x-request-id", request_id)?;
+    if up.provider == crate::config::Provider::Anthropic
+        && !req.headers.contains_key("anthropic-version")
+    {
+        req.insert_header(
+            "anthropic-version",
+            http::HeaderValue::from_static(ANTHROPIC_VERSION),
+        )?;
+    }
     // The body was read whole (and maybe rewritten): send it with an exact length.
     req.remove_header(&http::header::TRANSFER_ENCODING);
     req.remove_header(&http::header::EXPECT);
@@ -139,6 +153,16 @@ pub fn rewrite_request(
     // redirects `/v1/chat/completions/` would tell the client its own address).
     // (Pingora keeps an absolute-form target's bytes for the wire, whatever its URI says: only
     // a target that starts with `/` is origin-form.)
+    if let Some(path) = path {
+        let uri: http::Uri = format!("{}{path}", up.cfg.base_path).parse().map_err(|_| {
+            pingora_error::Error::explain(
+                pingora_error::ErrorType::InternalError,
+                "bad upstream path",
+            )
+        })?;
+        req.set_uri(uri);
+        return Ok(());
+    }
     let path = req.uri.path();
     let trailing = path.len() > 1 && path.ends_with('/');
     if up.cfg.base_path.is_empty()

@@ -9,7 +9,7 @@ use http::HeaderValue;
 use pingora_core::upstreams::peer::HttpPeer;
 
 use super::health::Health;
-use crate::config::{AuthHeader, PoolConfig, Problem, Secret, UpstreamConfig};
+use crate::config::{AuthHeader, PoolConfig, Problem, Provider, Secret, UpstreamConfig};
 
 pub struct Upstream {
     pub cfg: UpstreamConfig,
@@ -22,6 +22,8 @@ pub struct Upstream {
     /// The credential (the upstream's own key, else the pool's), sent in place of the
     /// client's: `Bearer <key>` in `Authorization`, or the key in `x-api-key`.
     pub authorization: Option<(http::HeaderName, HeaderValue)>,
+    /// The API its pool speaks (what requests are translated to, and the headers it needs).
+    pub provider: Provider,
     pub health: Arc<Health>,
 }
 
@@ -113,6 +115,7 @@ impl Upstream {
             peer: arc_swap::ArcSwap::from_pointee(peer(p, u, addr)),
             host_header,
             authorization,
+            provider: p.provider,
             health,
         })
     }

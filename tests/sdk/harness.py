@@ -205,7 +205,20 @@ allow_origins = ["http://127.0.0.1:{ports['app']}"]
 pass_headers = ["x-mock-*"]
 name = "local"
 upstreams = ["http://127.0.0.1:{ports['mock']}"]
-{models}"""
+{models}
+# The mock's Anthropic Messages API: requests in other APIs arrive translated.
+[[pools]]
+pass_headers = ["x-mock-*"]
+name = "anthropic"
+provider = "anthropic"
+api_key = "sk-ant-mock-credential"
+upstreams = ["http://127.0.0.1:{ports['mock']}"]
+
+[[models]]
+name = "claude-*"
+pool = "anthropic"
+price = {{ prompt = 3.0, completion = 15.0 }}
+"""
 
 
 def http_get(url: str, context=None):

@@ -1,0 +1,242 @@
+//! The translation's own vectors: requests from OpenAI's Chat Completions reference, streams
+//! from Anthropic's streaming reference ("Streaming request with tool use", its events
+//! abridged to the fields the API documents).
+
+use serde_json::{Value, json};
+
+use super::*;
+
+/// A chat request translated for an Anthropic pool (its model there `claude-up`).
+fn translated(body: &Value) -> Result<(Bytes, Translation), GatewayError> {
+    let body = body.to_string();
+    let a = Asked {
+        body: body.as_bytes(),
+        model: "claude-up",
+        cap: None,
+        default_max_tokens: 4096,
+    };
+    let plan = Plan {
+        from: Api::Chat,
+        to: Api::Messages,
+    };
+    request(plan, &a)
+}
+
+fn asked(body: &Value) -> (Value, Translation) {
+    let (out, t) = translated(body).expect("translated");
+    (serde_json::from_slice(&out).expect("json"), t)
+}
+
+#[test]
+fn a_chat_conversation_with_tools_becomes_a_message_request() {
+    let (m, _) = asked(&json!({
+        "model": "claude-x", "max_completion_tokens": 300, "stream": true,
+        "messages": [
+            {"role": "system", "content": "You are terse."},
+            {"role": "developer", "content": [{"type": "text", "text": "Use tools."}]},
+            {"role": "user", "content": "Weather in Paris and Rome?"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "call_2", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Rome\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}],
+        "tool_choice": {"type": "function", "function": {"name": "w"}},
+    }));
+    assert_eq!(
+        m,
+        json!({
+            "model": "claude-up", "max_tokens": 300, "stream": true,
+            "system": [{"type": "text", "text": "You are terse."}, {"type": "text", "text": "Use tools."}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Weather in Paris and Rome?"}]},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "call_1", "name": "w", "input": {"city": "Paris"}},
+                    {"type": "tool_use", "id": "call_2", "name": "w", "input": {"city": "Rome"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "call_1", "content": [{"type": "text", "text": "sunny"}]},
+                    {"type": "tool_result", "tool_use_id": "call_2", "content": [{"type": "text", "text": "rain"}]}]},
+            ],
+            "tools": [{"name": "w", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "w"},
+        })
+    );
+}
+
+#[test]
+fn what_has_no_equivalent_is_refused_by_name_and_nothing_is_dropped() {
+    let refuse = |extra: Value| {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        translated(&body).err().map(|e| e.parts())
+    };
+    for (extra, param) in [
+        (json!({"temperature": 0.3}), "temperature"),
+        (json!({"logprobs": true}), "logprobs"),
+        (json!({"n": 3}), "n"),
+        (
+            json!({"response_format": {"type": "json_object"}}),
+            "response_format",
+        ),
+        (json!({"frobnicate": 1}), "body"),
+    ] {
+        let p = refuse(extra.clone()).expect("refused");
+        assert_eq!((p.status, p.param), (400, Some(param)), "{extra}");
+    }
+    // Neutral values and fields with no effect on the reply pass.
+    assert!(
+        refuse(json!({"n": 1, "logprobs": false, "store": true, "presence_penalty": 0})).is_none()
+    );
+}
+
+/// Anthropic's documented tool-use stream (abridged), as the provider sends it.
+const TOOL_STREAM: &str = concat!(
+    "event: message_start\n",
+    "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_014p7gG3wDgGV9EUtLvnow3U\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-opus-4-1\",\"stop_sequence\":null,\"usage\":{\"input_tokens\":472,\"output_tokens\":2},\"content\":[],\"stop_reason\":null}}\n\n",
+    "event: content_block_start\n",
+    "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    "event: ping\n",
+    "data: {\"type\": \"ping\"}\n\n",
+    "event: content_block_delta\n",
+    "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Okay, let's check the weather.\"}}\n\n",
+    "event: content_block_stop\n",
+    "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+    "event: content_block_start\n",
+    "data: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_01T1x1fJ34qAmk2tNTrN7Up6\",\"name\":\"get_weather\",\"input\":{}}}\n\n",
+    "event: content_block_delta\n",
+    "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\"}}\n\n",
+    "event: content_block_delta\n",
+    "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"location\\\":\"}}\n\n",
+    "event: content_block_delta\n",
+    "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\" \\\"San Francisco, CA\\\"}\"}}\n\n",
+    "event: content_block_stop\n",
+    "data: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
+    "event: message_delta\n",
+    "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":89}}\n\n",
+    "event: message_stop\n",
+    "data: {\"type\":\"message_stop\"}\n\n",
+);
+
+fn translate_stream(pieces: &[&[u8]], include_usage: bool) -> Vec<u8> {
+    let (_, mut t) = asked(&json!({
+        "model": "m", "stream": true, "stream_options": {"include_usage": include_usage},
+        "messages": [{"role": "user", "content": "hi"}],
+    }));
+    let mut resp = pingora_http::ResponseHeader::build(200, None).expect("header");
+    resp.insert_header("content-type", "text/event-stream")
+        .expect("header");
+    t.on_header(&mut resp).expect("header");
+    let mut out = Vec::new();
+    for p in pieces {
+        out.extend_from_slice(&t.feed(Some(p), false));
+    }
+    out.extend_from_slice(&t.feed(None, true));
+    out
+}
+
+fn chunks(out: &[u8]) -> Vec<Value> {
+    let text = std::str::from_utf8(out).expect("utf-8");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    text.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).expect("a chunk"))
+        .collect()
+}
+
+#[test]
+fn anthropics_tool_stream_reads_as_chat_chunks_split_anywhere() {
+    let whole = translate_stream(&[TOOL_STREAM.as_bytes()], true);
+    let bytes = TOOL_STREAM.as_bytes();
+    for at in (0..bytes.len()).step_by(7) {
+        let (a, b) = bytes.split_at(at);
+        assert_eq!(translate_stream(&[a, b], true), whole, "split at {at}");
+    }
+    let c = chunks(&whole);
+    assert!(c.iter().all(|c| c["id"] == "msg_014p7gG3wDgGV9EUtLvnow3U"));
+    assert_eq!(c[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = c
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Okay, let's check the weather.");
+    let calls: Vec<&Value> = c
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(calls[0]["id"], "toolu_01T1x1fJ34qAmk2tNTrN7Up6");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert!(calls.iter().all(|c| c["index"] == 0));
+    let args: String = calls
+        .iter()
+        .filter_map(|c| c["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(args, "{\"location\": \"San Francisco, CA\"}");
+    let n = c.len();
+    assert_eq!(c[n - 2]["choices"][0]["finish_reason"], "tool_calls");
+    assert_eq!(c[n - 1]["choices"], json!([]));
+    assert_eq!(
+        c[n - 1]["usage"],
+        json!({"prompt_tokens": 472, "completion_tokens": 89, "total_tokens": 561,
+               "prompt_tokens_details": {"cached_tokens": 0}})
+    );
+    // Without `include_usage`, no usage chunk.
+    let plain = chunks(&translate_stream(&[bytes], false));
+    assert!(plain.iter().all(|c| c.get("usage").is_none()));
+}
+
+#[test]
+fn a_stream_cut_by_the_budget_ends_with_an_error_and_done() {
+    let cut = concat!(
+        "event: message_start\n",
+        "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"model\":\"m\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+        "event: error\n",
+        "data: {\"type\":\"error\",\"error\":{\"type\":\"budget_exhausted\",\"message\":\"The key's budget cannot pay for more output: the reply was cut.\"}}\n\n",
+    );
+    let out = translate_stream(&[cut.as_bytes()], false);
+    let c = chunks(&out);
+    let last = c.last().expect("an error");
+    assert_eq!(last["error"]["code"], "budget_exhausted");
+    assert_eq!(last["error"]["type"], "insufficient_quota");
+}
+
+#[test]
+fn a_pool_passes_its_native_apis_and_translates_the_others() {
+    let pool = |lines: &str| -> PoolConfig {
+        let toml = format!(
+            "[listeners]\nmain = \"127.0.0.1:1\"\ndirect = \"127.0.0.1:2\"\n[keys]\nfile = \"k.toml\"\n\
+             [[pools]]\nname = \"p\"\nupstreams = [\"http://127.0.0.1:9\"]\n{lines}\n"
+        );
+        let c = crate::config::Config::parse(std::path::Path::new("c.toml"), &toml).expect("valid");
+        c.live.pools[0].clone()
+    };
+    let openai = pool("");
+    for api in Api::ALL {
+        assert_eq!(plan(Some(api), &openai), Ok(None), "{api:?}");
+    }
+    assert_eq!(plan(None, &openai), Ok(None));
+    let chat_only = pool("native = [\"chat\", \"embeddings\"]");
+    assert_eq!(
+        plan(Some(Api::Messages), &chat_only),
+        Ok(Some(Plan {
+            from: Api::Messages,
+            to: Api::Chat
+        }))
+    );
+    assert!(plan(Some(Api::Images), &chat_only).is_err());
+    let claude = pool("provider = \"anthropic\"");
+    assert_eq!(claude.auth_header, crate::config::AuthHeader::XApiKey);
+    assert_eq!(plan(Some(Api::Messages), &claude), Ok(None));
+    assert_eq!(
+        plan(Some(Api::Chat), &claude),
+        Ok(Some(Plan {
+            from: Api::Chat,
+            to: Api::Messages
+        }))
+    );
+    assert!(plan(Some(Api::Embeddings), &claude).is_err());
+    assert!(plan(None, &claude).is_err());
+}
