@@ -319,18 +319,7 @@ impl GatewayError {
             ErrorShape::OpenAi => self.body(),
             ErrorShape::Anthropic => {
                 let p = self.parts();
-                let kind = match p.status {
-                    400 | 405 | 409 | 422 => "invalid_request_error",
-                    401 => "authentication_error",
-                    402 => "billing_error",
-                    403 => "permission_error",
-                    404 => "not_found_error",
-                    408 | 504 => "timeout_error",
-                    413 => "request_too_large",
-                    429 => "rate_limit_error",
-                    503 | 529 => "overloaded_error",
-                    _ => "api_error",
-                };
+                let kind = anthropic_kind(p.status);
                 // Anthropic's clients send the key in `x-api-key`: say so.
                 let message = if matches!(self, GatewayError::InvalidApiKey) {
                     "Incorrect or missing API key. Send it as 'x-api-key: <key>' (or \
@@ -345,6 +334,22 @@ impl GatewayError {
                     .into_bytes()
             }
         }
+    }
+}
+
+/// Anthropic's error `type` for a status (what its SDKs turn into exception classes).
+pub fn anthropic_kind(status: u16) -> &'static str {
+    match status {
+        400 | 405 | 409 | 422 => "invalid_request_error",
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        408 | 504 => "timeout_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        _ => "api_error",
     }
 }
 

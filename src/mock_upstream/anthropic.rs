@@ -74,7 +74,7 @@ fn signature(thinking: &str) -> String {
 }
 
 /// The mock's reasoning: a fixed sentence.
-const THINKING: &str = "The user wants a reply; a short one will do.";
+pub(super) const THINKING: &str = "The user wants a reply; a short one will do.";
 
 /// Checks what comes back of earlier turns: each thinking block signed by the mock, and (with
 /// thinking on) every assistant turn that used a tool starting with its thinking, as the
@@ -117,7 +117,7 @@ fn check_history(body: &Map<String, Value>, thinking: bool) -> Result<(), Reply>
 }
 
 /// A value for a schema: what a model would fill in.
-fn sample(schema: &Value) -> Value {
+pub(super) fn sample(schema: &Value) -> Value {
     match schema.get("type").and_then(Value::as_str) {
         Some("string") => json!("echo"),
         Some("integer") | Some("number") => json!(1),

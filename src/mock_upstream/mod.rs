@@ -7,6 +7,7 @@
 // this file writes the answer back.
 mod anthropic;
 mod apis;
+mod chat_turn;
 mod errors;
 mod replies;
 mod request;

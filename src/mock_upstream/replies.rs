@@ -270,6 +270,9 @@ fn chat_completions(parsed: &Parsed, ov: &Overrides, model: &str) -> Result<Repl
     let prompt_tokens = chat_prompt_tokens(body);
     let tokens = reply_tokens(ov.chunks);
     let (stream, include_usage) = stream_flags(body, ov);
+    if let Some(turn) = super::chat_turn::reply(body, ov, model, stream) {
+        return Ok(turn);
+    }
     let id = next_id("chatcmpl-mock");
     let created = now_secs();
     let model = model_or_default(model);

@@ -1,8 +1,7 @@
-//! OpenAI's Chat Completions: a request read into a `Conversation`, and a reply or a stream's
-//! events written as the API's own (`chat.completion`, `chat.completion.chunk`, `[DONE]`).
-//! Reasoning goes out as `reasoning_content` and, with the provider's signature, as
-//! `thinking_blocks` (the fields OpenAI-compatible servers use); both are read back on the
-//! next turn, so multi-turn tool use with thinking works.
+//! OpenAI's Chat Completions requests: read into a `Conversation` (from a client), and
+//! written from one (for an OpenAI-speaking pool). An assistant turn's `reasoning_content` and
+//! `thinking_blocks` (what `chat_reply` sends) are read back, so multi-turn tool use with
+//! thinking works.
 
 use serde_json::{Map, Value, json};
 
@@ -375,181 +374,174 @@ fn read_assistant(m: &Value) -> Result<Vec<Part>, GatewayError> {
     Ok(parts)
 }
 
-fn finish_reason(stop: &Stop) -> &'static str {
-    match stop {
-        Stop::End | Stop::StopSequence(_) | Stop::Pause => "stop",
-        Stop::MaxTokens => "length",
-        Stop::ToolUse => "tool_calls",
-        Stop::Refusal => "content_filter",
+/// An effort for a thinking budget (OpenAI-speaking models take an effort, not a budget).
+fn effort_for(budget: u64) -> &'static str {
+    match budget {
+        0..=2048 => "low",
+        2049..=16384 => "medium",
+        _ => "high",
     }
 }
 
-/// The `usage` object: cached prompt tokens and reasoning tokens in their details.
-pub fn usage(u: &Usage) -> Value {
-    let mut out = json!({
-        "prompt_tokens": u.prompt(),
-        "completion_tokens": u.output,
-        "total_tokens": u.prompt().saturating_add(u.output),
-        "prompt_tokens_details": {"cached_tokens": u.cache_read},
-    });
-    if let Some(r) = u.reasoning {
-        out["completion_tokens_details"] = json!({"reasoning_tokens": r});
+/// The request for `model`, with at most `max_tokens` of output when it is set. The usage of
+/// a stream is always asked for: the reply's own API reports it.
+pub fn write_request(
+    c: &Conversation,
+    model: &str,
+    max_tokens: Option<u64>,
+) -> Result<Vec<u8>, GatewayError> {
+    if c.top_k.is_some() {
+        return Err(unsupported("top_k"));
+    }
+    let mut out = Map::new();
+    out.insert("model".into(), json!(model));
+    out.insert("messages".into(), Value::Array(write_messages(c)));
+    if let Some(n) = max_tokens {
+        out.insert("max_completion_tokens".into(), json!(n));
+    }
+    if !c.tools.is_empty() {
+        let tools = c.tools.iter().map(|t| {
+            let mut f = json!({"name": t.name, "parameters": t.schema});
+            if let Some(d) = &t.description {
+                f["description"] = json!(d);
+            }
+            json!({"type": "function", "function": f})
+        });
+        out.insert("tools".into(), Value::Array(tools.collect()));
+        if c.parallel_tool_calls == Some(false) {
+            out.insert("parallel_tool_calls".into(), json!(false));
+        }
+    }
+    if let Some(choice) = &c.tool_choice {
+        let choice = match choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Named(n) => json!({"type": "function", "function": {"name": n}}),
+        };
+        out.insert("tool_choice".into(), choice);
+    }
+    for (name, v) in [("temperature", c.temperature), ("top_p", c.top_p)] {
+        if let Some(v) = v {
+            out.insert(name.into(), json!(v));
+        }
+    }
+    if !c.stop.is_empty() {
+        out.insert("stop".into(), json!(c.stop));
+    }
+    if c.stream {
+        out.insert("stream".into(), json!(true));
+        out.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    match &c.reasoning {
+        Some(Reasoning::Effort(e)) => {
+            out.insert("reasoning_effort".into(), json!(e));
+        }
+        Some(Reasoning::Budget(b)) => {
+            out.insert("reasoning_effort".into(), json!(effort_for(*b)));
+        }
+        Some(Reasoning::Off) | None => {}
+    }
+    if let Some(schema) = &c.json_schema {
+        out.insert(
+            "response_format".into(),
+            json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
+        );
+    }
+    if let Some(u) = &c.user {
+        out.insert("user".into(), json!(u));
+    }
+    Ok(Value::Object(out).to_string().into_bytes())
+}
+
+/// A text, image or document part as a content part.
+fn content_part(p: &Part) -> Option<Value> {
+    Some(match p {
+        Part::Text { text, .. } => json!({"type": "text", "text": text}),
+        Part::Image { source, .. } => {
+            json!({"type": "image_url", "image_url": {"url": source.to_url()}})
+        }
+        Part::Document { source, .. } => {
+            json!({"type": "file", "file": {"file_data": source.to_url(), "filename": "document.pdf"}})
+        }
+        _ => return None,
+    })
+}
+
+/// Content parts as a string when they are all text (what every server takes), else parts.
+fn content(parts: &[&Part]) -> Value {
+    let texts: Option<Vec<&str>> = parts
+        .iter()
+        .map(|p| match p {
+            Part::Text { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    match texts {
+        Some(t) => json!(t.concat()),
+        None => Value::Array(parts.iter().filter_map(|p| content_part(p)).collect()),
+    }
+}
+
+/// The conversation as chat messages: the system prompt first; a user turn's tool results as
+/// `tool` messages (right after the assistant's calls), then its other parts.
+fn write_messages(c: &Conversation) -> Vec<Value> {
+    let mut out = Vec::with_capacity(c.messages.len() + 1);
+    if !c.system.is_empty() {
+        let parts: Vec<&Part> = c.system.iter().collect();
+        out.push(json!({"role": "system", "content": content(&parts)}));
+    }
+    for m in &c.messages {
+        match m.role {
+            Role::User => {
+                for p in &m.parts {
+                    if let Part::ToolResult { id, content: c, .. } = p {
+                        let parts: Vec<&Part> = c.iter().collect();
+                        out.push(
+                            json!({"role": "tool", "tool_call_id": id, "content": content(&parts)}),
+                        );
+                    }
+                }
+                let rest: Vec<&Part> = m
+                    .parts
+                    .iter()
+                    .filter(|p| !matches!(p, Part::ToolResult { .. }))
+                    .collect();
+                if !rest.is_empty() {
+                    out.push(json!({"role": "user", "content": content(&rest)}));
+                }
+            }
+            Role::Assistant => out.push(write_assistant(m)),
+        }
     }
     out
 }
 
-fn thinking_block(text: &str, signature: Option<&str>) -> Value {
-    json!({"type": "thinking", "thinking": text, "signature": signature})
-}
-
-/// A whole reply as a `chat.completion`.
-pub fn write_reply(r: &Reply, created: u64) -> Vec<u8> {
-    let mut text: Option<String> = None;
-    let mut reasoning: Option<String> = None;
-    let mut blocks = Vec::new();
-    let mut calls = Vec::new();
-    for p in &r.parts {
-        match p {
-            Part::Text { text: t, .. } => text.get_or_insert_with(String::new).push_str(t),
-            Part::Thinking { text: t, signature } => {
-                reasoning.get_or_insert_with(String::new).push_str(t);
-                blocks.push(thinking_block(t, signature.as_deref()));
-            }
-            Part::RedactedThinking { data } => {
-                blocks.push(json!({"type": "redacted_thinking", "data": data}));
-            }
+/// An assistant turn: its text and tool calls (its reasoning is the other provider's and
+/// stays out: OpenAI's API takes none back).
+fn write_assistant(m: &Message) -> Value {
+    let text: Vec<&Part> = m
+        .parts
+        .iter()
+        .filter(|p| matches!(p, Part::Text { .. }))
+        .collect();
+    let calls: Vec<Value> = m
+        .parts
+        .iter()
+        .filter_map(|p| match p {
             Part::ToolCall {
                 id,
                 name,
                 arguments,
-            } => calls.push(json!({"id": id, "type": "function",
-                                    "function": {"name": name, "arguments": arguments}})),
-            _ => {}
-        }
-    }
-    let mut message = json!({"role": "assistant", "content": text, "refusal": null});
+            } => Some(json!({"id": id, "type": "function",
+                             "function": {"name": name, "arguments": arguments}})),
+            _ => None,
+        })
+        .collect();
+    let mut out = json!({"role": "assistant",
+                         "content": if text.is_empty() { Value::Null } else { content(&text) }});
     if !calls.is_empty() {
-        message["tool_calls"] = Value::Array(calls);
+        out["tool_calls"] = Value::Array(calls);
     }
-    if let Some(r) = reasoning {
-        message["reasoning_content"] = Value::String(r);
-    }
-    if !blocks.is_empty() {
-        message["thinking_blocks"] = Value::Array(blocks);
-    }
-    let out = json!({
-        "id": r.id, "object": "chat.completion", "created": created, "model": r.model,
-        "choices": [{"index": 0, "message": message, "logprobs": null,
-                     "finish_reason": finish_reason(&r.stop)}],
-        "usage": usage(&r.usage),
-    });
-    out.to_string().into_bytes()
-}
-
-/// Writes a stream's events as `chat.completion.chunk`s.
-#[derive(Debug)]
-pub struct StreamOut {
-    created: u64,
-    include_usage: bool,
-    id: String,
-    model: String,
-    /// Block index → the tool call's index in `tool_calls`.
-    calls: Vec<(usize, usize)>,
-    /// The reasoning of the block in progress (sent whole with its signature).
-    thinking: String,
-    usage: Usage,
-    stop: Stop,
-    done: bool,
-}
-
-impl StreamOut {
-    pub fn new(created: u64, include_usage: bool) -> StreamOut {
-        StreamOut {
-            created,
-            include_usage,
-            id: String::new(),
-            model: String::new(),
-            calls: Vec::new(),
-            thinking: String::new(),
-            usage: Usage::default(),
-            stop: Stop::End,
-            done: false,
-        }
-    }
-
-    fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Option<&str>) {
-        let c = json!({
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        super::sse::write(out, None, c.to_string().as_bytes());
-    }
-
-    fn call(&self, index: usize) -> usize {
-        self.calls
-            .iter()
-            .find(|(i, _)| *i == index)
-            .map_or(0, |(_, k)| *k)
-    }
-
-    pub fn event(&mut self, e: Event, out: &mut Vec<u8>) {
-        if self.done {
-            return;
-        }
-        match e {
-            Event::Start { id, model } => {
-                self.id = id;
-                self.model = model;
-                self.chunk(out, json!({"role": "assistant", "content": ""}), None);
-            }
-            Event::TextStart { .. } | Event::BlockStop { .. } => {}
-            Event::ThinkingStart { .. } => self.thinking.clear(),
-            Event::Text { text, .. } => self.chunk(out, json!({"content": text}), None),
-            Event::Thinking { text, .. } => {
-                self.thinking.push_str(&text);
-                self.chunk(out, json!({"reasoning_content": text}), None);
-            }
-            Event::Signature { signature, .. } => {
-                let block = thinking_block(&self.thinking, Some(&signature));
-                self.chunk(out, json!({"thinking_blocks": [block]}), None);
-            }
-            Event::RedactedThinking { data, .. } => {
-                let block = json!({"type": "redacted_thinking", "data": data});
-                self.chunk(out, json!({"thinking_blocks": [block]}), None);
-            }
-            Event::ToolStart { index, id, name } => {
-                let k = self.calls.len();
-                self.calls.push((index, k));
-                let call = json!({"index": k, "id": id, "type": "function",
-                                  "function": {"name": name, "arguments": ""}});
-                self.chunk(out, json!({"tool_calls": [call]}), None);
-            }
-            Event::ToolArguments { index, json } => {
-                let call = json!({"index": self.call(index), "function": {"arguments": json}});
-                self.chunk(out, json!({"tool_calls": [call]}), None);
-            }
-            Event::Usage(u) => self.usage = u,
-            Event::Stop(s) => self.stop = s,
-            Event::Error { kind, message } => {
-                let e = super::errors::openai_error(&kind, &message);
-                super::sse::write(out, None, e.to_string().as_bytes());
-                super::sse::write(out, None, b"[DONE]");
-                self.done = true;
-            }
-            Event::End => {
-                self.chunk(out, json!({}), Some(finish_reason(&self.stop)));
-                if self.include_usage {
-                    let c = json!({
-                        "id": self.id, "object": "chat.completion.chunk",
-                        "created": self.created, "model": self.model, "choices": [],
-                        "usage": usage(&self.usage),
-                    });
-                    super::sse::write(out, None, c.to_string().as_bytes());
-                }
-                super::sse::write(out, None, b"[DONE]");
-                self.done = true;
-            }
-        }
-    }
+    out
 }

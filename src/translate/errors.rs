@@ -1,6 +1,7 @@
 //! A provider's error, in a reply or in the middle of a stream, in the client API's own shape
 //! and status. Anthropic's `overloaded_error` (529) is a 503 to OpenAI's clients, which know
-//! no 529 (and retry a 503).
+//! no 529 (and retry a 503); an OpenAI error keeps its status for Anthropic's clients, its
+//! `type` named by that status as Anthropic's API names it.
 
 use serde_json::{Value, json};
 
@@ -42,6 +43,30 @@ pub fn anthropic_to_openai(body: &[u8]) -> Option<Vec<u8>> {
     let kind = e.get("type").and_then(Value::as_str)?;
     let message = e.get("message").and_then(Value::as_str).unwrap_or("");
     Some(openai_error(kind, message).to_string().into_bytes())
+}
+
+/// Anthropic's error `type` for an OpenAI error's code or type (in a stream, where no status
+/// says it).
+pub fn anthropic_kind(kind: &str) -> &str {
+    match kind {
+        "invalid_request_error" | "invalid_request" | "invalid_parameter" => {
+            "invalid_request_error"
+        }
+        "rate_limit_exceeded" | "rate_limit_error" | "requests" | "tokens" => "rate_limit_error",
+        "insufficient_quota" => "billing_error",
+        "budget_exhausted" => "budget_exhausted",
+        "overloaded" | "overloaded_error" => "overloaded_error",
+        _ => "api_error",
+    }
+}
+
+/// An OpenAI error reply's body as Anthropic's, or None when it is not one.
+pub fn openai_to_anthropic(status: u16, body: &[u8]) -> Option<Vec<u8>> {
+    let v: Value = serde_json::from_slice(body).ok()?;
+    let e = v.get("error")?;
+    let message = e.get("message").and_then(Value::as_str).unwrap_or("");
+    let out = json!({"type": "error", "error": {"type": crate::error::anthropic_kind(status), "message": message}});
+    Some(out.to_string().into_bytes())
 }
 
 #[cfg(test)]

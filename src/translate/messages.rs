@@ -227,47 +227,230 @@ fn message_content(m: &Message) -> Result<Vec<Value>, GatewayError> {
     Ok(content)
 }
 
-fn stop_of(reason: &str, sequence: Option<&str>) -> Stop {
-    match reason {
-        "max_tokens" | "model_context_window_exceeded" => Stop::MaxTokens,
-        "stop_sequence" => Stop::StopSequence(sequence.map(str::to_string)),
-        "tool_use" => Stop::ToolUse,
-        "refusal" => Stop::Refusal,
-        "pause_turn" => Stop::Pause,
-        _ => Stop::End,
+/// Fields with no effect on the reply that a provider without them may ignore.
+const IGNORED: &[&str] = &["model", "service_tier", "cache_control", "inference_geo"];
+
+/// Reads a Messages API request.
+pub fn read_request(body: &[u8]) -> Result<Conversation, GatewayError> {
+    let v: Map<String, Value> =
+        serde_json::from_slice(body).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
+    let mut c = Conversation::default();
+    for (name, value) in &v {
+        if value.is_null() || IGNORED.contains(&name.as_str()) {
+            continue;
+        }
+        match name.as_str() {
+            "max_tokens" => c.max_tokens = value.as_u64(),
+            "system" => c.system = read_blocks(value)?,
+            "messages" => read_messages(value, &mut c)?,
+            "tools" => c.tools = read_tools(value)?,
+            "tool_choice" => read_tool_choice(value, &mut c)?,
+            "stop_sequences" => {
+                c.stop = serde_json::from_value(value.clone())
+                    .map_err(|_| bad("stop_sequences", "must be an array of strings".into()))?;
+            }
+            "stream" => c.stream = value.as_bool().unwrap_or(false),
+            "temperature" => c.temperature = value.as_f64(),
+            "top_p" => c.top_p = value.as_f64(),
+            "top_k" => c.top_k = value.as_u64(),
+            "thinking" => c.reasoning = read_thinking(value),
+            "output_config" => read_output_config(value, &mut c)?,
+            "metadata" => {
+                c.user = value
+                    .get("user_id")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+            }
+            other => return Err(super::unsupported(other)),
+        }
+    }
+    Ok(c)
+}
+
+fn read_thinking(v: &Value) -> Option<Reasoning> {
+    match v.get("type").and_then(Value::as_str)? {
+        "enabled" => Some(Reasoning::Budget(
+            v.get("budget_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(MIN_BUDGET),
+        )),
+        "disabled" => Some(Reasoning::Off),
+        // Adaptive: the model decides; `output_config.effort` may say how hard.
+        _ => Some(Reasoning::Effort("medium".into())),
     }
 }
 
-/// Reads a `usage` object's fields into `u` (those it has).
-fn read_usage(v: &Value, u: &mut Usage) {
-    let field = |name: &str| v.get(name).and_then(Value::as_u64);
-    if let Some(n) = field("input_tokens") {
-        u.input = n;
+fn read_output_config(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {
+    if let Some(e) = v.get("effort").and_then(Value::as_str) {
+        let effort = match e {
+            "max" => "xhigh",
+            e => e,
+        };
+        c.reasoning = Some(Reasoning::Effort(effort.to_string()));
     }
-    if let Some(n) = field("output_tokens") {
-        u.output = n;
+    if let Some(f) = v.get("format").filter(|f| !f.is_null()) {
+        c.json_schema = Some(
+            f.get("schema")
+                .cloned()
+                .ok_or_else(|| bad("output_config", "'format.schema' is required.".into()))?,
+        );
     }
-    if let Some(n) = field("cache_read_input_tokens") {
-        u.cache_read = n;
+    Ok(())
+}
+
+fn read_tools(v: &Value) -> Result<Vec<Tool>, GatewayError> {
+    let tools = v
+        .as_array()
+        .ok_or_else(|| bad("tools", "'tools' must be an array.".into()))?;
+    tools
+        .iter()
+        .map(|t| {
+            // A client tool has an input schema; the provider's own tools (web search, code
+            // execution…) have a versioned type instead and run at Anthropic only.
+            let custom = t.get("type").is_none_or(|k| k == "custom");
+            let (Some(name), Some(schema), true) = (
+                t.get("name").and_then(Value::as_str),
+                t.get("input_schema"),
+                custom,
+            ) else {
+                return Err(GatewayError::Unsupported {
+                    param: "tools",
+                    message: format!(
+                        "The tool {} runs only at Anthropic and cannot be translated for this \
+                         model: only tools with an input_schema can.",
+                        t.get("type").unwrap_or(&Value::Null)
+                    ),
+                });
+            };
+            Ok(Tool {
+                name: name.to_string(),
+                description: t
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                schema: schema.clone(),
+                cache: t.get("cache_control").is_some(),
+            })
+        })
+        .collect()
+}
+
+fn read_tool_choice(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {
+    c.tool_choice = Some(match v.get("type").and_then(Value::as_str) {
+        Some("auto") => ToolChoice::Auto,
+        Some("none") => ToolChoice::None,
+        Some("any") => ToolChoice::Required,
+        Some("tool") => ToolChoice::Named(
+            v.get("name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    bad(
+                        "tool_choice",
+                        "A tool choice of type tool needs 'name'.".into(),
+                    )
+                })?
+                .to_string(),
+        ),
+        _ => {
+            return Err(bad(
+                "tool_choice",
+                "'tool_choice.type' must be auto, any, tool or none.".into(),
+            ));
+        }
+    });
+    if v.get("disable_parallel_tool_use") == Some(&Value::Bool(true)) {
+        c.parallel_tool_calls = Some(false);
     }
-    if let Some(n) = field("cache_creation_input_tokens") {
-        u.cache_write = n;
+    Ok(())
+}
+
+fn read_messages(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {
+    let messages = v
+        .as_array()
+        .ok_or_else(|| bad("messages", "'messages' must be an array.".into()))?;
+    for m in messages {
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some("user") => Role::User,
+            Some("assistant") => Role::Assistant,
+            // Newer API versions take system turns among the messages.
+            Some("system") => {
+                c.system
+                    .extend(read_blocks(m.get("content").unwrap_or(&Value::Null))?);
+                continue;
+            }
+            _ => {
+                return Err(bad(
+                    "messages",
+                    "A message's role must be user or assistant.".into(),
+                ));
+            }
+        };
+        let parts = read_blocks(m.get("content").unwrap_or(&Value::Null))?;
+        c.messages.push(Message { role, parts });
+    }
+    Ok(())
+}
+
+fn read_source(s: &Value) -> Result<Source, GatewayError> {
+    match s.get("type").and_then(Value::as_str) {
+        Some("base64") => Ok(Source::Base64 {
+            media_type: text_of(s, "media_type"),
+            data: text_of(s, "data"),
+        }),
+        Some("url") => Ok(Source::Url(text_of(s, "url"))),
+        _ => Err(GatewayError::Unsupported {
+            param: "messages",
+            message: "Only base64 and url sources can be translated for this model.".into(),
+        }),
     }
 }
 
-fn text_of(v: &Value, name: &str) -> String {
-    v.get(name)
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string()
+/// Content: a string, or blocks.
+fn read_blocks(v: &Value) -> Result<Vec<Part>, GatewayError> {
+    let blocks = match v {
+        Value::Null => return Ok(Vec::new()),
+        Value::String(s) => {
+            return Ok(vec![Part::Text {
+                text: s.clone(),
+                cache: false,
+            }]);
+        }
+        Value::Array(b) => b,
+        _ => {
+            return Err(bad(
+                "messages",
+                "'content' must be a string or an array.".into(),
+            ));
+        }
+    };
+    blocks.iter().map(read_block).collect()
 }
 
-/// A content block of a reply.
-fn reply_part(b: &Value) -> Option<Part> {
-    Some(match b.get("type").and_then(Value::as_str)? {
+fn read_block(b: &Value) -> Result<Part, GatewayError> {
+    let cache = b.get("cache_control").is_some_and(|c| !c.is_null());
+    let kind = b.get("type").and_then(Value::as_str).unwrap_or("");
+    Ok(match kind {
         "text" => Part::Text {
             text: text_of(b, "text"),
-            cache: false,
+            cache,
+        },
+        "image" => Part::Image {
+            source: read_source(b.get("source").unwrap_or(&Value::Null))?,
+            cache,
+        },
+        "document" => Part::Document {
+            source: read_source(b.get("source").unwrap_or(&Value::Null))?,
+            cache,
+        },
+        "tool_use" => Part::ToolCall {
+            id: text_of(b, "id"),
+            name: text_of(b, "name"),
+            arguments: b.get("input").map_or_else(|| "{}".into(), Value::to_string),
+        },
+        "tool_result" => Part::ToolResult {
+            id: text_of(b, "tool_use_id"),
+            content: read_blocks(b.get("content").unwrap_or(&Value::Null))?,
+            is_error: b.get("is_error") == Some(&Value::Bool(true)),
         },
         "thinking" => Part::Thinking {
             text: text_of(b, "thinking"),
@@ -279,145 +462,20 @@ fn reply_part(b: &Value) -> Option<Part> {
         "redacted_thinking" => Part::RedactedThinking {
             data: text_of(b, "data"),
         },
-        "tool_use" => Part::ToolCall {
-            id: text_of(b, "id"),
-            name: text_of(b, "name"),
-            arguments: b.get("input").map_or_else(|| "{}".into(), Value::to_string),
-        },
-        _ => return None,
-    })
-}
-
-/// Reads a whole reply (None: not a message).
-pub fn read_reply(body: &[u8]) -> Option<Reply> {
-    let v: Value = serde_json::from_slice(body).ok()?;
-    if v.get("type").and_then(Value::as_str) != Some("message") {
-        return None;
-    }
-    let mut usage = Usage::default();
-    if let Some(u) = v.get("usage") {
-        read_usage(u, &mut usage);
-    }
-    let parts = v.get("content").and_then(Value::as_array);
-    Some(Reply {
-        id: text_of(&v, "id"),
-        model: text_of(&v, "model"),
-        parts: parts.into_iter().flatten().filter_map(reply_part).collect(),
-        stop: stop_of(
-            v.get("stop_reason").and_then(Value::as_str).unwrap_or(""),
-            v.get("stop_sequence").and_then(Value::as_str),
-        ),
-        usage,
-    })
-}
-
-/// Reads a stream's events.
-#[derive(Debug, Default)]
-pub struct StreamIn {
-    usage: Usage,
-}
-
-impl StreamIn {
-    /// One event's data (its `type` says what it is; the SSE name repeats it).
-    pub fn event(&mut self, data: &[u8], out: &mut Vec<Event>) {
-        let Ok(v) = serde_json::from_slice::<Value>(data) else {
-            return;
-        };
-        let index = v.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
-        match v.get("type").and_then(Value::as_str).unwrap_or("") {
-            "message_start" => {
-                let m = v.get("message").unwrap_or(&Value::Null);
-                out.push(Event::Start {
-                    id: text_of(m, "id"),
-                    model: text_of(m, "model"),
-                });
-                if let Some(u) = m.get("usage") {
-                    read_usage(u, &mut self.usage);
-                    out.push(Event::Usage(self.usage));
-                }
-            }
-            "content_block_start" => block_start(index, v.get("content_block"), out),
-            "content_block_delta" => delta(index, v.get("delta").unwrap_or(&Value::Null), out),
-            "content_block_stop" => out.push(Event::BlockStop { index }),
-            "message_delta" => {
-                if let Some(u) = v.get("usage") {
-                    read_usage(u, &mut self.usage);
-                    out.push(Event::Usage(self.usage));
-                }
-                let d = v.get("delta").unwrap_or(&Value::Null);
-                if let Some(r) = d.get("stop_reason").and_then(Value::as_str) {
-                    let seq = d.get("stop_sequence").and_then(Value::as_str);
-                    out.push(Event::Stop(stop_of(r, seq)));
-                }
-            }
-            "message_stop" => out.push(Event::End),
-            "error" => {
-                let e = v.get("error").unwrap_or(&Value::Null);
-                out.push(Event::Error {
-                    kind: text_of(e, "type"),
-                    message: text_of(e, "message"),
-                });
-            }
-            _ => {}
-        }
-    }
-}
-
-fn block_start(index: usize, b: Option<&Value>, out: &mut Vec<Event>) {
-    let Some(b) = b else { return };
-    match b.get("type").and_then(Value::as_str).unwrap_or("") {
-        "text" => {
-            out.push(Event::TextStart { index });
-            let text = text_of(b, "text");
-            if !text.is_empty() {
-                out.push(Event::Text { index, text });
-            }
-        }
-        "thinking" => out.push(Event::ThinkingStart { index }),
-        "redacted_thinking" => out.push(Event::RedactedThinking {
-            index,
-            data: text_of(b, "data"),
-        }),
-        "tool_use" => {
-            out.push(Event::ToolStart {
-                index,
-                id: text_of(b, "id"),
-                name: text_of(b, "name"),
+        other => {
+            return Err(GatewayError::Unsupported {
+                param: "messages",
+                message: format!(
+                    "Content blocks of type '{other}' cannot be translated for this model."
+                ),
             });
-            // The input comes in deltas; one given whole here is passed on as one.
-            let input = b
-                .get("input")
-                .filter(|i| i.as_object().is_some_and(|o| !o.is_empty()));
-            if let Some(i) = input {
-                out.push(Event::ToolArguments {
-                    index,
-                    json: i.to_string(),
-                });
-            }
         }
-        _ => {}
-    }
+    })
 }
 
-fn delta(index: usize, d: &Value, out: &mut Vec<Event>) {
-    let e = match d.get("type").and_then(Value::as_str).unwrap_or("") {
-        "text_delta" => Event::Text {
-            index,
-            text: text_of(d, "text"),
-        },
-        "thinking_delta" => Event::Thinking {
-            index,
-            text: text_of(d, "thinking"),
-        },
-        "signature_delta" => Event::Signature {
-            index,
-            signature: text_of(d, "signature"),
-        },
-        "input_json_delta" => Event::ToolArguments {
-            index,
-            json: text_of(d, "partial_json"),
-        },
-        _ => return,
-    };
-    out.push(e);
+pub(super) fn text_of(v: &Value, name: &str) -> String {
+    v.get(name)
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string()
 }

@@ -5,18 +5,20 @@
 //! (the pool's provider) and `error`.
 
 pub mod chat;
+pub mod chat_reply;
 pub mod errors;
 pub mod ir;
 pub mod messages;
+pub mod messages_reply;
+mod reply;
 pub mod sse;
 
 use bytes::Bytes;
-use pingora_http::ResponseHeader;
 
 pub use crate::config::Api;
 use crate::config::{PoolConfig, Provider};
 use crate::error::GatewayError;
-use ir::{Collect, Event};
+pub use reply::Translation;
 
 /// A 400 naming the parameter.
 pub(crate) fn bad(param: &'static str, message: String) -> GatewayError {
@@ -123,29 +125,22 @@ pub struct Asked<'a> {
 pub fn request(plan: Plan, asked: &Asked<'_>) -> Result<(Bytes, Translation), GatewayError> {
     let conversation = match plan.from {
         Api::Chat => chat::read_request(asked.body)?,
+        Api::Messages => messages::read_request(asked.body)?,
         other => return Err(not_yet(plan, other)),
     };
-    let max_tokens = conversation
-        .max_tokens
-        .unwrap_or(asked.default_max_tokens)
-        .min(asked.cap.unwrap_or(u64::MAX))
-        .max(1);
+    let asked_for = match (conversation.max_tokens, asked.cap) {
+        (Some(n), Some(cap)) => Some(n.min(cap)),
+        (n, cap) => n.or(cap),
+    };
     let body = match plan.to {
-        Api::Messages => messages::write_request(&conversation, asked.model, max_tokens)?,
+        Api::Messages => {
+            let max_tokens = asked_for.unwrap_or(asked.default_max_tokens).max(1);
+            messages::write_request(&conversation, asked.model, max_tokens)?
+        }
+        Api::Chat => chat::write_request(&conversation, asked.model, asked_for)?,
         other => return Err(not_yet(plan, other)),
     };
-    let created = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let t = Translation {
-        plan,
-        stream: conversation.stream,
-        body: Body::Unknown,
-        out: chat::StreamOut::new(created, conversation.include_usage),
-        collect: Collect::default(),
-        created,
-    };
-    Ok((Bytes::from(body), t))
+    Ok((Bytes::from(body), Translation::new(plan, &conversation)))
 }
 
 fn not_yet(plan: Plan, api: Api) -> GatewayError {
@@ -157,140 +152,6 @@ fn not_yet(plan: Plan, api: Api) -> GatewayError {
             plan.to.name(),
             api.name()
         ),
-    }
-}
-
-/// The reply's body as it is read.
-#[derive(Debug)]
-enum Body {
-    /// Before the header.
-    Unknown,
-    /// Events, read as they come.
-    Events {
-        reader: sse::Reader,
-        decoder: messages::StreamIn,
-    },
-    /// A plain reply, held until whole.
-    Whole(Vec<u8>),
-}
-
-/// The translation of one reply: it reads the provider's and writes the client's API.
-#[derive(Debug)]
-pub struct Translation {
-    plan: Plan,
-    /// The client asked for a stream.
-    stream: bool,
-    body: Body,
-    out: chat::StreamOut,
-    /// A stream read for a client that asked for a plain reply.
-    collect: Collect,
-    created: u64,
-}
-
-/// The largest plain reply translated.
-const MAX_WHOLE: usize = 64 * 1024 * 1024;
-
-impl Translation {
-    pub fn plan(&self) -> Plan {
-        self.plan
-    }
-
-    /// A success's header: what its body will be, in the client's API.
-    pub fn on_header(&mut self, resp: &mut ResponseHeader) -> pingora_error::Result<()> {
-        let events = resp
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        self.body = if events {
-            Body::Events {
-                reader: sse::Reader::default(),
-                decoder: messages::StreamIn::default(),
-            }
-        } else {
-            Body::Whole(Vec::new())
-        };
-        let content_type = if self.stream {
-            "text/event-stream"
-        } else {
-            "application/json"
-        };
-        resp.insert_header(http::header::CONTENT_TYPE, content_type)?;
-        if self.stream {
-            resp.insert_header(http::header::CACHE_CONTROL, "no-cache")?;
-        }
-        // Its length changes; and what is translated is the decoded body.
-        resp.remove_header(&http::header::CONTENT_LENGTH);
-        resp.remove_header(&http::header::CONTENT_ENCODING);
-        Ok(())
-    }
-
-    /// One piece of the provider's body: the client's bytes in its place.
-    pub fn feed(&mut self, piece: Option<&[u8]>, end: bool) -> Bytes {
-        let mut events = Vec::new();
-        match &mut self.body {
-            Body::Events { reader, decoder } => {
-                let mut read = Vec::new();
-                if let Some(p) = piece {
-                    if reader.feed(p, &mut read).is_err() {
-                        events.push(too_large());
-                    }
-                }
-                if end {
-                    reader.finish(&mut read);
-                }
-                for e in read {
-                    decoder.event(&e.data, &mut events);
-                }
-            }
-            Body::Whole(buf) => {
-                if let Some(p) = piece {
-                    buf.extend_from_slice(p);
-                }
-                if buf.len() > MAX_WHOLE {
-                    buf.clear();
-                    events.push(too_large());
-                } else if end {
-                    events = match messages::read_reply(buf) {
-                        Some(r) => r.events(),
-                        None => vec![Event::Error {
-                            kind: "api_error".into(),
-                            message: "The provider's reply could not be read.".into(),
-                        }],
-                    };
-                }
-            }
-            Body::Unknown => {}
-        }
-        let mut out = Vec::new();
-        for e in events {
-            if self.stream {
-                self.out.event(e, &mut out);
-            } else {
-                self.collect.push(e);
-            }
-        }
-        if !self.stream && end {
-            out = match self.collect.error.take() {
-                Some((kind, message)) => errors::openai_error(&kind, &message)
-                    .to_string()
-                    .into_bytes(),
-                None => chat::write_reply(&self.collect.reply, self.created),
-            };
-        }
-        Bytes::from(out)
-    }
-
-    /// An error reply from the provider, in the client's shape: its status and body.
-    pub fn error(&self, status: u16, body: &[u8]) -> Option<(u16, Vec<u8>)> {
-        let translated = errors::anthropic_to_openai(body)?;
-        Some((errors::openai_status(status), translated))
-    }
-}
-
-fn too_large() -> Event {
-    Event::Error {
-        kind: "api_error".into(),
-        message: "The provider's reply is too large to translate.".into(),
     }
 }
 

@@ -240,3 +240,142 @@ fn a_pool_passes_its_native_apis_and_translates_the_others() {
     assert!(plan(Some(Api::Embeddings), &claude).is_err());
     assert!(plan(None, &claude).is_err());
 }
+
+/// OpenAI's streamed function call (the function-calling guide's "Streaming" example: the
+/// arguments in pieces after a first delta with the id and name), then the usage chunk.
+fn openai_tool_stream() -> String {
+    let chunk = |delta: Value, finish: Value| {
+        let c = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
+                       "model": "gpt-4.1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+        format!("data: {c}\n\n")
+    };
+    let mut s = chunk(
+        json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": "call_DdmO9pD3xa9XTPNJ32zg2hcA", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
+        Value::Null,
+    );
+    for piece in ["{\"", "location", "\":\"", "Paris", ",", " France", "\"}"] {
+        s += &chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+            Value::Null,
+        );
+    }
+    s += &chunk(json!({}), json!("tool_calls"));
+    let usage = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4.1", "choices": [],
+                       "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29,
+                                 "prompt_tokens_details": {"cached_tokens": 8}}});
+    s + &format!("data: {usage}\n\ndata: [DONE]\n\n")
+}
+
+fn messages_stream(pieces: &[&[u8]]) -> Vec<(String, Value)> {
+    let body = json!({"model": "m", "max_tokens": 100, "stream": true,
+                      "messages": [{"role": "user", "content": "weather?"}]})
+    .to_string();
+    let a = Asked {
+        body: body.as_bytes(),
+        model: "gpt-4.1",
+        cap: None,
+        default_max_tokens: 10,
+    };
+    let plan = Plan {
+        from: Api::Messages,
+        to: Api::Chat,
+    };
+    let (sent, mut t) = request(plan, &a).expect("translated");
+    let sent: Value = serde_json::from_slice(&sent).expect("json");
+    assert_eq!(sent["stream_options"], json!({"include_usage": true}));
+    let mut resp = pingora_http::ResponseHeader::build(200, None).expect("header");
+    resp.insert_header("content-type", "text/event-stream")
+        .expect("header");
+    t.on_header(&mut resp).expect("header");
+    let mut out = Vec::new();
+    for p in pieces {
+        out.extend_from_slice(&t.feed(Some(p), false));
+    }
+    out.extend_from_slice(&t.feed(None, true));
+    let mut reader = sse::Reader::default();
+    let mut events = Vec::new();
+    reader.feed(&out, &mut events).expect("bounded");
+    events
+        .into_iter()
+        .map(|e| (e.name, serde_json::from_slice(&e.data).expect("json")))
+        .collect()
+}
+
+#[test]
+fn an_openai_tool_stream_reads_as_anthropic_events_split_anywhere() {
+    let stream = openai_tool_stream();
+    let whole = messages_stream(&[stream.as_bytes()]);
+    for at in (0..stream.len()).step_by(11) {
+        let (a, b) = stream.as_bytes().split_at(at);
+        assert_eq!(messages_stream(&[a, b]), whole, "split at {at}");
+    }
+    let names: Vec<&str> = whole.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(&names[names.len() - 2..], ["message_delta", "message_stop"]);
+    let start = &whole
+        .iter()
+        .find(|(n, _)| n == "content_block_start")
+        .expect("a block")
+        .1;
+    assert_eq!(
+        start["content_block"],
+        json!({"type": "tool_use", "id": "call_DdmO9pD3xa9XTPNJ32zg2hcA", "name": "get_weather", "input": {}})
+    );
+    let args: String = whole
+        .iter()
+        .filter_map(|(_, v)| v["delta"]["partial_json"].as_str())
+        .collect();
+    assert_eq!(args, "{\"location\":\"Paris, France\"}");
+    let delta = &whole[whole.len() - 2].1;
+    assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    assert_eq!(
+        delta["usage"],
+        json!({"input_tokens": 12, "output_tokens": 9, "cache_read_input_tokens": 8, "cache_creation_input_tokens": 0})
+    );
+}
+
+#[test]
+fn a_message_request_becomes_a_chat_request() {
+    let body = json!({
+        "model": "m", "max_tokens": 50, "system": [{"type": "text", "text": "Terse."}],
+        "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "t", "signature": "s"},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "toolu_1", "name": "w", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}], "is_error": false}]},
+        ],
+        "tools": [{"name": "w", "input_schema": {"type": "object"}}],
+        "tool_choice": {"type": "tool", "name": "w"},
+    })
+    .to_string();
+    let a = Asked {
+        body: body.as_bytes(),
+        model: "gpt-4.1",
+        cap: Some(20),
+        default_max_tokens: 10,
+    };
+    let plan = Plan {
+        from: Api::Messages,
+        to: Api::Chat,
+    };
+    let (sent, _) = request(plan, &a).expect("translated");
+    let sent: Value = serde_json::from_slice(&sent).expect("json");
+    assert_eq!(
+        sent,
+        json!({
+            "model": "gpt-4.1", "max_completion_tokens": 20,
+            "messages": [
+                {"role": "system", "content": "Terse."},
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": "Checking.", "tool_calls": [
+                    {"id": "toolu_1", "type": "function", "function": {"name": "w", "arguments": "{\"city\":\"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
+            ],
+            "tools": [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}],
+            "tool_choice": {"type": "function", "function": {"name": "w"}},
+        })
+    );
+}

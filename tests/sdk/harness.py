@@ -218,6 +218,19 @@ upstreams = ["http://127.0.0.1:{ports['mock']}"]
 name = "claude-*"
 pool = "anthropic"
 price = {{ prompt = 3.0, completion = 15.0 }}
+
+# The mock's Chat Completions only: Messages requests arrive translated.
+[[pools]]
+pass_headers = ["x-mock-*"]
+name = "chat-only"
+native = ["chat"]
+api_key = "sk-openai-mock-credential"
+upstreams = ["http://127.0.0.1:{ports['mock']}"]
+
+[[models]]
+name = "gpt-*"
+pool = "chat-only"
+price = {{ prompt = 1.25, completion = 10.0 }}
 """
 
 
