@@ -214,8 +214,8 @@ fn read_messages(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {
         let content = m.get("content").unwrap_or(&Value::Null);
         match role {
             "system" | "developer" => c.system.extend(read_content(content)?),
-            "user" => push(c, Role::User, read_content(content)?),
-            "assistant" => push(c, Role::Assistant, read_assistant(m)?),
+            "user" => c.push(Role::User, read_content(content)?),
+            "assistant" => c.push(Role::Assistant, read_assistant(m)?),
             "tool" => {
                 let id = m
                     .get("tool_call_id")
@@ -228,7 +228,7 @@ fn read_messages(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {
                     content: read_content(content)?,
                     is_error: false,
                 };
-                push(c, Role::User, vec![result]);
+                c.push(Role::User, vec![result]);
             }
             "function" => {
                 return Err(GatewayError::Unsupported {
@@ -242,14 +242,6 @@ fn read_messages(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {
         }
     }
     Ok(())
-}
-
-/// Adds a message; one of the same role as the last is merged into it.
-fn push(c: &mut Conversation, role: Role, parts: Vec<Part>) {
-    match c.messages.last_mut() {
-        Some(last) if last.role == role => last.parts.extend(parts),
-        _ => c.messages.push(Message { role, parts }),
-    }
 }
 
 /// A message's `content`: a string or an array of parts.

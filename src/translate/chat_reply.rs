@@ -22,7 +22,7 @@ pub fn usage(u: &Usage) -> Value {
         "prompt_tokens": u.prompt(),
         "completion_tokens": u.output,
         "total_tokens": u.prompt().saturating_add(u.output),
-        "prompt_tokens_details": {"cached_tokens": u.cache_read},
+        "prompt_tokens_details": {"cached_tokens": u.cache_read, "cache_write_tokens": u.cache_write},
     });
     if let Some(r) = u.reasoning {
         out["completion_tokens_details"] = json!({"reasoning_tokens": r});
@@ -195,16 +195,22 @@ fn stop_of(finish: &str) -> Stop {
     }
 }
 
-/// A chat `usage` as neutral counts: the cached tokens apart from the rest of the prompt.
+/// A chat `usage` as neutral counts: the cached and cache-write tokens apart from the rest of
+/// the prompt (which counts them all).
 fn read_usage(u: &Value) -> Usage {
     let n = |v: Option<&Value>| v.and_then(Value::as_u64);
     let prompt = n(u.get("prompt_tokens")).unwrap_or(0);
-    let cached = n(u.pointer("/prompt_tokens_details/cached_tokens")).unwrap_or(0);
+    let cached = n(u.pointer("/prompt_tokens_details/cached_tokens"))
+        .unwrap_or(0)
+        .min(prompt);
+    let written = n(u.pointer("/prompt_tokens_details/cache_write_tokens"))
+        .unwrap_or(0)
+        .min(prompt - cached);
     Usage {
-        input: prompt.saturating_sub(cached),
+        input: prompt - cached - written,
         output: n(u.get("completion_tokens")).unwrap_or(0),
-        cache_read: cached.min(prompt),
-        cache_write: 0,
+        cache_read: cached,
+        cache_write: written,
         reasoning: n(u.pointer("/completion_tokens_details/reasoning_tokens")),
     }
 }

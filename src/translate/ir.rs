@@ -30,6 +30,17 @@ pub struct Conversation {
     pub user: Option<String>,
 }
 
+impl Conversation {
+    /// Adds a turn; one of the same role as the last is merged into it (the providers take
+    /// alternating turns).
+    pub fn push(&mut self, role: Role, parts: Vec<Part>) {
+        match self.messages.last_mut() {
+            Some(last) if last.role == role => last.parts.extend(parts),
+            _ => self.messages.push(Message { role, parts }),
+        }
+    }
+}
+
 /// How much the model may think before it answers.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Reasoning {

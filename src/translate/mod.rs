@@ -11,6 +11,8 @@ pub mod ir;
 pub mod messages;
 pub mod messages_reply;
 mod reply;
+pub mod responses;
+pub mod responses_reply;
 pub mod sse;
 
 use bytes::Bytes;
@@ -126,6 +128,7 @@ pub fn request(plan: Plan, asked: &Asked<'_>) -> Result<(Bytes, Translation), Ga
     let conversation = match plan.from {
         Api::Chat => chat::read_request(asked.body)?,
         Api::Messages => messages::read_request(asked.body)?,
+        Api::Responses => responses::read_request(asked.body)?,
         other => return Err(not_yet(plan, other)),
     };
     let asked_for = match (conversation.max_tokens, asked.cap) {

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use pingora_http::ResponseHeader;
 
 use super::ir::{Collect, Conversation, Event, Reply};
-use super::{Api, Plan, chat_reply, errors, messages_reply, sse};
+use super::{Api, Plan, chat_reply, errors, messages_reply, responses_reply, sse};
 
 /// Reads the provider's stream.
 #[derive(Debug)]
@@ -28,6 +28,7 @@ impl Decoder {
 enum Encoder {
     Chat(chat_reply::StreamOut),
     Messages(messages_reply::StreamOut),
+    Responses(responses_reply::StreamOut),
 }
 
 /// The reply's body as it is read.
@@ -67,6 +68,7 @@ impl Translation {
             .map_or(0, |d| d.as_secs());
         let out = match plan.from {
             Api::Messages => Encoder::Messages(messages_reply::StreamOut::default()),
+            Api::Responses => Encoder::Responses(responses_reply::StreamOut::new(created)),
             _ => Encoder::Chat(chat_reply::StreamOut::new(created, c.include_usage)),
         };
         Translation {
@@ -175,6 +177,7 @@ impl Translation {
             match (&mut self.out, self.stream) {
                 (Encoder::Chat(w), true) => w.event(e, &mut out),
                 (Encoder::Messages(w), true) => w.event(e, &mut out),
+                (Encoder::Responses(w), true) => w.event(e, &mut out),
                 (_, false) => self.collect.push(e),
             }
         }
@@ -188,9 +191,11 @@ impl Translation {
     fn write_whole(&mut self) -> Vec<u8> {
         let error = self.collect.error.take();
         match (&self.out, error) {
-            (Encoder::Chat(_), Some((kind, message))) => errors::openai_error(&kind, &message)
-                .to_string()
-                .into_bytes(),
+            (Encoder::Chat(_) | Encoder::Responses(_), Some((kind, message))) => {
+                errors::openai_error(&kind, &message)
+                    .to_string()
+                    .into_bytes()
+            }
             (Encoder::Messages(_), Some((kind, message))) => serde_json::json!({
                 "type": "error",
                 "error": {"type": errors::anthropic_kind(&kind), "message": message},
@@ -199,6 +204,9 @@ impl Translation {
             .into_bytes(),
             (Encoder::Chat(_), None) => chat_reply::write_reply(&self.collect.reply, self.created),
             (Encoder::Messages(_), None) => messages_reply::write_reply(&self.collect.reply),
+            (Encoder::Responses(_), None) => {
+                responses_reply::write_reply(&self.collect.reply, self.created)
+            }
         }
     }
 

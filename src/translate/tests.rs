@@ -181,7 +181,7 @@ fn anthropics_tool_stream_reads_as_chat_chunks_split_anywhere() {
     assert_eq!(
         c[n - 1]["usage"],
         json!({"prompt_tokens": 472, "completion_tokens": 89, "total_tokens": 561,
-               "prompt_tokens_details": {"cached_tokens": 0}})
+               "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}})
     );
     // Without `include_usage`, no usage chunk.
     let plain = chunks(&translate_stream(&[bytes], false));
