@@ -35,6 +35,7 @@ fn record(run: u64, i: u64, time_ms: i64) -> UsageRecord {
         attempts: 1,
         served_model: "gpt-4o-mini".into(),
         cut: String::new(),
+        ..Default::default()
     }
 }
 

@@ -27,6 +27,7 @@ fn record(i: u64, time_ms: i64) -> UsageRecord {
         attempts: 1 + (i % 3 == 0) as u32,
         served_model: "gpt-4o-mini".into(),
         cut: String::new(),
+        ..Default::default()
     }
 }
 

@@ -51,6 +51,7 @@ fn record(i: u64, time_ms: i64) -> UsageRecord {
         attempts: 1,
         served_model: "gpt-4o".into(),
         cut: String::new(),
+        ..Default::default()
     }
 }
 

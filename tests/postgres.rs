@@ -41,6 +41,9 @@ fn record(i: u64, key: &str, time_ms: i64) -> UsageRecord {
             format!("served-{}", i % 3)
         },
         cut: if i % 6 == 1 { "client" } else { "" }.into(),
+        cached_prompt_tokens: i / 2,
+        cache_write_tokens: i % 3,
+        reasoning_tokens: i % 4,
     }
 }
 

@@ -483,7 +483,7 @@ async fn csv_export_has_the_contract_header_and_the_same_rows_as_json() {
     assert_eq!(
         lines.next(),
         Some(
-            "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated,attempts,served_model,cut"
+            "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated,attempts,served_model,cut,cached_prompt_tokens,cache_write_tokens,reasoning_tokens"
         )
     );
     let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();

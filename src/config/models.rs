@@ -38,7 +38,8 @@ pub(super) fn check(
         check_names(i, rm, &mut model_names, pool_names, src, p);
         let price = rm.price.as_ref().map(|s| *s.get_ref()).unwrap_or_default();
         if let Some(s) = &rm.price {
-            if [price.prompt, price.completion, price.request]
+            if price
+                .all()
                 .iter()
                 .any(|v| !v.is_finite() || *v < 0.0 || *v > MAX_PRICE)
             {

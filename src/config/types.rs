@@ -279,6 +279,43 @@ pub struct Price {
     pub completion: f64,
     #[serde(default)]
     pub request: f64,
+    /// Prompt tokens read from the provider's cache, instead of `prompt` (unset: `prompt`).
+    #[serde(default)]
+    pub cached_prompt: Option<f64>,
+    /// Prompt tokens written to the provider's cache, instead of `prompt`.
+    #[serde(default)]
+    pub cache_write: Option<f64>,
+    /// Reasoning tokens, instead of `completion` (unset: `completion`).
+    #[serde(default)]
+    pub reasoning: Option<f64>,
+}
+
+impl Price {
+    /// Every price it sets, for the checks.
+    pub fn all(&self) -> [f64; 6] {
+        [
+            self.prompt,
+            self.completion,
+            self.request,
+            self.cached_prompt.unwrap_or(0.0),
+            self.cache_write.unwrap_or(0.0),
+            self.reasoning.unwrap_or(0.0),
+        ]
+    }
+
+    /// The dearest a prompt and an output token can be (what a reservation holds before the
+    /// reply says which kind each token is): a cache write may cost more than a prompt
+    /// token, reasoning more than output.
+    pub fn worst(&self) -> Price {
+        Price {
+            prompt: self.prompt.max(self.cache_write.unwrap_or(0.0)),
+            completion: self.completion.max(self.reasoning.unwrap_or(0.0)),
+            request: self.request,
+            cached_prompt: None,
+            cache_write: None,
+            reasoning: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -172,6 +172,7 @@ mod tests {
                 prompt: 1_000_000.0,
                 completion: 2_000_000.0,
                 request: 0.0,
+                ..Default::default()
             },
         }
     }

@@ -101,6 +101,7 @@ fn usage(prompt: u64, completion: u64) -> Usage {
         prompt_tokens: prompt,
         completion_tokens: completion,
         total_tokens: prompt.saturating_add(completion),
+        ..Usage::default()
     }
 }
 

@@ -17,9 +17,17 @@ use serde::Deserialize;
 /// (`RawUsage::counts`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
+    /// Every prompt token, cached and cache-write ones included (OpenAI's convention).
     pub prompt_tokens: u64,
+    /// Every output token, reasoning included.
     pub completion_tokens: u64,
     pub total_tokens: u64,
+    /// Of `prompt_tokens`: read from the provider's prompt cache.
+    pub cached_tokens: u64,
+    /// Of `prompt_tokens`: written to the provider's prompt cache.
+    pub cache_write_tokens: u64,
+    /// Of `completion_tokens`: the model's reasoning.
+    pub reasoning_tokens: u64,
 }
 
 /// The most tokens one count of one request may say: more than any model's context and any
@@ -48,9 +56,32 @@ pub struct RawUsage {
     cache_creation_input_tokens: Option<u64>,
     #[serde(default)]
     cache_read_input_tokens: Option<u64>,
+    /// OpenAI's details: Chat Completions (`prompt_tokens_details`,
+    /// `completion_tokens_details`) and the Responses API (`input_tokens_details`,
+    /// `output_tokens_details`).
+    #[serde(default, alias = "input_tokens_details")]
+    prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default, alias = "output_tokens_details")]
+    completion_tokens_details: Option<OutputDetails>,
     /// Not an object: it counts nothing.
     #[serde(skip)]
     malformed: bool,
+}
+
+/// The prompt's cache counts in OpenAI's usage details.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+    #[serde(default)]
+    cache_write_tokens: Option<u64>,
+}
+
+/// The output's reasoning count in OpenAI's usage details.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct OutputDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
 }
 
 impl<'de> Deserialize<'de> for RawUsage {
@@ -103,6 +134,24 @@ impl RawUsage {
                 *mine = theirs;
             }
         }
+        if later.prompt_tokens_details.is_some() {
+            self.prompt_tokens_details = later.prompt_tokens_details;
+        }
+        if later.completion_tokens_details.is_some() {
+            self.completion_tokens_details = later.completion_tokens_details;
+        }
+    }
+
+    /// (cached, cache-write, reasoning), as reported.
+    fn details(&self) -> [Option<u64>; 3] {
+        let prompt = self.prompt_tokens_details.unwrap_or_default();
+        let output = self.completion_tokens_details.unwrap_or_default();
+        [
+            self.cache_read_input_tokens.or(prompt.cached_tokens),
+            self.cache_creation_input_tokens
+                .or(prompt.cache_write_tokens),
+            output.reasoning_tokens,
+        ]
     }
 
     /// Whether the prompt side was counted.
@@ -125,7 +174,11 @@ impl RawUsage {
         ];
         let believed = !self.malformed
             && all.iter().any(Option::is_some)
-            && all.iter().flatten().all(|n| *n <= MAX_TOKENS);
+            && all
+                .iter()
+                .chain(self.details().iter())
+                .flatten()
+                .all(|n| *n <= MAX_TOKENS);
         believed.then(|| Usage::from(self))
     }
 }
@@ -150,10 +203,16 @@ impl From<RawUsage> for Usage {
         // A total below the sum of its parts is not one; above it (a server counting thinking
         // tokens apart, say) it stands as sent. Neither changes the cost.
         let sum = prompt.saturating_add(completion);
+        // Parts of the prompt and of the output: never more than the whole they are part of.
+        let [cached, written, reasoning] = r.details().map(|n| n.unwrap_or(0));
+        let cached = cached.min(prompt);
         Usage {
             prompt_tokens: prompt,
             completion_tokens: completion,
             total_tokens: r.total_tokens.map_or(sum, |t| t.max(sum)),
+            cached_tokens: cached,
+            cache_write_tokens: written.min(prompt - cached),
+            reasoning_tokens: reasoning.min(completion),
         }
     }
 }
@@ -381,6 +440,57 @@ mod tests {
             (embeddings.prompt_tokens, embeddings.completion_tokens),
             (5, 0)
         );
+    }
+
+    /// Each API's usage shape with cache and reasoning counts (OpenAI's Chat Completions and
+    /// Responses references; Anthropic's Messages reference and its prompt-caching page):
+    /// the prompt counts every prompt token, its parts said apart.
+    #[test]
+    fn cached_cache_write_and_reasoning_tokens_are_read_from_every_shape() {
+        let u = |body: &str| usage_from_json(body.as_bytes()).expect("usage");
+        let chat = u(
+            r#"{"usage":{"prompt_tokens":2006,"completion_tokens":300,"total_tokens":2306,
+            "prompt_tokens_details":{"cached_tokens":1920,"cache_write_tokens":0,"audio_tokens":0},
+            "completion_tokens_details":{"reasoning_tokens":192,"audio_tokens":0}}}"#,
+        );
+        assert_eq!(
+            (
+                chat.prompt_tokens,
+                chat.cached_tokens,
+                chat.completion_tokens,
+                chat.reasoning_tokens
+            ),
+            (2006, 1920, 300, 192)
+        );
+        let responses = u(
+            r#"{"usage":{"input_tokens":328,"input_tokens_details":{"cached_tokens":128,"cache_write_tokens":64},
+            "output_tokens":52,"output_tokens_details":{"reasoning_tokens":16},"total_tokens":380}}"#,
+        );
+        assert_eq!(
+            (
+                responses.prompt_tokens,
+                responses.cached_tokens,
+                responses.cache_write_tokens,
+                responses.reasoning_tokens
+            ),
+            (328, 128, 64, 16)
+        );
+        let anthropic = u(
+            r#"{"usage":{"input_tokens":21,"cache_creation_input_tokens":188086,
+            "cache_read_input_tokens":0,"output_tokens":393}}"#,
+        );
+        assert_eq!(
+            (
+                anthropic.prompt_tokens,
+                anthropic.cache_write_tokens,
+                anthropic.cached_tokens
+            ),
+            (188_107, 188_086, 0)
+        );
+        // A part said larger than its whole is capped at it; null details count nothing.
+        let odd = u(r#"{"usage":{"prompt_tokens":10,"completion_tokens":5,
+            "prompt_tokens_details":{"cached_tokens":50},"completion_tokens_details":null}}"#);
+        assert_eq!((odd.cached_tokens, odd.reasoning_tokens), (10, 0));
     }
 
     #[test]

@@ -61,6 +61,7 @@ impl Tokens {
                     prompt_tokens: prompt,
                     completion_tokens: output,
                     total_tokens: prompt.saturating_add(output),
+                    ..Usage::default()
                 };
                 (usage, true)
             }
@@ -103,6 +104,9 @@ pub fn build(
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,
         total_tokens: usage.total_tokens,
+        cached_prompt_tokens: usage.cached_tokens,
+        cache_write_tokens: usage.cache_write_tokens,
+        reasoning_tokens: usage.reasoning_tokens,
         cost,
         latency_ms: ended.saturating_duration_since(ctx.started).as_millis() as u64,
         ttft_ms: ctx.ttft_ms,
@@ -183,14 +187,61 @@ fn estimate_job(ctx: &Ctx) -> estimate::Job {
     }
 }
 
-/// Credits for the usage (`limit::reserve::cost`).
+/// Credits for the usage: each token once, at its kind's price (cached and cache-write
+/// prompt tokens at theirs, reasoning at its own; a kind without a price at `prompt` or
+/// `completion`), per million, plus the per-request price when served; to the nearest
+/// 10^-12 credit, as `limit::reserve::cost`.
 pub fn cost(price: &Price, usage: &Usage, served: bool) -> f64 {
-    crate::limit::reserve::cost(price, usage.prompt_tokens, usage.completion_tokens, served)
+    let per_m = |p: f64, n: u64| p * n as f64 / 1e6;
+    let cached = usage.cached_tokens.min(usage.prompt_tokens);
+    let written = usage.cache_write_tokens.min(usage.prompt_tokens - cached);
+    let reasoning = usage.reasoning_tokens.min(usage.completion_tokens);
+    let tokens = per_m(price.prompt, usage.prompt_tokens - cached - written)
+        + per_m(price.cached_prompt.unwrap_or(price.prompt), cached)
+        + per_m(price.cache_write.unwrap_or(price.prompt), written)
+        + per_m(price.completion, usage.completion_tokens - reasoning)
+        + per_m(price.reasoning.unwrap_or(price.completion), reasoning);
+    let cost = tokens + if served { price.request } else { 0.0 };
+    (cost * 1e12).round() / 1e12
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each token priced once: cached and cache-write prompt tokens at their own prices
+    /// instead of `prompt`, reasoning at its own instead of `completion`; a kind without a
+    /// price falls back.
+    #[test]
+    fn cached_cache_write_and_reasoning_tokens_are_priced_once_at_their_own_price() {
+        let u = Usage {
+            prompt_tokens: 1_000_000,
+            cached_tokens: 600_000,
+            cache_write_tokens: 100_000,
+            completion_tokens: 500_000,
+            reasoning_tokens: 200_000,
+            total_tokens: 1_500_000,
+        };
+        let p = Price {
+            prompt: 3.0,
+            completion: 15.0,
+            cached_prompt: Some(0.3),
+            cache_write: Some(3.75),
+            reasoning: Some(10.0),
+            ..Default::default()
+        };
+        // 0.3 × 3 + 0.6 × 0.3 + 0.1 × 3.75 + 0.3 × 15 + 0.2 × 10
+        assert_eq!(cost(&p, &u, false), 0.9 + 0.18 + 0.375 + 4.5 + 2.0);
+        let plain = Price {
+            prompt: 3.0,
+            completion: 15.0,
+            ..Default::default()
+        };
+        assert_eq!(cost(&plain, &u, false), 3.0 + 7.5);
+        // The reservation holds the dearest a token may be.
+        let worst = p.worst();
+        assert_eq!((worst.prompt, worst.completion), (3.75, 15.0));
+    }
 
     #[test]
     fn cost_is_per_million_tokens_plus_per_request() {
@@ -198,11 +249,13 @@ mod tests {
             prompt: 1.0,
             completion: 2.0,
             request: 0.5,
+            ..Default::default()
         };
         let u = Usage {
             prompt_tokens: 1_000_000,
             completion_tokens: 500_000,
             total_tokens: 1_500_000,
+            ..Default::default()
         };
         assert!((cost(&p, &u, true) - 2.5).abs() < 1e-9);
         assert!((cost(&p, &u, false) - 2.0).abs() < 1e-9);
@@ -211,24 +264,28 @@ mod tests {
             prompt_tokens: 4,
             completion_tokens: 8,
             total_tokens: 12,
+            ..Default::default()
         };
         assert_eq!(cost(&p, &small, false).to_string(), "0.00002");
         let tenth = Price {
             prompt: 0.1,
             completion: 0.0,
             request: 0.0,
+            ..Default::default()
         };
         let one = Usage {
             prompt_tokens: 1,
             completion_tokens: 0,
             total_tokens: 1,
+            ..Default::default()
         };
         assert_eq!(cost(&tenth, &one, false).to_string(), "0.0000001");
         assert_eq!(
             complete(Usage {
                 prompt_tokens: 2,
                 completion_tokens: 3,
-                total_tokens: 0
+                total_tokens: 0,
+                ..Default::default()
             })
             .total_tokens,
             5

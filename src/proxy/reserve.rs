@@ -45,10 +45,12 @@ pub(super) struct Asking<'a> {
 
 /// The dearest of each price among the routes a request may take.
 fn dearest(a: Price, b: Price) -> Price {
+    let (a, b) = (a.worst(), b.worst());
     Price {
         prompt: a.prompt.max(b.prompt),
         completion: a.completion.max(b.completion),
         request: a.request.max(b.request),
+        ..Price::default()
     }
 }
 
@@ -82,7 +84,9 @@ impl Gateway {
             .iter()
             .filter(|m| key.may_use_model(m))
             .filter_map(|m| a.router.get(m))
-            .fold(a.route.model.price, |p, r| dearest(p, r.model.price));
+            .fold(a.route.model.price.worst(), |p, r| {
+                dearest(p, r.model.price)
+            });
         let output = match field {
             Some(_) => a
                 .probe

@@ -66,7 +66,8 @@ pub struct Page {
 /// The column list every reader selects, `seq` first; `read_row` follows this order.
 pub(super) const SELECT_COLUMNS: &str = "seq, time_ms, request_id, key_id, listener, endpoint, \
      model, status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, \
-     ttft_ms, upstream, estimated, attempts, served_model, cut";
+     ttft_ms, upstream, estimated, attempts, served_model, cut, cached_prompt_tokens, \
+     cache_write_tokens, reasoning_tokens";
 
 /// Rows per SELECT during an export: big enough that restarting the statement is noise, small
 /// enough that each page's read transaction is short (a long one would hold WAL checkpoints).

@@ -5,7 +5,7 @@ use std::io::Write;
 
 use serde_json::{Value, json};
 
-pub const CSV_HEADER: &str = "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated,attempts,served_model,cut";
+pub const CSV_HEADER: &str = "time,request_id,key_id,listener,endpoint,model,status,stream,prompt_tokens,completion_tokens,total_tokens,cost,latency_ms,ttft_ms,upstream,estimated,attempts,served_model,cut,cached_prompt_tokens,cache_write_tokens,reasoning_tokens";
 
 /// Serialized only to the spool (`store::spool`), never to clients: they get `to_json`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -43,6 +43,15 @@ pub struct UsageRecord {
     /// it was not).
     #[serde(default)]
     pub cut: String,
+    /// Of `prompt_tokens`: read from the provider's prompt cache.
+    #[serde(default)]
+    pub cached_prompt_tokens: u64,
+    /// Of `prompt_tokens`: written to the provider's prompt cache.
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// Of `completion_tokens`: the model's reasoning.
+    #[serde(default)]
+    pub reasoning_tokens: u64,
 }
 
 /// The rollup row's model for the records of models the gateway does not serve.
@@ -233,6 +242,8 @@ pub struct CsvRow<'a> {
     pub attempts: u64,
     pub served_model: &'a [u8],
     pub cut: &'a [u8],
+    /// The prompt's cached and cache-write tokens, and the output's reasoning tokens.
+    pub details: [u64; 3],
 }
 
 impl CsvRow<'_> {
@@ -277,6 +288,10 @@ impl CsvRow<'_> {
         csv_field(out, self.served_model);
         out.push(b',');
         csv_field(out, self.cut);
+        for n in self.details {
+            out.push(b',');
+            push_u64(out, n);
+        }
         out.push(b'\n');
     }
 }
@@ -304,6 +319,11 @@ impl UsageRecord {
             attempts: u64::from(self.attempts),
             served_model: self.served_model.as_bytes(),
             cut: self.cut.as_bytes(),
+            details: [
+                self.cached_prompt_tokens,
+                self.cache_write_tokens,
+                self.reasoning_tokens,
+            ],
         }
         .write(out);
     }
@@ -329,6 +349,9 @@ impl UsageRecord {
             "attempts": self.attempts,
             "served_model": self.served_model,
             "cut": self.cut,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
         })
     }
 }
@@ -400,6 +423,9 @@ mod tests {
             attempts: 1,
             served_model: "echo,\"1\"".into(),
             cut: String::new(),
+            cached_prompt_tokens: 1,
+            cache_write_tokens: 2,
+            reasoning_tokens: 3,
         }
     }
 
@@ -410,9 +436,9 @@ mod tests {
         let out = String::from_utf8(out).unwrap();
         assert_eq!(
             out,
-            "2026-11-22T13:14:25.123Z,req_1,demo,main,chat,\"echo,\"\"1\"\"\",200,true,4,8,12,0.5,12,,http://127.0.0.1:9100,false,1,\"echo,\"\"1\"\"\",\n"
+            "2026-11-22T13:14:25.123Z,req_1,demo,main,chat,\"echo,\"\"1\"\"\",200,true,4,8,12,0.5,12,,http://127.0.0.1:9100,false,1,\"echo,\"\"1\"\"\",,1,2,3\n"
         );
-        assert_eq!(CSV_HEADER.split(',').count(), 19);
+        assert_eq!(CSV_HEADER.split(',').count(), 22);
         let v = sample().to_json();
         let keys: Vec<&str> = CSV_HEADER.split(',').collect();
         for k in keys {

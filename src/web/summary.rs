@@ -474,6 +474,7 @@ mod tests {
             attempts: 1,
             served_model: String::new(),
             cut: String::new(),
+            ..Default::default()
         }
     }
 

@@ -929,6 +929,7 @@ pub fn seed_records(g: &Gateway, n: i64, before_ms: i64) {
             attempts: 1,
             served_model: "echo-1".into(),
             cut: String::new(),
+            ..Default::default()
         });
     }
     store.close();

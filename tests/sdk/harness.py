@@ -217,7 +217,7 @@ upstreams = ["http://127.0.0.1:{ports['mock']}"]
 [[models]]
 name = "claude-*"
 pool = "anthropic"
-price = {{ prompt = 3.0, completion = 15.0 }}
+price = {{ prompt = 3.0, completion = 15.0, cached_prompt = 0.3, cache_write = 3.75 }}
 
 # The mock's Chat Completions only: Messages requests arrive translated.
 [[pools]]
@@ -230,7 +230,7 @@ upstreams = ["http://127.0.0.1:{ports['mock']}"]
 [[models]]
 name = "gpt-*"
 pool = "chat-only"
-price = {{ prompt = 1.25, completion = 10.0 }}
+price = {{ prompt = 1.25, completion = 10.0, reasoning = 20.0 }}
 """
 
 

@@ -243,7 +243,19 @@ def test_cached_prompt_tokens_are_reported_and_recorded(strict, gateway):
     assert c.usage.prompt_tokens_details.cached_tokens == 9
     assert c.usage.prompt_tokens == 9 + 4
     rec = record_of(gateway, raw.headers["x-request-id"])
-    assert rec["prompt_tokens"] == 13
+    assert (rec["prompt_tokens"], rec["cached_prompt_tokens"], rec["cache_write_tokens"]) == (13, 9, 0)
+    # Each token once at its price: 4 prompt at 3.0, 9 cached at 0.3, 8 output at 15.0 per 1M.
+    assert rec["cost"] == pytest.approx((4 * 3.0 + 9 * 0.3 + 8 * 15.0) / 1e6, abs=1e-12)
+    written = strict.chat.completions.with_raw_response.create(
+        model=MODEL, extra_headers={"x-mock-cache-write": "1"},
+        messages=[{"role": "system", "content": [
+                      {"type": "text", "text": "a long stable system prompt of ten words here",
+                       "cache_control": {"type": "ephemeral"}}]},
+                  {"role": "user", "content": "say hello to me"}])
+    assert written.parse().usage.prompt_tokens_details.cache_write_tokens == 9
+    rec = record_of(gateway, written.headers["x-request-id"])
+    assert (rec["cached_prompt_tokens"], rec["cache_write_tokens"]) == (0, 9)
+    assert rec["cost"] == pytest.approx((4 * 3.0 + 9 * 3.75 + 8 * 15.0) / 1e6, abs=1e-12)
 
 
 def test_a_json_schema_becomes_the_structured_output_format(strict):

@@ -130,6 +130,10 @@ def test_thinking_asks_for_reasoning_and_comes_back_as_a_thinking_block(claude, 
         model=MODEL, max_tokens=3000, thinking={"type": "enabled", "budget_tokens": 2048},
         messages=[{"role": "user", "content": "hi"}], extra_headers=ECHO)
     assert sent_upstream(raw)["reasoning_effort"] == "low"
+    rec = record_of(gateway, raw.headers["x-request-id"])
+    # The mock's 10 words of reasoning are output tokens, priced as reasoning (20.0 per 1M).
+    assert (rec["completion_tokens"], rec["reasoning_tokens"]) == (MOCK_REPLY_TOKENS + 10, 10)
+    assert rec["cost"] == pytest.approx((1 * 1.25 + MOCK_REPLY_TOKENS * 10.0 + 10 * 20.0) / 1e6, abs=1e-12)
     m = raw.parse()
     assert [b.type for b in m.content] == ["thinking", "text"]
     assert m.content[0].thinking

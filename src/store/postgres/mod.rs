@@ -123,6 +123,10 @@ CREATE TRIGGER keys_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON keys
 ",
     // 3: why a reply was cut short (`client`, `upstream`, `budget`, `shutdown`, `crash`).
     "ALTER TABLE usage ADD COLUMN cut TEXT NOT NULL DEFAULT '';",
+    // 4: the prompt's cached and cache-write tokens, the output's reasoning tokens.
+    "ALTER TABLE usage ADD COLUMN cached_prompt_tokens BIGINT NOT NULL DEFAULT 0;
+     ALTER TABLE usage ADD COLUMN cache_write_tokens BIGINT NOT NULL DEFAULT 0;
+     ALTER TABLE usage ADD COLUMN reasoning_tokens BIGINT NOT NULL DEFAULT 0;",
 ];
 
 fn pg_err(what: &str, e: postgres::Error) -> String {

@@ -50,6 +50,9 @@ fn record(row: &Row) -> Result<(i64, UsageRecord), postgres::Error> {
             attempts: u32::try_from(row.try_get::<_, i32>(17)?).unwrap_or(0),
             served_model: row.try_get(18)?,
             cut: row.try_get(19)?,
+            cached_prompt_tokens: uint(row.try_get(20)?),
+            cache_write_tokens: uint(row.try_get(21)?),
+            reasoning_tokens: uint(row.try_get(22)?),
         },
     ))
 }
@@ -77,6 +80,11 @@ fn csv_row(row: &Row) -> Result<CsvRow<'_>, postgres::Error> {
         attempts: u64::try_from(row.try_get::<_, i32>(17)?).unwrap_or(0),
         served_model: text(18)?,
         cut: text(19)?,
+        details: [
+            uint(row.try_get(20)?),
+            uint(row.try_get(21)?),
+            uint(row.try_get(22)?),
+        ],
     })
 }
 

@@ -16,11 +16,13 @@ use crate::store::rollup::{self, Hist};
 
 const INSERT: &str = "INSERT INTO usage (time_ms, request_id, key_id, listener, endpoint, \
      model, status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, \
-     ttft_ms, upstream, estimated, attempts, served_model, cut) \
+     ttft_ms, upstream, estimated, attempts, served_model, cut, cached_prompt_tokens, \
+     cache_write_tokens, reasoning_tokens) \
      SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], \
      $6::text[], $7::int[], $8::bool[], $9::bigint[], $10::bigint[], $11::bigint[], \
      $12::float8[], $13::bigint[], $14::bigint[], $15::text[], $16::bool[], $17::int[], \
-     $18::text[], $19::text[]) ON CONFLICT (request_id) DO NOTHING RETURNING request_id";
+     $18::text[], $19::text[], $20::bigint[], $21::bigint[], $22::bigint[]) \
+     ON CONFLICT (request_id) DO NOTHING RETURNING request_id";
 
 const SPEND: &str = "INSERT INTO spend (key_id, spend, last_used_ms) \
      SELECT * FROM unnest($1::text[], $2::float8[], $3::bigint[]) \
@@ -216,6 +218,9 @@ fn insert(client: &mut Client, batch: &[UsageRecord]) -> Result<(), postgres::Er
         .collect();
     let served = col(|r| text(&r.served_model).into_owned());
     let cut = col(|r| r.cut.clone());
+    let cached: Vec<i64> = batch.iter().map(|r| int(r.cached_prompt_tokens)).collect();
+    let written: Vec<i64> = batch.iter().map(|r| int(r.cache_write_tokens)).collect();
+    let reasoning: Vec<i64> = batch.iter().map(|r| int(r.reasoning_tokens)).collect();
     let inserted = tx.query(
         INSERT,
         &[
@@ -238,6 +243,9 @@ fn insert(client: &mut Client, batch: &[UsageRecord]) -> Result<(), postgres::Er
             &attempts,
             &served,
             &cut,
+            &cached,
+            &written,
+            &reasoning,
         ],
     )?;
     // Rows already stored (a retry or a replay) count nowhere a second time.

@@ -45,6 +45,9 @@ CREATE TABLE IF NOT EXISTS usage (
     attempts INTEGER NOT NULL DEFAULT 1,
     served_model TEXT NOT NULL DEFAULT '',
     cut TEXT NOT NULL DEFAULT '',
+    cached_prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    cache_write_tokens INTEGER NOT NULL DEFAULT 0,
+    reasoning_tokens INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (key_id, time_ms, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS usage_time ON usage (time_ms, seq);
@@ -78,8 +81,9 @@ DROP TABLE usage_rowid;
 
 const INSERT: &str = "INSERT INTO usage (time_ms, request_id, key_id, listener, endpoint, model, \
      status, stream, prompt_tokens, completion_tokens, total_tokens, cost, latency_ms, ttft_ms, \
-     upstream, estimated, seq, attempts, served_model, cut) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
-     ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20)";
+     upstream, estimated, seq, attempts, served_model, cut, cached_prompt_tokens, \
+     cache_write_tokens, reasoning_tokens) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, \
+     ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23)";
 
 const SPEND_UPSERT: &str = "INSERT INTO spend (key_id, spend, last_used_ms) VALUES (?1, ?2, ?3) \
      ON CONFLICT(key_id) DO UPDATE SET spend = spend + excluded.spend, \
@@ -186,6 +190,15 @@ pub(in crate::store) fn open_writer(path: &Path) -> Result<Connection, String> {
         "usage",
         "cut",
         "ALTER TABLE usage ADD COLUMN cut TEXT NOT NULL DEFAULT '';",
+    )?;
+    // The prompt's cached and cache-write tokens, the output's reasoning: older rows have none.
+    add_column(
+        &conn,
+        "usage",
+        "cached_prompt_tokens",
+        "ALTER TABLE usage ADD COLUMN cached_prompt_tokens INTEGER NOT NULL DEFAULT 0; \
+         ALTER TABLE usage ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0; \
+         ALTER TABLE usage ADD COLUMN reasoning_tokens INTEGER NOT NULL DEFAULT 0;",
     )?;
     conn.execute_batch(rollup::SCHEMA)
         .map_err(|e| db_err("creating the rollup schema", e))?;
@@ -337,6 +350,9 @@ pub(in crate::store) fn insert_batch(
                     r.attempts,
                     r.served_model,
                     r.cut,
+                    int(r.cached_prompt_tokens),
+                    int(r.cache_write_tokens),
+                    int(r.reasoning_tokens),
                 ])
                 .map_err(|e| write_err("insert", e))?;
             seq += 1;
@@ -435,6 +451,9 @@ pub(in crate::store) fn sample_record(i: u64, key: &str, time_ms: i64) -> UsageR
             format!("served-{}", i % 3)
         },
         cut: if i % 6 == 1 { "client" } else { "" }.into(),
+        cached_prompt_tokens: i / 2,
+        cache_write_tokens: i % 3,
+        reasoning_tokens: i % 4,
     }
 }
 

@@ -40,6 +40,9 @@ pub(super) fn read_row(row: &Row<'_>, rec: &mut UsageRecord) -> rusqlite::Result
     rec.attempts = u32::try_from(row.get::<_, i64>(17)?).unwrap_or(0);
     set_text(&mut rec.served_model, row, 18)?;
     set_text(&mut rec.cut, row, 19)?;
+    rec.cached_prompt_tokens = get_u64(row, 20)?;
+    rec.cache_write_tokens = get_u64(row, 21)?;
+    rec.reasoning_tokens = get_u64(row, 22)?;
     Ok(seq)
 }
 
@@ -82,6 +85,7 @@ pub(super) fn csv_row<'r>(row: &'r Row<'_>) -> rusqlite::Result<(i64, CsvRow<'r>
             attempts: int_u64(row, 17)?,
             served_model: text(row, 18)?,
             cut: text(row, 19)?,
+            details: [int_u64(row, 20)?, int_u64(row, 21)?, int_u64(row, 22)?],
         },
     ))
 }
@@ -108,5 +112,8 @@ pub(super) fn blank_record() -> UsageRecord {
         attempts: 0,
         served_model: String::new(),
         cut: String::new(),
+        cached_prompt_tokens: 0,
+        cache_write_tokens: 0,
+        reasoning_tokens: 0,
     }
 }

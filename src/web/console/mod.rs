@@ -260,7 +260,9 @@ async fn models(web: &Web, session: &mut Session, ex: &mut Exchange) -> pingora_
                 "name": m.name,
                 "pool": m.pool,
                 "upstream_model": m.upstream_model,
-                "price": {"prompt": m.price.prompt, "completion": m.price.completion, "request": m.price.request},
+                "price": {"prompt": m.price.prompt, "completion": m.price.completion, "request": m.price.request,
+                          "cached_prompt": m.price.cached_prompt, "cache_write": m.price.cache_write,
+                          "reasoning": m.price.reasoning},
             })
         })
         .collect();
