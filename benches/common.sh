@@ -36,15 +36,26 @@ keepalive_timeout_ms = 2000
 name = "echo-1"
 pool = "mock"
 price = { prompt = 0.15, completion = 0.6 }
+# The same mock spoken to in Anthropic's Messages API: chat requests for it are translated.
+[[pools]]
+name = "mock-anthropic"
+provider = "anthropic"
+upstreams = ["http://127.0.0.1:$4"]
+health_interval_ms = 0
+keepalive_timeout_ms = 2000
+[[models]]
+name = "claude-bench"
+pool = "mock-anthropic"
+price = { prompt = 0.15, completion = 0.6 }
 TOML
-  printf '[[keys]]\nid = "bench"\nsecret = "%s"\nrpm = 100000000\nbudget = 1000000000.0\nmodels = ["echo-*"]\n' "$KEY" > "$1/keys.toml"
+  printf '[[keys]]\nid = "bench"\nsecret = "%s"\nrpm = 100000000\nbudget = 1000000000.0\nmodels = ["echo-*", "claude-bench"]\n' "$KEY" > "$1/keys.toml"
 }
 
-# Writes to $1 the wrk script of a chat request, streamed if $2 is true.
+# Writes to $1 the wrk script of a chat request, streamed if $2 is true, for model $3 (echo-1).
 chat_script() {
   cat > "$1" <<LUA
 wrk.method = "POST"
-wrk.body = '{"model":"echo-1","stream":$2,"messages":[{"role":"user","content":"hello there, how are you"}]}'
+wrk.body = '{"model":"${3:-echo-1}","stream":$2,"messages":[{"role":"user","content":"hello there, how are you"}]}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer $KEY"
 LUA

@@ -14,7 +14,8 @@
 #   DURATION=5 ROUNDS=3 PACED_ROUNDS=5 CONNECTIONS=50 CHUNKS=20 SLOW=2000 IDLE_STREAMS=10000
 #   IDLE_CONNS=5000
 #   PACE_MS=10 bash benches/load.sh
-# (CASES="plain" runs only some of the throughput cases, CASES="" none of them; ALT_BIN=path
+# (CASES="plain" runs only some of the throughput cases (plain, stream, translated: a stream
+# translated to Anthropic's API and back, models), CASES="" none of them; ALT_BIN=path
 # adds another modelgate build side by side.)
 # (WRITER=0 skips the writer-alone figure and the build of its bench.)
 set -euo pipefail
@@ -105,10 +106,14 @@ for t in "${TARGETS[@]}"; do IDLE[$t]=$(awk '/VmRSS/ {print $2}' "/proc/${PID_OF
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_kib() { awk '/VmRSS/ {print $2}' "/proc/$1/status"; }
-script() { # $1 = plain | stream | models
+script() { # $1 = plain | stream | translated | models
   case $1 in
     plain) chat_script "$TMP/$1.lua" false ;;
     stream) chat_script "$TMP/$1.lua" true ;;
+    # Streamed chat for a model whose pool speaks Anthropic's API: modelgate translates the
+    # request and every event of the reply (nginx and bare Pingora pass the same request to
+    # the mock's chat endpoint, as for `stream`).
+    translated) chat_script "$TMP/$1.lua" true claude-bench ;;
     models)
       printf 'wrk.headers["Authorization"] = "Bearer %s"\n' "$KEY" > "$TMP/$1.lua" ;;
   esac
@@ -145,7 +150,8 @@ echo "machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -
 echo "open files: $(ulimit -n) a process (a proxy holds two a stream, its client's and its upstream's: \"fds held\" below)"
 echo "each case: medians of $ROUNDS interleaved rounds of ${DURATION}s per target, $CONNECTIONS connections, $CHUNKS chunks per streamed reply"
 printf '\n%-14s %-10s %10s %9s %9s %11s %9s %9s\n' case target "req/s" "p50 ms" "p99 ms" "CPU µs/req" "÷ bare" "÷ nginx"
-for case in ${CASES-plain stream models}; do
+declare -A MG_CPU=()
+for case in ${CASES-plain stream translated models}; do
   for t in "${TARGETS[@]}"; do # warm connection pools and caches
     $LOAD wrk -t1 -c"$CONNECTIONS" -d1s -s "$(script $case)" "http://127.0.0.1:${PORT_OF[$t]}$(path_of $case)" >/dev/null
   done
@@ -164,8 +170,15 @@ for case in ${CASES-plain stream models}; do
       "$(python3 -c "print(${M[$t]}/${M[bare]})")" "$(python3 -c "print(${M[$t]}/${M[nginx]})")"
   done
   [ "$case" = plain ] && PEAK_PLAIN=${M[modelgate]}
+  MG_CPU[$case]=$(median ${CPU[modelgate]})
   unset R P50 P99 CPU M
 done
+if [ -n "${MG_CPU[translated]:-}" ] && [ -n "${MG_CPU[stream]:-}" ]; then
+  printf '\ntranslated stream (OpenAI client, Anthropic-speaking upstream): modelgate %.1f CPU µs/req against %.1f passed through (%+.1f µs, %.2f×)\n' \
+    "${MG_CPU[translated]}" "${MG_CPU[stream]}" \
+    "$(python3 -c "print(${MG_CPU[translated]} - ${MG_CPU[stream]})")" \
+    "$(python3 -c "print(${MG_CPU[translated]} / ${MG_CPU[stream]})")"
+fi
 
 # Latency at half of modelgate's peak plain rate, the same rate for every target: each
 # connection waits PACE_MS between a reply and its next request (wrk's `delay`, whole ms), and
