@@ -4,7 +4,8 @@
 #   scripts/install-deps.sh          cmake (pingora's zlib-ng build needs it)
 #   scripts/install-deps.sh --test   also Debian's chromium (browser tests), postgresql and
 #                                    redis-server (the fleet tests start their own servers in
-#                                    temp dirs), .venv with tests/sdk/requirements.txt and
+#                                    temp dirs), tests/node's npm packages, .venv with
+#                                    tests/sdk/requirements.txt and
 #                                    mdbook (the book's build), by cargo install
 set -euo pipefail
 
@@ -71,6 +72,20 @@ if [ "$WITH_TEST" -eq 1 ]; then
     echo "install-deps: pip install -r tests/sdk/requirements.txt" >&2
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ"
     echo "$want" > "$STAMP"
+  fi
+  # The official Node clients (tests/node), Node 22 among them (the `node` package: what these
+  # SDKs need, from the npm registry, whatever Node the machine has to run npm).
+  NODE_STAMP="$ROOT/tests/node/node_modules/.lock.sha256"
+  want="$(sha256sum "$ROOT/tests/node/package-lock.json" | cut -d' ' -f1)"
+  if [ "$(cat "$NODE_STAMP" 2>/dev/null || true)" != "$want" ]; then
+    if ! command -v npm >/dev/null 2>&1; then
+      echo "install-deps: installing npm" >&2
+      as_root apt-get update
+      as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends npm
+    fi
+    echo "install-deps: npm ci in tests/node" >&2
+    (cd "$ROOT/tests/node" && npm ci --no-audit --no-fund --loglevel=error)
+    echo "$want" > "$NODE_STAMP"
   fi
 fi
 
