@@ -28,6 +28,14 @@ pub struct Conversation {
     pub json_schema: Option<Value>,
     /// An end-user id for the provider's abuse checks.
     pub user: Option<String>,
+    /// Tools the client offered that only its own API's provider runs (a hosted web search):
+    /// left out, and named to the client in the reply's `x-modelgate-tools-dropped`.
+    pub dropped: Vec<String>,
+    /// The Responses API's tool namespaces (their functions go as `namespace__function`).
+    pub namespaces: Vec<String>,
+    /// The Responses API's free-form (`custom`) tools, by the name the provider sees: a
+    /// function of one string, `input`.
+    pub free_form: Vec<String>,
 }
 
 impl Conversation {

@@ -227,8 +227,16 @@ fn message_content(m: &Message) -> Result<Vec<Value>, GatewayError> {
     Ok(content)
 }
 
-/// Fields with no effect on the reply that a provider without them may ignore.
-const IGNORED: &[&str] = &["model", "service_tier", "cache_control", "inference_geo"];
+/// Fields with no effect on the reply that a provider without them may ignore (Claude Code
+/// sends `context_management`, Anthropic's trimming of old tool results: a pool without it
+/// gets the whole context).
+const IGNORED: &[&str] = &[
+    "model",
+    "service_tier",
+    "cache_control",
+    "inference_geo",
+    "context_management",
+];
 
 /// Reads a Messages API request.
 pub fn read_request(body: &[u8]) -> Result<Conversation, GatewayError> {
@@ -243,7 +251,7 @@ pub fn read_request(body: &[u8]) -> Result<Conversation, GatewayError> {
             "max_tokens" => c.max_tokens = value.as_u64(),
             "system" => c.system = read_blocks(value)?,
             "messages" => read_messages(value, &mut c)?,
-            "tools" => c.tools = read_tools(value)?,
+            "tools" => read_tools(value, &mut c)?,
             "tool_choice" => read_tool_choice(value, &mut c)?,
             "stop_sequences" => {
                 c.stop = serde_json::from_value(value.clone())
@@ -298,41 +306,32 @@ fn read_output_config(v: &Value, c: &mut Conversation) -> Result<(), GatewayErro
     Ok(())
 }
 
-fn read_tools(v: &Value) -> Result<Vec<Tool>, GatewayError> {
+/// `tools`: the client's own (with an input schema). The tools Anthropic runs itself (web
+/// search, code execution…: a versioned `type`) are offers the provider cannot take: left
+/// out, and named in the reply's `x-modelgate-tools-dropped` header.
+fn read_tools(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {
     let tools = v
         .as_array()
         .ok_or_else(|| bad("tools", "'tools' must be an array.".into()))?;
-    tools
-        .iter()
-        .map(|t| {
-            // A client tool has an input schema; the provider's own tools (web search, code
-            // execution…) have a versioned type instead and run at Anthropic only.
-            let custom = t.get("type").is_none_or(|k| k == "custom");
-            let (Some(name), Some(schema), true) = (
-                t.get("name").and_then(Value::as_str),
-                t.get("input_schema"),
-                custom,
-            ) else {
-                return Err(GatewayError::Unsupported {
-                    param: "tools",
-                    message: format!(
-                        "The tool {} runs only at Anthropic and cannot be translated for this \
-                         model: only tools with an input_schema can.",
-                        t.get("type").unwrap_or(&Value::Null)
-                    ),
-                });
-            };
-            Ok(Tool {
-                name: name.to_string(),
-                description: t
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                schema: schema.clone(),
-                cache: t.get("cache_control").is_some(),
-            })
-        })
-        .collect()
+    for t in tools {
+        let custom = t.get("type").is_none_or(|k| k == "custom");
+        let name = t.get("name").and_then(Value::as_str);
+        let (Some(name), Some(schema), true) = (name, t.get("input_schema"), custom) else {
+            let kind = t.get("type").and_then(Value::as_str);
+            c.dropped.push(kind.or(name).unwrap_or("tool").to_string());
+            continue;
+        };
+        c.tools.push(Tool {
+            name: name.to_string(),
+            description: t
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            schema: schema.clone(),
+            cache: t.get("cache_control").is_some(),
+        });
+    }
+    Ok(())
 }
 
 fn read_tool_choice(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {

@@ -56,6 +56,10 @@ pub struct Translation {
     /// A stream read for a client that asked for a plain reply.
     collect: Collect,
     created: u64,
+    /// The request's tool namespaces (Responses API).
+    namespaces: std::sync::Arc<responses_reply::ToolNames>,
+    /// The tools offered that the provider cannot run, left out (`x-modelgate-tools-dropped`).
+    dropped: String,
 }
 
 /// The largest plain reply translated.
@@ -66,9 +70,15 @@ impl Translation {
         let created = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
+        let names = std::sync::Arc::new(responses_reply::ToolNames {
+            namespaces: c.namespaces.clone(),
+            free_form: c.free_form.clone(),
+        });
         let out = match plan.from {
             Api::Messages => Encoder::Messages(messages_reply::StreamOut::default()),
-            Api::Responses => Encoder::Responses(responses_reply::StreamOut::new(created)),
+            Api::Responses => {
+                Encoder::Responses(responses_reply::StreamOut::new(created, names.clone()))
+            }
             _ => Encoder::Chat(chat_reply::StreamOut::new(created, c.include_usage)),
         };
         Translation {
@@ -78,6 +88,8 @@ impl Translation {
             out,
             collect: Collect::default(),
             created,
+            namespaces: names,
+            dropped: c.dropped.join(", "),
         }
     }
 
@@ -111,6 +123,9 @@ impl Translation {
         resp.insert_header(http::header::CONTENT_TYPE, content_type)?;
         if self.stream {
             resp.insert_header(http::header::CACHE_CONTROL, "no-cache")?;
+        }
+        if !self.dropped.is_empty() {
+            resp.insert_header("x-modelgate-tools-dropped", self.dropped.as_str())?;
         }
         // Its length changes; and what is translated is the decoded body.
         resp.remove_header(&http::header::CONTENT_LENGTH);
@@ -205,7 +220,7 @@ impl Translation {
             (Encoder::Chat(_), None) => chat_reply::write_reply(&self.collect.reply, self.created),
             (Encoder::Messages(_), None) => messages_reply::write_reply(&self.collect.reply),
             (Encoder::Responses(_), None) => {
-                responses_reply::write_reply(&self.collect.reply, self.created)
+                responses_reply::write_reply(&self.collect.reply, self.created, &self.namespaces)
             }
         }
     }

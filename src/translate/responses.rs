@@ -7,7 +7,7 @@
 use serde_json::{Map, Value};
 
 use super::ir::*;
-use super::responses_reply::REDACTED;
+use super::responses_reply::{NAMESPACE_SEPARATOR, REDACTED};
 use super::{bad, unsupported};
 use crate::error::GatewayError;
 
@@ -24,6 +24,7 @@ const IGNORED: &[&str] = &[
     "include",
     "truncation",
     "stream_options",
+    "client_metadata",
 ];
 
 /// Reads a Responses API request.
@@ -42,7 +43,7 @@ pub fn read_request(body: &[u8]) -> Result<Conversation, GatewayError> {
         match name.as_str() {
             "input" => read_input(value, &mut c)?,
             "instructions" => c.system.insert(0, text(value.as_str().unwrap_or(""))),
-            "tools" => c.tools = read_tools(value)?,
+            "tools" => read_tools(value, &mut c)?,
             "tool_choice" => c.tool_choice = Some(read_tool_choice(value)?),
             "parallel_tool_calls" => c.parallel_tool_calls = value.as_bool(),
             "max_output_tokens" => {
@@ -113,38 +114,91 @@ fn read_text_format(v: &Value) -> Result<Option<Value>, GatewayError> {
     }
 }
 
-fn read_tools(v: &Value) -> Result<Vec<Tool>, GatewayError> {
+/// A function tool (one of a namespace's: `prefix` is `namespace__`).
+fn function(t: &Value, prefix: &str, about: Option<&str>) -> Result<Tool, GatewayError> {
+    let name = t
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("tools", "A function tool needs its 'name'.".into()))?;
+    let own = t.get("description").and_then(Value::as_str);
+    let description = match (about, own) {
+        (Some(a), Some(o)) => Some(format!("{a}\n\n{o}")),
+        (a, o) => o.or(a).map(str::to_string),
+    };
+    Ok(Tool {
+        name: format!("{prefix}{name}"),
+        description,
+        schema: t
+            .get("parameters")
+            .cloned()
+            .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
+        cache: false,
+    })
+}
+
+/// A free-form (`custom`) tool, for a provider that has none: a function of one string,
+/// `input`, that holds the whole of what the model writes.
+fn free_form(t: &Value, prefix: &str, about: Option<&str>, c: &mut Conversation) {
+    let name = t.get("name").and_then(Value::as_str).unwrap_or("tool");
+    let own = t.get("description").and_then(Value::as_str).unwrap_or("");
+    let description = [about.unwrap_or(""), own, FREE_FORM_NOTE]
+        .iter()
+        .filter(|d| !d.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join("\n\n");
+    let full = format!("{prefix}{name}");
+    c.free_form.push(full.clone());
+    c.tools.push(Tool {
+        name: full,
+        description: Some(description),
+        schema: serde_json::json!({"type": "object", "properties": {"input": {"type": "string"}},
+                                   "required": ["input"]}),
+        cache: false,
+    });
+}
+
+/// What a free-form tool's description says of its one parameter.
+const FREE_FORM_NOTE: &str = "Put the whole input of this tool, as plain text, in `input`.";
+
+/// `tools`: functions, and the functions of namespaces (named `namespace__function` for the
+/// provider, `NAMESPACE_SEPARATOR`). The tools OpenAI runs itself (web search, file search,
+/// code interpreter…) are offers the provider cannot take: left out, and named in the reply's
+/// `x-modelgate-tools-dropped` header.
+fn read_tools(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {
     let tools = v
         .as_array()
         .ok_or_else(|| bad("tools", "'tools' must be an array.".into()))?;
-    tools
-        .iter()
-        .map(|t| {
-            let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
-            let name = t.get("name").and_then(Value::as_str);
-            let (Some(name), "function") = (name, kind) else {
-                return Err(GatewayError::Unsupported {
-                    param: "tools",
-                    message: format!(
-                        "Tools of type '{kind}' run only at OpenAI and cannot be translated \
-                         for this model: only function tools can."
-                    ),
-                });
-            };
-            Ok(Tool {
-                name: name.to_string(),
-                description: t
-                    .get("description")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                schema: t
-                    .get("parameters")
-                    .cloned()
-                    .unwrap_or_else(|| serde_json::json!({"type": "object", "properties": {}})),
-                cache: false,
-            })
-        })
-        .collect()
+    for t in tools {
+        let kind = t.get("type").and_then(Value::as_str).unwrap_or("");
+        match kind {
+            "function" => c.tools.push(function(t, "", None)?),
+            "namespace" => {
+                let ns = t.get("name").and_then(Value::as_str).unwrap_or("");
+                c.namespaces.push(ns.to_string());
+                let about = t.get("description").and_then(Value::as_str);
+                let inner = t.get("tools").and_then(Value::as_array);
+                let prefix = format!("{ns}{NAMESPACE_SEPARATOR}");
+                for f in inner.into_iter().flatten() {
+                    match f.get("type").and_then(Value::as_str) {
+                        Some("function") => c.tools.push(function(f, &prefix, about)?),
+                        Some("custom") => free_form(f, &prefix, about, c),
+                        _ => {
+                            return Err(GatewayError::Unsupported {
+                                param: "tools",
+                                message: "Only the function and custom tools of a namespace \
+                                          can be translated for this model."
+                                    .into(),
+                            });
+                        }
+                    }
+                }
+            }
+            "custom" => free_form(t, "", None, c),
+            other => c.dropped.push(other.to_string()),
+        }
+    }
+    Ok(())
 }
 
 fn read_tool_choice(v: &Value) -> Result<ToolChoice, GatewayError> {
@@ -188,14 +242,36 @@ fn read_input(v: &Value, c: &mut Conversation) -> Result<(), GatewayError> {
                         .unwrap_or("")
                         .to_string()
                 };
+                let name = match item.get("namespace").and_then(Value::as_str) {
+                    Some(ns) => format!("{ns}{NAMESPACE_SEPARATOR}{}", s("name")),
+                    None => s("name"),
+                };
                 let call = Part::ToolCall {
                     id: s("call_id"),
-                    name: s("name"),
+                    name,
                     arguments: s("arguments"),
                 };
                 c.push(Role::Assistant, vec![call]);
             }
-            "function_call_output" => {
+            "additional_tools" => {
+                if let Some(t) = item.get("tools") {
+                    read_tools(t, c)?;
+                }
+            }
+            "custom_tool_call" => {
+                let s = |k: &str| item.get(k).and_then(Value::as_str).unwrap_or("");
+                let name = match item.get("namespace").and_then(Value::as_str) {
+                    Some(ns) => format!("{ns}{NAMESPACE_SEPARATOR}{}", s("name")),
+                    None => s("name").to_string(),
+                };
+                let call = Part::ToolCall {
+                    id: s("call_id").to_string(),
+                    name,
+                    arguments: serde_json::json!({"input": s("input")}).to_string(),
+                };
+                c.push(Role::Assistant, vec![call]);
+            }
+            "function_call_output" | "custom_tool_call_output" => {
                 let output = item.get("output").unwrap_or(&Value::Null);
                 let content = match output {
                     Value::String(s) => vec![text(s)],

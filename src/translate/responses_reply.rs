@@ -4,9 +4,14 @@
 //! summary is the provider's reasoning text and whose `encrypted_content` carries its
 //! signature (read back by `responses`, so multi-turn tool use with thinking works).
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 
 use super::ir::*;
+
+/// Joins a namespace and one of its functions into the name the provider sees.
+pub const NAMESPACE_SEPARATOR: &str = "__";
 
 /// Marks a reasoning item that carries a provider's redacted (encrypted) thinking rather than
 /// the signature of a readable one.
@@ -25,7 +30,15 @@ fn usage(u: &Usage) -> Value {
 
 /// The ids of a response's items, from the provider's reply id.
 #[derive(Debug, Default, Clone)]
-struct Ids(String);
+struct Ids(String, Arc<ToolNames>);
+
+/// What the request said of its tools that the reply's items need: its namespaces, and its
+/// free-form tools (by the name the provider saw).
+#[derive(Debug, Default)]
+pub struct ToolNames {
+    pub namespaces: Vec<String>,
+    pub free_form: Vec<String>,
+}
 
 impl Ids {
     fn response(&self) -> String {
@@ -55,9 +68,27 @@ fn reasoning(id: &str, text: &str, encrypted: Option<String>) -> Value {
     item
 }
 
-fn call(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
-    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
-           "arguments": arguments, "status": status})
+/// A function call item; a name `namespace__function` of a namespace the request named is
+/// split back into the two.
+fn call(ids: &Ids, id: &str, call_id: &str, name: &str, args: &str, status: &str) -> Value {
+    let mut item = if ids.1.free_form.iter().any(|f| f == name) {
+        // A free-form tool's input is the one string the provider's call carries.
+        let input = serde_json::from_str::<Value>(args)
+            .ok()
+            .and_then(|v| v.get("input").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_default();
+        json!({"type": "custom_tool_call", "id": id, "call_id": call_id, "name": name,
+               "input": input, "status": status})
+    } else {
+        json!({"type": "function_call", "id": id, "call_id": call_id, "name": name,
+               "arguments": args, "status": status})
+    };
+    let split = name.split_once(NAMESPACE_SEPARATOR);
+    if let Some((ns, f)) = split.filter(|(ns, _)| ids.1.namespaces.iter().any(|n| n == ns)) {
+        item["namespace"] = json!(ns);
+        item["name"] = json!(f);
+    }
+    item
 }
 
 /// A part of a reply as an output item.
@@ -76,7 +107,14 @@ fn item(p: &Part, ids: &Ids, index: usize) -> Option<Value> {
             id,
             name,
             arguments,
-        } => call(&ids.item("fc", index), id, name, arguments, "completed"),
+        } => call(
+            ids,
+            &ids.item("fc", index),
+            id,
+            name,
+            arguments,
+            "completed",
+        ),
         _ => return None,
     })
 }
@@ -105,8 +143,8 @@ fn response(
 }
 
 /// A whole reply as a `response`.
-pub fn write_reply(r: &Reply, created: u64) -> Vec<u8> {
-    let ids = Ids(r.id.clone());
+pub fn write_reply(r: &Reply, created: u64, namespaces: &Arc<ToolNames>) -> Vec<u8> {
+    let ids = Ids(r.id.clone(), namespaces.clone());
     let output = r
         .parts
         .iter()
@@ -142,6 +180,8 @@ enum Kind {
 #[derive(Debug, Default)]
 pub struct StreamOut {
     created: u64,
+    /// The request's tool namespaces.
+    namespaces: Arc<ToolNames>,
     ids: Ids,
     model: String,
     seq: u64,
@@ -154,9 +194,10 @@ pub struct StreamOut {
 }
 
 impl StreamOut {
-    pub fn new(created: u64) -> StreamOut {
+    pub fn new(created: u64, namespaces: Arc<ToolNames>) -> StreamOut {
         StreamOut {
             created,
+            namespaces,
             ..StreamOut::default()
         }
     }
@@ -193,7 +234,7 @@ impl StreamOut {
         }
         match e {
             Event::Start { id, model } => {
-                self.ids = Ids(id);
+                self.ids = Ids(id, self.namespaces.clone());
                 self.model = model;
                 let r = response(&self.ids, &self.model, self.created, Vec::new(), None);
                 self.send(out, "response.created", json!({"response": r}));
@@ -246,7 +287,7 @@ impl StreamOut {
                     name: name.clone(),
                 };
                 let (at, item_id) = self.open(index, "fc", kind);
-                let item = call(&item_id, &id, &name, "", "in_progress");
+                let item = call(&self.ids, &item_id, &id, &name, "", "in_progress");
                 self.send(
                     out,
                     "response.output_item.added",
@@ -283,6 +324,7 @@ impl StreamOut {
     }
 
     fn delta(&mut self, block: usize, delta: String, out: &mut Vec<u8>) {
+        let names = self.ids.1.clone();
         let Some(o) = self.find(block) else { return };
         o.text.push_str(&delta);
         let (id, at) = (o.id.clone(), o.output_index);
@@ -295,6 +337,8 @@ impl StreamOut {
                 "response.reasoning_summary_text.delta",
                 json!({"item_id": id, "output_index": at, "summary_index": 0, "delta": delta}),
             ),
+            // A free-form call's input is inside the provider's JSON: sent whole at its end.
+            Kind::Call { ref name, .. } if names.free_form.contains(name) => return,
             Kind::Call { .. } => (
                 "response.function_call_arguments.delta",
                 json!({"item_id": id, "output_index": at, "delta": delta}),
@@ -338,12 +382,19 @@ impl StreamOut {
             }
             Kind::Redacted(data) => reasoning(id, "", Some(format!("{REDACTED}{data}"))),
             Kind::Call { call_id, name } => {
-                self.send(
-                    out,
-                    "response.function_call_arguments.done",
-                    json!({"item_id": id, "output_index": at, "arguments": o.text}),
-                );
-                call(id, &call_id, &name, &o.text, "completed")
+                let item = call(&self.ids, id, &call_id, &name, &o.text, "completed");
+                let done = match item["type"].as_str() {
+                    Some("custom_tool_call") => (
+                        "response.custom_tool_call_input.done",
+                        json!({"item_id": id, "output_index": at, "input": item["input"]}),
+                    ),
+                    _ => (
+                        "response.function_call_arguments.done",
+                        json!({"item_id": id, "output_index": at, "arguments": o.text}),
+                    ),
+                };
+                self.send(out, done.0, done.1);
+                item
             }
         };
         self.send(

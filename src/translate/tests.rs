@@ -389,3 +389,75 @@ fn a_message_request_becomes_a_chat_request() {
         })
     );
 }
+
+/// Codex's tools (as it sends them): functions, a namespace of function and free-form
+/// (`custom`) tools in an `additional_tools` input item, and a hosted web search.
+#[test]
+fn codex_style_tools_go_as_functions_and_come_back_as_their_own_items() {
+    let body = json!({
+        "model": "m", "store": false, "input": [
+            {"type": "additional_tools", "role": "developer", "tools": [
+                {"type": "namespace", "name": "functions", "description": "", "tools": [
+                    {"type": "custom", "name": "exec", "description": "Run JavaScript."},
+                    {"type": "function", "name": "wait", "parameters": {"type": "object"}}]}]},
+            {"role": "user", "content": "go"},
+            {"type": "custom_tool_call", "call_id": "c1", "namespace": "functions", "name": "exec", "input": "1+1"},
+            {"type": "custom_tool_call_output", "call_id": "c1", "output": "2"},
+        ],
+        "tools": [{"type": "web_search"}],
+    })
+    .to_string();
+    let plan = Plan {
+        from: Api::Responses,
+        to: Api::Chat,
+    };
+    let a = Asked {
+        body: body.as_bytes(),
+        model: "gpt-x",
+        cap: None,
+        default_max_tokens: 10,
+    };
+    let (sent, mut t) = request(plan, &a).expect("translated");
+    let sent: Value = serde_json::from_slice(&sent).expect("json");
+    let names: Vec<&str> = sent["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t["function"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["functions__exec", "functions__wait"]);
+    let call = &sent["messages"][1]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "functions__exec");
+    assert_eq!(call["function"]["arguments"], "{\"input\":\"1+1\"}");
+    assert_eq!(sent["messages"][2]["role"], "tool");
+    let mut resp = pingora_http::ResponseHeader::build(200, None).expect("header");
+    resp.insert_header("content-type", "application/json")
+        .expect("header");
+    t.on_header(&mut resp).expect("header");
+    assert_eq!(
+        resp.headers
+            .get("x-modelgate-tools-dropped")
+            .map(|v| v.as_bytes()),
+        Some(&b"web_search"[..])
+    );
+    let reply = json!({"id": "chatcmpl-1", "model": "gpt-x", "choices": [{"index": 0, "finish_reason": "tool_calls",
+        "message": {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_2", "type": "function", "function": {"name": "functions__exec", "arguments": "{\"input\":\"2*3\"}"}}]}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}});
+    let out = t.feed(Some(reply.to_string().as_bytes()), true);
+    let r: Value = serde_json::from_slice(&out).expect("a response");
+    assert_eq!(
+        (
+            &r["output"][0]["type"],
+            &r["output"][0]["namespace"],
+            &r["output"][0]["name"],
+            &r["output"][0]["input"]
+        ),
+        (
+            &json!("custom_tool_call"),
+            &json!("functions"),
+            &json!("exec"),
+            &json!("2*3")
+        )
+    );
+}

@@ -160,7 +160,6 @@ def test_images_and_documents_become_content_parts(claude):
 
 @pytest.mark.parametrize("params, named", [
     ({"extra_body": {"top_k": 5}}, "top_k"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools"),
 ])
 def test_what_chat_completions_lack_is_a_400_naming_it(claude, params, named):
     with pytest.raises(anthropic.BadRequestError) as e:
@@ -184,3 +183,11 @@ def test_provider_errors_reach_the_client_in_anthropic_shape(claude, status, err
     assert e.value.status_code == status
     assert e.value.body["error"]["type"] == kind
     assert "mock upstream forced status" in e.value.body["error"]["message"]
+
+
+def test_a_server_tool_is_left_out_and_named_in_a_header(claude):
+    raw = claude.messages.with_raw_response.create(
+        model=MODEL, max_tokens=50, messages=[{"role": "user", "content": "hi"}],
+        tools=[{"type": "web_search_20250305", "name": "web_search"}, WEATHER])
+    assert raw.headers["x-modelgate-tools-dropped"] == "web_search_20250305"
+    assert raw.parse().stop_reason == "tool_use"

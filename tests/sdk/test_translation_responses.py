@@ -116,7 +116,6 @@ def test_streamed_reasoning_has_its_summary_and_signature(strict):
 
 @pytest.mark.parametrize("params, param", [
     ({"previous_response_id": "resp_123"}, "previous_response_id"),
-    ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"text": {"format": {"type": "json_object"}}}, "text"),
 ])
 def test_what_the_pool_cannot_do_is_a_400_naming_it(strict, model, params, param):
@@ -124,3 +123,10 @@ def test_what_the_pool_cannot_do_is_a_400_naming_it(strict, model, params, param
         strict.responses.create(model=model, input="hi", **params)
     assert e.value.body["param"] == param
     assert e.value.body["code"] == "unsupported_parameter"
+
+
+def test_a_hosted_tool_is_left_out_and_named_in_a_header(strict, model):
+    raw = strict.responses.with_raw_response.create(
+        model=model, input="hi", store=False, tools=[{"type": "web_search"}, WEATHER])
+    assert raw.headers["x-modelgate-tools-dropped"] == "web_search"
+    assert raw.parse().status == "completed"
