@@ -93,32 +93,7 @@ fn what_has_no_equivalent_is_refused_by_name_and_nothing_is_dropped() {
 }
 
 /// Anthropic's documented tool-use stream (abridged), as the provider sends it.
-const TOOL_STREAM: &str = concat!(
-    "event: message_start\n",
-    "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_014p7gG3wDgGV9EUtLvnow3U\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"claude-opus-4-1\",\"stop_sequence\":null,\"usage\":{\"input_tokens\":472,\"output_tokens\":2},\"content\":[],\"stop_reason\":null}}\n\n",
-    "event: content_block_start\n",
-    "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
-    "event: ping\n",
-    "data: {\"type\": \"ping\"}\n\n",
-    "event: content_block_delta\n",
-    "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Okay, let's check the weather.\"}}\n\n",
-    "event: content_block_stop\n",
-    "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
-    "event: content_block_start\n",
-    "data: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_01T1x1fJ34qAmk2tNTrN7Up6\",\"name\":\"get_weather\",\"input\":{}}}\n\n",
-    "event: content_block_delta\n",
-    "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"\"}}\n\n",
-    "event: content_block_delta\n",
-    "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"location\\\":\"}}\n\n",
-    "event: content_block_delta\n",
-    "data: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\" \\\"San Francisco, CA\\\"}\"}}\n\n",
-    "event: content_block_stop\n",
-    "data: {\"type\":\"content_block_stop\",\"index\":1}\n\n",
-    "event: message_delta\n",
-    "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"tool_use\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":89}}\n\n",
-    "event: message_stop\n",
-    "data: {\"type\":\"message_stop\"}\n\n",
-);
+const TOOL_STREAM: &str = include_str!("../../tests/vectors/anthropic-tool-use-stream.sse");
 
 fn translate_stream(pieces: &[&[u8]], include_usage: bool) -> Vec<u8> {
     let (_, mut t) = asked(&json!({
@@ -251,29 +226,9 @@ fn a_pool_passes_its_native_apis_and_translates_the_others() {
     assert!(plan(None, &claude).is_err());
 }
 
-/// OpenAI's streamed function call (the function-calling guide's "Streaming" example: the
-/// arguments in pieces after a first delta with the id and name), then the usage chunk.
+/// OpenAI's streamed function call, then the usage chunk.
 fn openai_tool_stream() -> String {
-    let chunk = |delta: Value, finish: Value| {
-        let c = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                       "model": "gpt-4.1", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
-        format!("data: {c}\n\n")
-    };
-    let mut s = chunk(
-        json!({"role": "assistant", "content": null, "tool_calls": [{"index": 0, "id": "call_DdmO9pD3xa9XTPNJ32zg2hcA", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
-        Value::Null,
-    );
-    for piece in ["{\"", "location", "\":\"", "Paris", ",", " France", "\"}"] {
-        s += &chunk(
-            json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
-            Value::Null,
-        );
-    }
-    s += &chunk(json!({}), json!("tool_calls"));
-    let usage = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-4.1", "choices": [],
-                       "usage": {"prompt_tokens": 20, "completion_tokens": 9, "total_tokens": 29,
-                                 "prompt_tokens_details": {"cached_tokens": 8}}});
-    s + &format!("data: {usage}\n\ndata: [DONE]\n\n")
+    include_str!("../../tests/vectors/openai-function-call-stream.sse").to_string()
 }
 
 fn messages_stream(pieces: &[&[u8]]) -> Vec<(String, Value)> {
