@@ -425,7 +425,7 @@ fn read_blocks(v: &Value) -> Result<Vec<Part>, GatewayError> {
     blocks.iter().map(read_block).collect()
 }
 
-fn read_block(b: &Value) -> Result<Part, GatewayError> {
+pub(super) fn read_block(b: &Value) -> Result<Part, GatewayError> {
     let cache = b.get("cache_control").is_some_and(|c| !c.is_null());
     let kind = b.get("type").and_then(Value::as_str).unwrap_or("");
     Ok(match kind {

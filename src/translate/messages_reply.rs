@@ -34,30 +34,17 @@ fn read_usage(v: &Value, u: &mut Usage) {
     }
 }
 
-/// A content block of a reply.
+/// A content block of a reply (read as a request's block is; a reply has only these kinds).
 fn reply_part(b: &Value) -> Option<Part> {
-    Some(match b.get("type").and_then(Value::as_str)? {
-        "text" => Part::Text {
-            text: text_of(b, "text"),
-            cache: false,
-        },
-        "thinking" => Part::Thinking {
-            text: text_of(b, "thinking"),
-            signature: b
-                .get("signature")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-        },
-        "redacted_thinking" => Part::RedactedThinking {
-            data: text_of(b, "data"),
-        },
-        "tool_use" => Part::ToolCall {
-            id: text_of(b, "id"),
-            name: text_of(b, "name"),
-            arguments: b.get("input").map_or_else(|| "{}".into(), Value::to_string),
-        },
-        _ => return None,
-    })
+    let part = super::messages::read_block(b).ok()?;
+    matches!(
+        part,
+        Part::Text { .. }
+            | Part::Thinking { .. }
+            | Part::RedactedThinking { .. }
+            | Part::ToolCall { .. }
+    )
+    .then_some(part)
 }
 
 /// Reads a whole reply (None: not a message).

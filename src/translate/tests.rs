@@ -92,14 +92,8 @@ fn what_has_no_equivalent_is_refused_by_name_and_nothing_is_dropped() {
     );
 }
 
-/// Anthropic's documented tool-use stream (abridged), as the provider sends it.
-const TOOL_STREAM: &str = include_str!("../../tests/vectors/anthropic-tool-use-stream.sse");
-
-fn translate_stream(pieces: &[&[u8]], include_usage: bool) -> Vec<u8> {
-    let (_, mut t) = asked(&json!({
-        "model": "m", "stream": true, "stream_options": {"include_usage": include_usage},
-        "messages": [{"role": "user", "content": "hi"}],
-    }));
+/// The client's bytes for a provider's stream fed in `pieces`, then its end.
+fn feed_stream(t: &mut Translation, pieces: &[&[u8]]) -> Vec<u8> {
     let mut resp = pingora_http::ResponseHeader::build(200, None).expect("header");
     resp.insert_header("content-type", "text/event-stream")
         .expect("header");
@@ -110,6 +104,17 @@ fn translate_stream(pieces: &[&[u8]], include_usage: bool) -> Vec<u8> {
     }
     out.extend_from_slice(&t.feed(None, true));
     out
+}
+
+/// Anthropic's documented tool-use stream (abridged), as the provider sends it.
+const TOOL_STREAM: &str = include_str!("../../tests/vectors/anthropic-tool-use-stream.sse");
+
+fn translate_stream(pieces: &[&[u8]], include_usage: bool) -> Vec<u8> {
+    let (_, mut t) = asked(&json!({
+        "model": "m", "stream": true, "stream_options": {"include_usage": include_usage},
+        "messages": [{"role": "user", "content": "hi"}],
+    }));
+    feed_stream(&mut t, pieces)
 }
 
 fn chunks(out: &[u8]) -> Vec<Value> {
@@ -248,15 +253,7 @@ fn messages_stream(pieces: &[&[u8]]) -> Vec<(String, Value)> {
     let (sent, mut t) = request(plan, &a).expect("translated");
     let sent: Value = serde_json::from_slice(&sent).expect("json");
     assert_eq!(sent["stream_options"], json!({"include_usage": true}));
-    let mut resp = pingora_http::ResponseHeader::build(200, None).expect("header");
-    resp.insert_header("content-type", "text/event-stream")
-        .expect("header");
-    t.on_header(&mut resp).expect("header");
-    let mut out = Vec::new();
-    for p in pieces {
-        out.extend_from_slice(&t.feed(Some(p), false));
-    }
-    out.extend_from_slice(&t.feed(None, true));
+    let out = feed_stream(&mut t, pieces);
     let mut reader = sse::Reader::default();
     let mut events = Vec::new();
     reader.feed(&out, &mut events).expect("bounded");
