@@ -80,6 +80,8 @@ async fn a_glob_entry_sends_the_id_asked_for_or_its_template_and_records_that_id
     );
     let record = await_record(&g, &id).await;
     assert_eq!(record["model"], "claude-3-7-sonnet-20250219");
+    // The model served is that id too, not the entry's pattern.
+    assert_eq!(record["served_model"], "claude-3-7-sonnet-20250219");
     let (status, upstream, _) = chat_as(&g, KEY, "gpt-4o-mini").await;
     assert_eq!((status, upstream.as_str()), (200, "openai/gpt-4o-mini"));
 }

@@ -115,7 +115,7 @@ pub fn build(
         attempts: ctx.attempts,
         served_model: route
             .filter(|_| ctx.proxied)
-            .map(|r| r.model.name.clone())
+            .map(|r| r.id_for(&ctx.model).to_string())
             .unwrap_or_default(),
         cut: if ctx.meter.cut_by_budget().is_some() {
             "budget"
