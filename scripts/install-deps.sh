@@ -5,7 +5,7 @@
 #   scripts/install-deps.sh --test   also Debian's chromium (browser tests), postgresql and
 #                                    redis-server (the fleet tests start their own servers in
 #                                    temp dirs), tests/node's npm packages, .venv with
-#                                    tests/sdk/requirements.txt and
+#                                    tests/sdk/requirements.txt, .venv-aider with aider and
 #                                    mdbook (the book's build), by cargo install
 set -euo pipefail
 
@@ -54,25 +54,30 @@ if [ "$WITH_TEST" -eq 1 ]; then
   fi
 fi
 
-if [ "$WITH_TEST" -eq 1 ]; then
-  VENV="$ROOT/.venv"
-  REQ="$ROOT/tests/sdk/requirements.txt"
-  STAMP="$VENV/.requirements.sha256"
-  if [ ! -x "$VENV/bin/python" ]; then
+# A venv at $1 with the requirements file $2, remade only when that file changed.
+venv_with() {
+  local venv="$1" req="$2" stamp="$1/.requirements.sha256" want
+  if [ ! -x "$venv/bin/python" ]; then
     if ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
       echo "install-deps: installing python3-venv" >&2  # Debian's python3 ships venv apart
       as_root apt-get update
       as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3-venv
     fi
-    echo "install-deps: creating $VENV" >&2
-    python3 -m venv "$VENV"
+    echo "install-deps: creating $venv" >&2
+    python3 -m venv "$venv"
   fi
-  want="$(sha256sum "$REQ" | cut -d' ' -f1)"
-  if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$want" ]; then
-    echo "install-deps: pip install -r tests/sdk/requirements.txt" >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r "$REQ"
-    echo "$want" > "$STAMP"
+  want="$(sha256sum "$req" | cut -d' ' -f1)"
+  if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
+    echo "install-deps: pip install -r ${req#"$ROOT/"} into ${venv#"$ROOT/"}" >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$req"
+    echo "$want" > "$stamp"
   fi
+}
+
+if [ "$WITH_TEST" -eq 1 ]; then
+  venv_with "$ROOT/.venv" "$ROOT/tests/sdk/requirements.txt"
+  # aider pins its own openai and litellm: a venv of its own.
+  venv_with "$ROOT/.venv-aider" "$ROOT/tests/sdk/requirements-aider.txt"
   # The official Node clients (tests/node), Node 22 among them (the `node` package: what these
   # SDKs need, from the npm registry, whatever Node the machine has to run npm).
   NODE_STAMP="$ROOT/tests/node/node_modules/.lock.sha256"

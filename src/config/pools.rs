@@ -18,6 +18,7 @@ pub(super) struct RawPool {
     pub(super) auth_header: Option<Spanned<String>>,
     pub(super) provider: Option<Spanned<String>>,
     pub(super) native: Option<Spanned<Vec<String>>>,
+    pub(super) drop_params: Option<Spanned<Vec<String>>>,
     pub(super) strategy: Option<Spanned<String>>,
     #[serde(default, deserialize_with = "duration_ms")]
     pub(super) connect_timeout_ms: Option<u64>,
@@ -91,6 +92,7 @@ pub(super) fn check(
         }
         let upstreams = upstreams(rp, &field, src, p);
         let (provider, native) = provider(rp, &field, src, p);
+        let drop_params = drop_params(rp, &field, src, p);
         let (strategy, auth_header) = balancing(rp, &field, src, p);
         // Anthropic's API takes the key in `x-api-key`.
         let auth_header = match (provider, &rp.auth_header) {
@@ -137,6 +139,7 @@ pub(super) fn check(
             auth_header,
             provider,
             native,
+            drop_params,
             strategy,
             connect_timeout: ms(rp.connect_timeout_ms, 5_000),
             read_timeout,
@@ -292,4 +295,35 @@ fn provider(
         p.push(Problem::new(file, at(names.span()), &field("native"), why));
     }
     (provider, Native::of(apis))
+}
+
+/// The request fields a translation to this pool leaves out instead of refusing
+/// (`drop_params`): only fields a translation can refuse.
+fn drop_params(
+    rp: &RawPool,
+    field: &dyn Fn(&str) -> String,
+    src: &Src<'_>,
+    p: &mut Problems,
+) -> Vec<String> {
+    let Some(names) = &rp.drop_params else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for name in names.get_ref() {
+        if DROPPABLE_PARAMS.contains(&name.as_str()) {
+            out.push(name.clone());
+            continue;
+        }
+        let why = format!(
+            "'{name}' is not a parameter a translation refuses: one of {}",
+            DROPPABLE_PARAMS.join(", ")
+        );
+        p.push(Problem::new(
+            src.file,
+            src.at(names.span()),
+            &field("drop_params"),
+            why,
+        ));
+    }
+    out
 }

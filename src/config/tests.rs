@@ -264,7 +264,7 @@ fn fleet_settings_are_read_and_their_mistakes_named() {
 }
 
 #[test]
-fn a_pools_provider_and_native_apis_are_checked() {
+fn a_pools_provider_native_apis_and_drop_params_are_checked() {
     let with = |lines: &str| {
         GOOD.replace(
             "name = \"local\"\n",
@@ -276,6 +276,12 @@ fn a_pools_provider_and_native_apis_are_checked() {
     assert_eq!(c.live.pools[0].auth_header, AuthHeader::XApiKey);
     assert!(c.live.pools[0].native.passes(Api::Messages));
     assert!(!c.live.pools[0].native.passes(Api::Chat));
+    let c = Config::parse(
+        Path::new("c.toml"),
+        &with("drop_params = [\"temperature\"]"),
+    )
+    .expect("valid");
+    assert_eq!(c.live.pools[0].drop_params, ["temperature"]);
     for (lines, says) in [
         ("provider = \"gemini\"", "not supported yet"),
         ("provider = \"acme\"", "not one of openai, anthropic"),
@@ -286,6 +292,10 @@ fn a_pools_provider_and_native_apis_are_checked() {
         (
             "provider = \"anthropic\"\nnative = [\"chat\"]",
             "speaks only the Messages API",
+        ),
+        (
+            "drop_params = [\"max_tokens\"]",
+            "'max_tokens' is not a parameter a translation refuses: one of temperature",
         ),
     ] {
         let e = Config::parse(Path::new("c.toml"), &with(lines)).expect_err(lines);

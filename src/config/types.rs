@@ -194,6 +194,29 @@ pub enum AuthHeader {
     XApiKey,
 }
 
+/// The request fields a translation may have no equivalent of in the pool's API, refused with
+/// a 400 naming them unless the pool's `drop_params` names them.
+pub const DROPPABLE_PARAMS: &[&str] = &[
+    "temperature",
+    "top_p",
+    "top_k",
+    "n",
+    "response_format",
+    "modalities",
+    "audio",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "seed",
+    "prediction",
+    "web_search_options",
+    "functions",
+    "function_call",
+    "verbosity",
+];
+
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     pub name: String,
@@ -206,6 +229,9 @@ pub struct PoolConfig {
     pub provider: Provider,
     /// The inbound APIs passed through as they are; the others are translated.
     pub native: Native,
+    /// Request fields a translation to this pool leaves out (and names to the client)
+    /// instead of refusing: `DROPPABLE_PARAMS` only.
+    pub drop_params: Vec<String>,
     pub strategy: Strategy,
     pub connect_timeout: Duration,
     /// The longest wait for any one read or write on the upstream connection.

@@ -56,6 +56,7 @@ pub fn for_route(ctx: &mut Ctx, s: &Sending, route: &Route, id: &str) -> Result<
                 model: &model,
                 cap: s.lowered.map(|(n, _)| n),
                 default_max_tokens: route.model.max_output_tokens,
+                drop: &route.pool.cfg.drop_params,
             };
             let (body, translation) = translate::request(plan, &asked)?;
             let metering_of = match plan.to {

@@ -6,7 +6,7 @@
 use serde_json::{Map, Value, json};
 
 use super::ir::*;
-use super::{bad, unsupported};
+use super::{bad, refuse};
 use crate::error::GatewayError;
 
 /// Fields with no effect on the reply that a provider without them may ignore.
@@ -70,12 +70,16 @@ pub fn read_request(body: &[u8]) -> Result<Conversation, GatewayError> {
             "thinking" => c.reasoning = Some(read_thinking(value)?),
             "user" | "safety_identifier" => c.user = value.as_str().map(str::to_string),
             "n" if value.as_u64() == Some(1) => {}
-            "response_format" => c.json_schema = read_response_format(value)?,
+            "response_format" => match read_response_format(value)? {
+                Format::Text => {}
+                Format::Schema(schema) => c.json_schema = Some(schema),
+                Format::Json => refuse(&mut c, "response_format")?,
+            },
             "modalities" if value == &json!(["text"]) => {}
             "logprobs" if value == &Value::Bool(false) => {}
             "presence_penalty" | "frequency_penalty" if value.as_f64() == Some(0.0) => {}
             "logit_bias" if value.as_object().is_some_and(Map::is_empty) => {}
-            other => return Err(unsupported(other)),
+            other => refuse(&mut c, other)?,
         }
     }
     c.max_tokens = limits.into_iter().min();
@@ -102,23 +106,30 @@ fn read_stop(v: &Value) -> Result<Vec<String>, GatewayError> {
     }
 }
 
-/// `response_format`: text (nothing asked), or a JSON schema the reply must match. JSON mode
-/// without a schema has no equivalent.
-fn read_response_format(v: &Value) -> Result<Option<Value>, GatewayError> {
+/// What `response_format` asks for.
+enum Format {
+    Text,
+    /// JSON matching this schema (structured output).
+    Schema(Value),
+    /// JSON of any shape: no provider's equivalent.
+    Json,
+}
+
+fn read_response_format(v: &Value) -> Result<Format, GatewayError> {
     match v.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(None),
+        Some("text") => Ok(Format::Text),
         Some("json_schema") => v
             .get("json_schema")
             .and_then(|j| j.get("schema"))
             .cloned()
-            .map(Some)
+            .map(Format::Schema)
             .ok_or_else(|| {
                 bad(
                     "response_format",
                     "'json_schema.schema' is required.".into(),
                 )
             }),
-        _ => Err(unsupported("response_format")),
+        _ => Ok(Format::Json),
     }
 }
 
@@ -382,9 +393,6 @@ pub fn write_request(
     model: &str,
     max_tokens: Option<u64>,
 ) -> Result<Vec<u8>, GatewayError> {
-    if c.top_k.is_some() {
-        return Err(unsupported("top_k"));
-    }
     let mut out = Map::new();
     out.insert("model".into(), json!(model));
     out.insert("messages".into(), Value::Array(write_messages(c)));

@@ -31,6 +31,9 @@ pub struct Conversation {
     /// Tools the client offered that only its own API's provider runs (a hosted web search):
     /// left out, and named to the client in the reply's `x-modelgate-tools-dropped`.
     pub dropped: Vec<String>,
+    /// Request fields the provider has no equivalent of: refused, or left out where the pool's
+    /// `drop_params` names them (and named in the reply's `x-modelgate-params-dropped`).
+    pub refused: Vec<&'static str>,
     /// The Responses API's tool namespaces (their functions go as `namespace__function`).
     pub namespaces: Vec<String>,
     /// The Responses API's free-form (`custom`) tools, by the name the provider sees: a

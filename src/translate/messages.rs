@@ -33,14 +33,6 @@ pub fn write_request(
     model: &str,
     max_tokens: u64,
 ) -> Result<Vec<u8>, GatewayError> {
-    let sampling = [
-        ("temperature", c.temperature.is_some()),
-        ("top_p", c.top_p.is_some()),
-        ("top_k", c.top_k.is_some()),
-    ];
-    if let Some((name, _)) = sampling.iter().find(|(_, set)| *set) {
-        return Err(super::unsupported(name));
-    }
     let mut out = Map::new();
     out.insert("model".into(), json!(model));
     out.insert("max_tokens".into(), json!(max_tokens));
@@ -269,7 +261,7 @@ pub fn read_request(body: &[u8]) -> Result<Conversation, GatewayError> {
                     .and_then(Value::as_str)
                     .map(str::to_string);
             }
-            other => return Err(super::unsupported(other)),
+            other => super::refuse(&mut c, other)?,
         }
     }
     Ok(c)

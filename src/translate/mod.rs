@@ -18,8 +18,9 @@ pub mod sse;
 use bytes::Bytes;
 
 pub use crate::config::Api;
-use crate::config::{PoolConfig, Provider};
+use crate::config::{DROPPABLE_PARAMS, PoolConfig, Provider};
 use crate::error::GatewayError;
+use ir::Conversation;
 pub use reply::Translation;
 
 /// A 400 naming the parameter.
@@ -27,41 +28,51 @@ pub(crate) fn bad(param: &'static str, message: String) -> GatewayError {
     GatewayError::InvalidParameter { param, message }
 }
 
-/// A request field the provider has no equivalent of (never dropped in silence).
-pub(crate) fn unsupported(name: &str) -> GatewayError {
-    /// OpenAI's request fields the translation has no equivalent for (named as the `param`).
-    const KNOWN: &[&str] = &[
-        "temperature",
-        "top_p",
-        "top_k",
-        "n",
-        "response_format",
-        "modalities",
-        "audio",
-        "logprobs",
-        "top_logprobs",
-        "presence_penalty",
-        "frequency_penalty",
-        "logit_bias",
-        "seed",
-        "prediction",
-        "web_search_options",
-        "functions",
-        "function_call",
-        "verbosity",
-    ];
-    match KNOWN.iter().find(|k| **k == name) {
-        Some(param) => GatewayError::Unsupported {
+/// A request field the provider has no equivalent of: noted in the conversation, to be refused
+/// or left out by `settle` (never dropped in silence); a field no API has is the client's 400.
+pub(crate) fn refuse(c: &mut Conversation, name: &str) -> Result<(), GatewayError> {
+    match DROPPABLE_PARAMS.iter().find(|k| **k == name) {
+        Some(param) => {
+            if !c.refused.contains(param) {
+                c.refused.push(param);
+            }
+            Ok(())
+        }
+        None => Err(GatewayError::InvalidParameter {
+            param: "body",
+            message: format!("Unrecognized request argument supplied: {name}"),
+        }),
+    }
+}
+
+/// The fields `to` has no equivalent of, added to those the reader noted: each is left out if
+/// `drop` names it, else the first is the client's 400 naming it.
+fn settle(c: &mut Conversation, to: Api, drop: &[String]) -> Result<(), GatewayError> {
+    // Anthropic's current API has no sampling parameters; OpenAI's has no `top_k`.
+    if to == Api::Messages {
+        if c.temperature.take().is_some() {
+            refuse(c, "temperature")?;
+        }
+        if c.top_p.take().is_some() {
+            refuse(c, "top_p")?;
+        }
+    }
+    if c.top_k.take().is_some() {
+        refuse(c, "top_k")?;
+    }
+    match c
+        .refused
+        .iter()
+        .find(|name| !drop.iter().any(|d| d == *name))
+    {
+        Some(param) => Err(GatewayError::Unsupported {
             param,
             message: format!(
                 "'{param}' has no equivalent in the API of this model's provider, so it \
                  cannot be honoured."
             ),
-        },
-        None => GatewayError::InvalidParameter {
-            param: "body",
-            message: format!("Unrecognized request argument supplied: {name}"),
-        },
+        }),
+        None => Ok(()),
     }
 }
 
@@ -121,16 +132,19 @@ pub struct Asked<'a> {
     pub cap: Option<u64>,
     /// The output asked for when the request names none (a provider that requires it).
     pub default_max_tokens: u64,
+    /// The fields left out where the provider has no equivalent (the pool's `drop_params`).
+    pub drop: &'a [String],
 }
 
 /// The translated request body and the translation of its reply.
 pub fn request(plan: Plan, asked: &Asked<'_>) -> Result<(Bytes, Translation), GatewayError> {
-    let conversation = match plan.from {
+    let mut conversation = match plan.from {
         Api::Chat => chat::read_request(asked.body)?,
         Api::Messages => messages::read_request(asked.body)?,
         Api::Responses => responses::read_request(asked.body)?,
         other => return Err(not_yet(plan, other)),
     };
+    settle(&mut conversation, plan.to, asked.drop)?;
     let asked_for = match (conversation.max_tokens, asked.cap) {
         (Some(n), Some(cap)) => Some(n.min(cap)),
         (n, cap) => n.or(cap),

@@ -60,6 +60,8 @@ pub struct Translation {
     namespaces: std::sync::Arc<responses_reply::ToolNames>,
     /// The tools offered that the provider cannot run, left out (`x-modelgate-tools-dropped`).
     dropped: String,
+    /// The request fields left out (`x-modelgate-params-dropped`).
+    params_dropped: String,
 }
 
 /// The largest plain reply translated.
@@ -90,6 +92,7 @@ impl Translation {
             created,
             namespaces: names,
             dropped: c.dropped.join(", "),
+            params_dropped: c.refused.join(", "),
         }
     }
 
@@ -126,6 +129,9 @@ impl Translation {
         }
         if !self.dropped.is_empty() {
             resp.insert_header("x-modelgate-tools-dropped", self.dropped.as_str())?;
+        }
+        if !self.params_dropped.is_empty() {
+            resp.insert_header("x-modelgate-params-dropped", self.params_dropped.as_str())?;
         }
         // Its length changes; and what is translated is the decoded body.
         resp.remove_header(&http::header::CONTENT_LENGTH);

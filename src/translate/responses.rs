@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::ir::*;
 use super::responses_reply::{NAMESPACE_SEPARATOR, REDACTED};
-use super::{bad, unsupported};
+use super::{bad, refuse};
 use crate::error::GatewayError;
 
 /// Fields with no effect on the reply that a provider without them may ignore (`store`: the
@@ -80,7 +80,7 @@ pub fn read_request(body: &[u8]) -> Result<Conversation, GatewayError> {
             }
             "background" if value == &Value::Bool(false) => {}
             "top_logprobs" if value.as_u64() == Some(0) => {}
-            other => return Err(unsupported(other)),
+            other => refuse(&mut c, other)?,
         }
     }
     Ok(c)

@@ -8,12 +8,21 @@ use super::*;
 
 /// A chat request translated for an Anthropic pool (its model there `claude-up`).
 fn translated(body: &Value) -> Result<(Bytes, Translation), GatewayError> {
+    translated_dropping(body, &[])
+}
+
+/// The same for a pool whose `drop_params` are `drop`.
+fn translated_dropping(
+    body: &Value,
+    drop: &[String],
+) -> Result<(Bytes, Translation), GatewayError> {
     let body = body.to_string();
     let a = Asked {
         body: body.as_bytes(),
         model: "claude-up",
         cap: None,
         default_max_tokens: 4096,
+        drop,
     };
     let plan = Plan {
         from: Api::Chat,
@@ -89,6 +98,32 @@ fn what_has_no_equivalent_is_refused_by_name_and_nothing_is_dropped() {
     // Neutral values and fields with no effect on the reply pass.
     assert!(
         refuse(json!({"n": 1, "logprobs": false, "store": true, "presence_penalty": 0})).is_none()
+    );
+}
+
+#[test]
+fn a_pools_drop_params_are_left_out_and_named_to_the_client() {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+        "temperature": 0, "top_p": 0.5, "response_format": {"type": "json_object"}});
+    let drop: Vec<String> = ["temperature", "top_p", "response_format"]
+        .map(String::from)
+        .into();
+    let (out, mut t) = translated_dropping(&body, &drop).expect("translated");
+    let m: Value = serde_json::from_slice(&out).expect("json");
+    for field in ["temperature", "top_p", "response_format", "output_config"] {
+        assert!(m.get(field).is_none(), "{field}: {m}");
+    }
+    let mut resp = pingora_http::ResponseHeader::build(200, None).expect("header");
+    t.on_header(&mut resp).expect("header");
+    assert_eq!(
+        resp.headers["x-modelgate-params-dropped"],
+        "response_format, temperature, top_p"
+    );
+    // What the list does not name is still refused, by name.
+    let refused = translated_dropping(&body, &drop[..2]).err();
+    assert_eq!(
+        refused.map(|e| e.parts().param),
+        Some(Some("response_format"))
     );
 }
 
@@ -245,6 +280,7 @@ fn messages_stream(pieces: &[&[u8]]) -> Vec<(String, Value)> {
         model: "gpt-4.1",
         cap: None,
         default_max_tokens: 10,
+        drop: &[],
     };
     let plan = Plan {
         from: Api::Messages,
@@ -318,6 +354,7 @@ fn a_message_request_becomes_a_chat_request() {
         model: "gpt-4.1",
         cap: Some(20),
         default_max_tokens: 10,
+        drop: &[],
     };
     let plan = Plan {
         from: Api::Messages,
@@ -368,6 +405,7 @@ fn codex_style_tools_go_as_functions_and_come_back_as_their_own_items() {
         model: "gpt-x",
         cap: None,
         default_max_tokens: 10,
+        drop: &[],
     };
     let (sent, mut t) = request(plan, &a).expect("translated");
     let sent: Value = serde_json::from_slice(&sent).expect("json");

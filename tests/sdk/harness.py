@@ -33,6 +33,10 @@ MODELS = {
     "tts-demo": None,
 }
 
+# Every id `/v1/models` lists, in config order: the above, then the concrete names of the
+# translated pools' entries (their globs are not listed).
+LISTED = [*MODELS, "claude-sonnet-4-5"]
+
 FULL_KEY = "sk-sdk-test-full-0000000000000000"
 ECHO_ONLY_KEY = "sk-sdk-test-echo-only-000000000000"
 MODELS_ONLY_KEY = "sk-sdk-test-models-only-0000000000"
@@ -218,6 +222,20 @@ upstreams = ["http://127.0.0.1:{ports['mock']}"]
 name = "claude-*"
 pool = "anthropic"
 price = {{ prompt = 3.0, completion = 15.0, cached_prompt = 0.3, cache_write = 3.75 }}
+
+# The same provider for clients that always send sampling parameters (aider): left out.
+[[pools]]
+pass_headers = ["x-mock-*"]
+name = "anthropic-lenient"
+provider = "anthropic"
+drop_params = ["temperature", "top_p"]
+api_key = "sk-ant-mock-credential"
+upstreams = ["http://127.0.0.1:{ports['mock']}"]
+
+[[models]]
+name = "claude-sonnet-4-5"
+pool = "anthropic-lenient"
+price = {{ prompt = 3.0, completion = 15.0 }}
 
 # The mock's Chat Completions only: Messages requests arrive translated.
 [[pools]]

@@ -1,8 +1,10 @@
 """The coding agents, unchanged, through the gateway's translated pools: Claude Code (the
-Messages API, with its own tools and context management) and Codex (the Responses API, with
-its function, namespace and hosted tools), each once with its default model (mapped by the
-config's globs: `claude-*` to the Anthropic-speaking pool, `gpt-*` to the chat-only pool) and
-once with the other pool's model. Both from npm, installed in tests/node."""
+Messages API, with its own tools and context management), Codex (the Responses API, with
+its function, namespace and hosted tools) and aider (Chat Completions or the Messages API,
+through litellm), each with its default model (mapped by the config's globs: `claude-*` to
+the Anthropic-speaking pool, `gpt-*` to the chat-only pool) and with the other pool's model.
+Claude Code and Codex from npm, installed in tests/node; aider from PyPI, in .venv-aider (it
+pins its own openai and litellm)."""
 
 import os
 import subprocess
@@ -13,6 +15,7 @@ import pytest
 from harness import FULL_KEY, MOCK_REPLY, REPO_ROOT
 
 BIN = REPO_ROOT / "tests/node/node_modules/.bin"
+AIDER = REPO_ROOT / ".venv-aider/bin/aider"
 NODE_PATH = f"{BIN}:{os.environ.get('PATH', '')}"
 
 
@@ -71,3 +74,41 @@ def test_codex_answers_through_the_gateway(gateway, tmp_path, model):
     recs = records_since(gateway, 0, "responses")
     wanted = model or "gpt-"
     assert any(r["model"].startswith(wanted) and r["status"] == 200 for r in recs), recs[:5]
+
+
+# aider's settings for a run with no terminal, no network and no repository: its model cost
+# map from the installed litellm, no update check, analytics or release notes.
+AIDER_QUIET = ["--no-git", "--yes-always", "--no-check-update", "--no-show-release-notes",
+               "--no-analytics", "--no-show-model-warnings", "--no-pretty", "--no-fancy-input"]
+
+
+@pytest.mark.parametrize("api,model,stream,endpoint,recorded", [
+    # Its defaults: an OpenAI key makes it ask for gpt-4o, an Anthropic key for its "sonnet".
+    ("openai", None, True, "chat", "gpt-4o"),
+    ("anthropic", None, True, "messages", "claude-sonnet-"),
+    # The other pool's model, translated both ways, streamed and plain. aider's Chat
+    # requests carry `temperature`, which Anthropic's API lacks: `claude-sonnet-4-5` is on a
+    # pool that drops it. (litellm sends an OpenAI model id it knows, say gpt-5.1, to OpenAI's
+    # chat path whatever its `anthropic/` prefix says: an id it does not know stays Anthropic.)
+    ("openai", "openai/claude-sonnet-4-5", True, "chat", "claude-sonnet-4-5"),
+    ("openai", "openai/claude-sonnet-4-5", False, "chat", "claude-sonnet-4-5"),
+    ("anthropic", "anthropic/gpt-5.5", True, "messages", "gpt-5.5"),
+    ("anthropic", "anthropic/gpt-5.5", False, "messages", "gpt-5.5"),
+])
+def test_aider_answers_through_the_gateway(gateway, tmp_path, api, model, stream, endpoint,
+                                           recorded):
+    if not AIDER.exists():
+        pytest.fail(".venv-aider is not installed: run scripts/install-deps.sh --test")
+    base = gateway.base_url("main")
+    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    if api == "openai":
+        env |= {"OPENAI_API_KEY": FULL_KEY, "OPENAI_API_BASE": base}
+    else:
+        env |= {"ANTHROPIC_API_KEY": FULL_KEY, "ANTHROPIC_API_BASE": base.removesuffix("/v1")}
+    argv = [str(AIDER), "--message", "say hello", *AIDER_QUIET]
+    argv += (["--model", model] if model else []) + ([] if stream else ["--no-stream"])
+    code, out = run(argv, env, tmp_path)
+    assert code == 0 and MOCK_REPLY in out, out[-2000:]
+    recs = records_since(gateway, 0, endpoint)
+    mine = [r for r in recs if r["model"].startswith(recorded) and r["stream"] == stream]
+    assert any(r["status"] == 200 and r["completion_tokens"] > 0 for r in mine), recs[:5]

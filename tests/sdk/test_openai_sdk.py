@@ -39,7 +39,7 @@ def assert_gateway_error(exc: openai.APIStatusError, status: int, code: str, par
 
 def test_models_list_returns_every_configured_model(client):
     models = list(client.models.list())
-    assert [m.id for m in models] == list(MODELS)
+    assert [m.id for m in models] == LISTED
     assert all(m.object == "model" for m in models)
 
 
@@ -55,7 +55,7 @@ def test_a_key_limited_to_echo_models_lists_only_echo_1(client_for):
 
 
 def test_a_models_only_key_may_list_models(client_for):
-    assert [m.id for m in client_for(MODELS_ONLY_KEY).models.list()] == list(MODELS)
+    assert [m.id for m in client_for(MODELS_ONLY_KEY).models.list()] == LISTED
 
 
 # ---------------------------------------------------------------------------------------

@@ -292,6 +292,22 @@ def test_a_parameter_the_provider_lacks_is_a_400_naming_it(strict, params, param
     assert e.value.body["code"] == "unsupported_parameter"
 
 
+def test_a_pools_drop_params_are_left_out_and_named_in_a_header(strict):
+    # The harness's `claude-sonnet-4-5` is on a pool with drop_params = temperature, top_p.
+    raw = strict.chat.completions.with_raw_response.create(
+        model="claude-sonnet-4-5", messages=[{"role": "user", "content": "hi"}],
+        temperature=0, top_p=0.5, extra_headers=ECHO)
+    assert raw.parse().choices[0].message.content == MOCK_REPLY
+    assert raw.headers["x-modelgate-params-dropped"] == "temperature, top_p"
+    sent = sent_upstream(raw)
+    assert "temperature" not in sent and "top_p" not in sent
+    # What the list does not name is still refused.
+    with pytest.raises(openai.BadRequestError) as e:
+        strict.chat.completions.create(
+            model="claude-sonnet-4-5", messages=[{"role": "user", "content": "hi"}], seed=7)
+    assert e.value.body["param"] == "seed"
+
+
 @pytest.mark.parametrize("status, error, code", [
     (529, openai.InternalServerError, "overloaded"),
     (429, openai.RateLimitError, "rate_limit_exceeded"),
