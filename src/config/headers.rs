@@ -80,6 +80,7 @@ pub fn kept_by_default(name: &str) -> bool {
             | "etag"
             | "last-modified"
             | "retry-after"
+            | "retry-after-ms"
     )
 }
 

@@ -320,6 +320,8 @@ def test_provider_errors_reach_the_client_in_openai_shape(strict, status, error,
             extra_headers={"x-mock-status": str(status), "x-mock-retry-after": "0"})
     assert e.value.status_code == (503 if status == 529 else status)
     assert e.value.body["code"] == code
+    # The provider's Retry-After reaches the client, whichever API it speaks.
+    assert e.value.response.headers.get("retry-after") == "0"
     assert "mock upstream forced status" in e.value.body["message"]
 
 

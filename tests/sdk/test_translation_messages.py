@@ -182,6 +182,8 @@ def test_provider_errors_reach_the_client_in_anthropic_shape(claude, status, err
                                extra_headers={"x-mock-status": str(status), "x-mock-retry-after": "0"})
     assert e.value.status_code == status
     assert e.value.body["error"]["type"] == kind
+    # The provider's Retry-After reaches the client, whichever API it speaks.
+    assert e.value.response.headers.get("retry-after") == "0"
     assert "mock upstream forced status" in e.value.body["error"]["message"]
 
 
