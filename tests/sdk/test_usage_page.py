@@ -202,7 +202,8 @@ def test_load_more_goes_on_with_the_key_queried_and_a_refused_query_hides_the_re
     # Another token in the field: "Load more" still lists the key that was queried.
     page.get_by_label("Token", exact=True).fill(PAGE_KEY)
     page.get_by_role("button", name="Load more").click()
-    page.wait_for_function("document.querySelectorAll('#records tbody tr').length > 50")
+    # A 51st row (a locator's wait: the page's CSP refuses a polled string predicate).
+    playwright_api.expect(page.locator("#records tbody tr").nth(50)).to_be_attached()
     keys = page.locator("#records tbody tr td:nth-child(3)").all_inner_texts()
     assert set(keys) == {"echo-only"}, set(keys)
     # A query the page refuses leaves no earlier results on screen.
