@@ -6,6 +6,7 @@ the Anthropic-speaking pool, `gpt-*` to the chat-only pool) and with the other p
 Claude Code and Codex from npm, installed in tests/node; aider from PyPI, in .venv-aider (it
 pins its own openai and litellm)."""
 
+import datetime
 import os
 import subprocess
 import time
@@ -26,7 +27,15 @@ def run(argv, env, home):
     return done.returncode, done.stdout + done.stderr
 
 
-def records_since(gateway, start_ms, endpoint):
+def now() -> str:
+    """The time as records state it (ISO 8601, milliseconds, UTC): they compare as strings."""
+    t = datetime.datetime.now(datetime.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def records_where(gateway, endpoint, since, wanted):
+    """The key's records of `endpoint` from `since` on once one is `wanted` (records are
+    written in batches), or all of them after 10 s."""
     import json
     import urllib.request
     url = gateway.base_url("direct").removesuffix("/v1") + "/api/usage?limit=1000&order=desc"
@@ -34,9 +43,9 @@ def records_since(gateway, start_ms, endpoint):
     while True:
         req = urllib.request.Request(url, headers={"Authorization": f"Bearer {FULL_KEY}"})
         with urllib.request.urlopen(req, timeout=10) as r:
-            recs = [x for x in json.loads(r.read())["data"] if x["endpoint"] == endpoint]
-        # Records are written in batches: wait for this run's.
-        if recs or time.monotonic() > deadline:
+            recs = [x for x in json.loads(r.read())["data"]
+                    if x["endpoint"] == endpoint and x["time"] >= since]
+        if any(wanted(x) for x in recs) or time.monotonic() > deadline:
             return recs
         time.sleep(0.1)
 
@@ -50,11 +59,13 @@ def test_claude_code_answers_through_the_gateway(gateway, tmp_path, model):
            "ANTHROPIC_API_KEY": FULL_KEY, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"}
     argv = [str(claude), "-p", "say hello"] + (["--model", model] if model else [])
+    since = now()
     code, out = run(argv, env, tmp_path)
     assert code == 0 and MOCK_REPLY in out, out[-2000:]
-    recs = records_since(gateway, 0, "messages")
-    wanted = model or "claude-"
-    assert any(r["model"].startswith(wanted) and r["status"] == 200 for r in recs), recs[:5]
+    def served(r):
+        return r["model"].startswith(model or "claude-") and r["status"] == 200
+    recs = records_where(gateway, "messages", since, served)
+    assert any(served(r) for r in recs), recs[:5]
 
 
 @pytest.mark.parametrize("model", [None, "claude-sonnet-5-5"])
@@ -69,11 +80,13 @@ def test_codex_answers_through_the_gateway(gateway, tmp_path, model):
         'env_key = "MODELGATE_KEY"\nwire_api = "responses"\n')
     env = {"CODEX_HOME": str(tmp_path), "MODELGATE_KEY": FULL_KEY}
     argv = [str(codex), "exec", "--skip-git-repo-check"] + (["-m", model] if model else []) + ["say hello"]
+    since = now()
     code, out = run(argv, env, tmp_path)
     assert code == 0 and MOCK_REPLY in out, out[-2000:]
-    recs = records_since(gateway, 0, "responses")
-    wanted = model or "gpt-"
-    assert any(r["model"].startswith(wanted) and r["status"] == 200 for r in recs), recs[:5]
+    def served(r):
+        return r["model"].startswith(model or "gpt-") and r["status"] == 200
+    recs = records_where(gateway, "responses", since, served)
+    assert any(served(r) for r in recs), recs[:5]
 
 
 # aider's settings for a run with no terminal, no network and no repository: its model cost
@@ -107,8 +120,11 @@ def test_aider_answers_through_the_gateway(gateway, tmp_path, api, model, stream
         env |= {"ANTHROPIC_API_KEY": FULL_KEY, "ANTHROPIC_API_BASE": base.removesuffix("/v1")}
     argv = [str(AIDER), "--message", "say hello", *AIDER_QUIET]
     argv += (["--model", model] if model else []) + ([] if stream else ["--no-stream"])
+    since = now()
     code, out = run(argv, env, tmp_path)
     assert code == 0 and MOCK_REPLY in out, out[-2000:]
-    recs = records_since(gateway, 0, endpoint)
-    mine = [r for r in recs if r["model"].startswith(recorded) and r["stream"] == stream]
-    assert any(r["status"] == 200 and r["completion_tokens"] > 0 for r in mine), recs[:5]
+    def served(r):
+        return (r["model"].startswith(recorded) and r["stream"] == stream
+                and r["status"] == 200 and r["completion_tokens"] > 0)
+    recs = records_where(gateway, endpoint, since, served)
+    assert any(served(r) for r in recs), recs[:5]
