@@ -27,6 +27,7 @@ for t in a b; do
   fi
   echo $M > $TMP/$t/port
   (cd $TMP/$t && RUST_LOG=error exec taskset -c "$GW_CPU" "$BIN" serve --config modelgate.toml >/dev/null 2>&1) & PIDS+=($!)
+  echo $! > $TMP/$t/pid
 done
 for t in a b; do wait_port "$(cat $TMP/$t/port)"; done
 chat_script $TMP/plain.lua false; chat_script $TMP/stream.lua true

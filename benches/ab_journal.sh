@@ -22,6 +22,7 @@ for t in base head off; do
   bin=$HEAD_BIN; [ $t = base ] && bin=$BASE_BIN
   echo $M > $TMP/$t/port
   (cd $TMP/$t && RUST_LOG=error exec taskset -c "${GW_CPU:-0}" "$bin" serve --config modelgate.toml >/dev/null 2>&1) & PIDS+=($!)
+  echo $! > $TMP/$t/pid
 done
 for t in base head off; do wait_port "$(cat $TMP/$t/port)"; done
 chat_script $TMP/plain.lua false; chat_script $TMP/stream.lua true

@@ -61,33 +61,60 @@ wrk.headers["Authorization"] = "Bearer $KEY"
 LUA
 }
 
+# A gateway's CPU time (µs, all threads) and context switches (voluntary, involuntary) so far:
+# "cpu vol invol" for the pid in $1.
+proc_counters() {
+  local hz; hz=$(getconf CLK_TCK)
+  awk -v hz="$hz" '{ print ($14 + $15) * 1000000 / hz }' "/proc/$1/stat" | tr '\n' ' '
+  cat /proc/"$1"/task/*/status | awk '/^voluntary_ctxt_switches/ { v += $2 } /^nonvoluntary_ctxt_switches/ { n += $2 } END { print v, n }'
+}
+
 # Interleaved rounds against gateways side by side: for plain and streamed chat (scripts
 # $TMP/plain.lua and $TMP/stream.lua), a 1 s warm-up each, then ROUNDS rounds of DUR seconds,
 # C connections, WRK_THREADS wrk threads on WRK_CPUS, each round visiting the targets named
 # (each one's port in $TMP/<name>/port) in turn. Prints "case round name req/s" lines to
-# stdout and into $TMP/rounds.txt, then each case's medians and the ratio of every target to
-# each one named before it.
+# stdout and into $TMP/rounds.txt (with, where $TMP/<name>/pid names the gateway's process,
+# its CPU µs, voluntary and involuntary context switches a request in that round), then each
+# case's medians and the ratio of every target to each one named before it: a gateway that
+# serves less at the same CPU a request waits on something (its CPU is not saturated); one
+# whose CPU a request rose does more.
 ab_rounds() {
-  local c r t v
+  local c r t v out before after n
   for c in plain stream; do
     for t in "$@"; do taskset -c "$WRK_CPUS" wrk -t"${WRK_THREADS:-1}" -c"$C" -d1s -s "$TMP/$c.lua" "http://127.0.0.1:$(cat "$TMP/$t/port")/v1/chat/completions" >/dev/null; done
     for r in $(seq "$ROUNDS"); do
       for t in "$@"; do
-        v=$(taskset -c "$WRK_CPUS" wrk -t"${WRK_THREADS:-1}" -c"$C" -d"${DUR}s" -s "$TMP/$c.lua" "http://127.0.0.1:$(cat "$TMP/$t/port")/v1/chat/completions" | awk '/Requests\/sec/{print $2}')
-        echo "$c $r $t $v"
+        before=""; [ -f "$TMP/$t/pid" ] && before=$(proc_counters "$(cat "$TMP/$t/pid")")
+        out=$(taskset -c "$WRK_CPUS" wrk -t"${WRK_THREADS:-1}" -c"$C" -d"${DUR}s" -s "$TMP/$c.lua" "http://127.0.0.1:$(cat "$TMP/$t/port")/v1/chat/completions")
+        v=$(awk '/Requests\/sec/{print $2}' <<<"$out")
+        if [ -n "$before" ]; then
+          after=$(proc_counters "$(cat "$TMP/$t/pid")")
+          n=$(awk '/requests in/{print $1}' <<<"$out")
+          echo "$c $r $t $v $(awk -v n="$n" -v b="$before" -v a="$after" 'BEGIN { split(b, x, " "); split(a, y, " "); printf "%.1f %.3f %.3f", (y[1]-x[1])/n, (y[2]-x[2])/n, (y[3]-x[3])/n }')"
+        else
+          echo "$c $r $t $v"
+        fi
       done
     done
   done | tee "$TMP/rounds.txt"
   python3 - "$TMP/rounds.txt" "$@" <<'PY'
 import collections, statistics, sys
 d = collections.defaultdict(list)
+per = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    c, _, t, v = line.split()
+    c, _, t, v, *counters = line.split()
     d[(c, t)].append(float(v))
+    if counters:
+        per[(c, t)].append([float(x) for x in counters])
 names = sys.argv[2:]
 for c in ("plain", "stream"):
     m = {t: statistics.median(d[(c, t)]) for t in names}
     ratios = [f"{b}/{a} {m[b] / m[a]:.3f}" for i, b in enumerate(names) for a in names[:i]]
     print(f"{c}: " + ", ".join(f"{t} {v:.0f} req/s" for t, v in m.items()) + "; " + ", ".join(ratios))
+    for t in names:
+        if per[(c, t)]:
+            cpu, vol, invol = (statistics.median(x[i] for x in per[(c, t)]) for i in range(3))
+            print(f"  {c} {t}: {cpu:.1f} µs CPU, {vol:.3f} voluntary and {invol:.3f} involuntary "
+                  f"context switches a request (medians)")
 PY
 }
