@@ -19,6 +19,8 @@ taskset -c "${MOCK_CPUS:-2-5}" "$HEAD_BIN" mock-upstream --listen 127.0.0.1:$MOC
 for t in base head off; do
   mkdir -p $TMP/$t; M=$(port); D=$(port); gateway_config $TMP/$t $M $D $MOCK
   [ $t = off ] && printf '[storage]\njournal = "off"\n' >> $TMP/$t/modelgate.toml
+  # An older build may not know the translated pool (the config's last lines); it is not used.
+  [ $t = base ] && sed -i '/^# The same mock spoken/,$d' $TMP/$t/modelgate.toml
   bin=$HEAD_BIN; [ $t = base ] && bin=$BASE_BIN
   echo $M > $TMP/$t/port
   (cd $TMP/$t && RUST_LOG=error exec taskset -c "${GW_CPU:-0}" "$bin" serve --config modelgate.toml >/dev/null 2>&1) & PIDS+=($!)
