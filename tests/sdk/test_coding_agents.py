@@ -50,6 +50,16 @@ def records_where(gateway, endpoint, since, wanted):
         time.sleep(0.1)
 
 
+def answers(gateway, home, argv, env, endpoint, served):
+    """Runs the agent: it must print the mock's reply, and leave a record of `endpoint` that
+    is `served`."""
+    since = now()
+    code, out = run(argv, env, home)
+    assert code == 0 and MOCK_REPLY in out, out[-2000:]
+    recs = records_where(gateway, endpoint, since, served)
+    assert any(served(r) for r in recs), recs[:5]
+
+
 @pytest.mark.parametrize("model", [None, "gpt-5.1"])
 def test_claude_code_answers_through_the_gateway(gateway, tmp_path, model):
     claude = BIN / "claude"
@@ -59,13 +69,8 @@ def test_claude_code_answers_through_the_gateway(gateway, tmp_path, model):
            "ANTHROPIC_API_KEY": FULL_KEY, "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
            "DISABLE_TELEMETRY": "1", "DISABLE_AUTOUPDATER": "1"}
     argv = [str(claude), "-p", "say hello"] + (["--model", model] if model else [])
-    since = now()
-    code, out = run(argv, env, tmp_path)
-    assert code == 0 and MOCK_REPLY in out, out[-2000:]
-    def served(r):
-        return r["model"].startswith(model or "claude-") and r["status"] == 200
-    recs = records_where(gateway, "messages", since, served)
-    assert any(served(r) for r in recs), recs[:5]
+    answers(gateway, tmp_path, argv, env, "messages",
+            lambda r: r["model"].startswith(model or "claude-") and r["status"] == 200)
 
 
 @pytest.mark.parametrize("model", [None, "claude-sonnet-5-5"])
@@ -80,13 +85,8 @@ def test_codex_answers_through_the_gateway(gateway, tmp_path, model):
         'env_key = "MODELGATE_KEY"\nwire_api = "responses"\n')
     env = {"CODEX_HOME": str(tmp_path), "MODELGATE_KEY": FULL_KEY}
     argv = [str(codex), "exec", "--skip-git-repo-check"] + (["-m", model] if model else []) + ["say hello"]
-    since = now()
-    code, out = run(argv, env, tmp_path)
-    assert code == 0 and MOCK_REPLY in out, out[-2000:]
-    def served(r):
-        return r["model"].startswith(model or "gpt-") and r["status"] == 200
-    recs = records_where(gateway, "responses", since, served)
-    assert any(served(r) for r in recs), recs[:5]
+    answers(gateway, tmp_path, argv, env, "responses",
+            lambda r: r["model"].startswith(model or "gpt-") and r["status"] == 200)
 
 
 # aider's settings for a run with no terminal, no network and no repository: its model cost
@@ -120,11 +120,6 @@ def test_aider_answers_through_the_gateway(gateway, tmp_path, api, model, stream
         env |= {"ANTHROPIC_API_KEY": FULL_KEY, "ANTHROPIC_API_BASE": base.removesuffix("/v1")}
     argv = [str(AIDER), "--message", "say hello", *AIDER_QUIET]
     argv += (["--model", model] if model else []) + ([] if stream else ["--no-stream"])
-    since = now()
-    code, out = run(argv, env, tmp_path)
-    assert code == 0 and MOCK_REPLY in out, out[-2000:]
-    def served(r):
-        return (r["model"].startswith(recorded) and r["stream"] == stream
-                and r["status"] == 200 and r["completion_tokens"] > 0)
-    recs = records_where(gateway, endpoint, since, served)
-    assert any(served(r) for r in recs), recs[:5]
+    answers(gateway, tmp_path, argv, env, endpoint,
+            lambda r: (r["model"].startswith(recorded) and r["stream"] == stream
+                       and r["status"] == 200 and r["completion_tokens"] > 0))
