@@ -6,6 +6,8 @@
 #   bash benches/profile.sh BIN_A BIN_B [plain|stream] [seconds=10] [rounds=3]
 #
 # BIN_B may be `bare` for the bare-Pingora baseline (examples/bare_pingora.rs, release build).
+# B_TOML is appended to B's config (`B_TOML='[storage]\njournal = "off"'`: one build, a setting
+# on and off).
 # Both run pinned to CPU 0 with the mock upstream, wrk on CPU 1 (50 connections); the rounds
 # alternate A and B, `perf record -e cpu-clock` samples the whole process (every thread: the
 # usage writer's share is counted) and the samples are divided by the requests wrk made.
@@ -40,6 +42,7 @@ for t in a b; do
     RUST_LOG=error taskset -c 0 "$BARE" 127.0.0.1:"$MG" 127.0.0.1:"$MOCK" &
   else
     gateway_config "$TMP/$t" "$MG" "$(port)" "$MOCK"
+    [ "$t" = b ] && [ -n "${B_TOML:-}" ] && printf '%b\n' "$B_TOML" >> "$TMP/$t/modelgate.toml"
     bin=$A
     [ "$t" = b ] && bin=$B
     bin=$(readlink -f "$bin")
