@@ -1,6 +1,8 @@
 //! Usage store benches (plain `main`, figures printed): writer throughput (200,000 records
-//! recorded then flushed) and CSV export of 1,000,000 rows with resident memory sampled to show
-//! it stays flat. Run: `cargo bench --bench store` (under `cargo test`, a run 100 times smaller).
+//! recorded then flushed), CSV export of 1,000,000 rows with resident memory sampled to show
+//! it stays flat, and the crash journal's cost a request (its two lines, on one proxy thread
+//! with 50 requests at a time). Run: `cargo bench --bench store` (under `cargo test`, a run 100
+//! times smaller).
 
 use std::time::{Duration, Instant};
 
@@ -158,6 +160,80 @@ fn export(rows: u64) {
     store.close();
 }
 
+/// The journal's work for `n` requests, 50 at a time on one thread as on a proxy thread under
+/// load: each opens its entry and waits for it, then writes its record and waits for that; the
+/// time a request (less that of the same tasks doing nothing but yield once), and the lines a
+/// `pwrite(2)`.
+fn journal(n: u64) {
+    use modelgate::store::journal::{Journal, OpenedRef};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let journal = Journal::open(dir.path()).expect("journal");
+    // As a proxy thread's: Pingora's work-stealing runtime, one worker.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let records: Vec<UsageRecord> = (0..50).map(|i| record(i, 1_764_000_000_000)).collect();
+    let run = |n: u64, journaled: bool| {
+        let started = Instant::now();
+        rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for i in 0..50u64 {
+                let journal = std::sync::Arc::clone(&journal);
+                let r = records[i as usize].clone();
+                set.spawn(async move {
+                    for _ in 0..n / 50 {
+                        if !journaled {
+                            tokio::task::yield_now().await;
+                            continue;
+                        }
+                        let opened = OpenedRef {
+                            time_ms: r.time_ms,
+                            request_id: &r.request_id,
+                            key_id: &r.key_id,
+                            listener: &r.listener,
+                            endpoint: &r.endpoint,
+                        };
+                        let Some(mut entry) = journal.open_entry(opened) else {
+                            return;
+                        };
+                        entry.durable().await;
+                        tokio::task::yield_now().await;
+                        entry.preclose(&r).await;
+                    }
+                });
+            }
+            while set.join_next().await.is_some() {}
+        });
+        started.elapsed()
+    };
+    let writes = journal.writes.load(std::sync::atomic::Ordering::Relaxed);
+    run(n / 10, true);
+    let before = journal.writes.load(std::sync::atomic::Ordering::Relaxed) - writes;
+    let took = run(n, true);
+    let alone = run(n, false);
+    let after = journal.writes.load(std::sync::atomic::Ordering::Relaxed) - writes - before;
+    // A record's line, encoded as the journal does and by `serde_json` (its reference).
+    let time = |encode: &dyn Fn(&mut Vec<u8>, &UsageRecord)| {
+        let mut out = Vec::new();
+        let t = Instant::now();
+        for r in records.iter().cycle().take(n as usize) {
+            out.clear();
+            encode(&mut out, r);
+        }
+        t.elapsed().as_secs_f64() * 1e6 / n as f64
+    };
+    let by_hand = time(&|out, r| modelgate::store::line::close(out, r));
+    let serde = time(&|out, r| serde_json::to_writer(out, r).expect("json"));
+    println!(
+        "journal: {n} requests, 50 at a time on one thread: {:.2} µs a request, {:.1} lines a \
+         pwrite; a record's line takes {by_hand:.2} µs to encode ({serde:.2} µs by serde_json)",
+        took.saturating_sub(alone).as_secs_f64() * 1e6 / n as f64,
+        (2 * n) as f64 / after.max(1) as f64,
+    );
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; any other argument is taken as a filter.
     let filter: Vec<String> = std::env::args()
@@ -173,6 +249,9 @@ fn main() {
     };
     if wants("writer") {
         writer_throughput(200_000 / scale);
+    }
+    if wants("journal") {
+        journal(500_000 / scale);
     }
     if wants("export") {
         export(1_000_000 / scale);

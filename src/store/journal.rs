@@ -64,10 +64,11 @@ enum Line {
     Close(Box<UsageRecord>),
 }
 
-/// A line as written: borrowed, encoded into the thread's own buffer.
+/// A line as written: borrowed, encoded into the thread's own buffer (by `super::line`; the
+/// derived `Serialize` is the reference it is tested against).
 #[derive(Serialize)]
 #[serde(rename_all = "lowercase")]
-enum LineRef<'a> {
+pub(super) enum LineRef<'a> {
     Open(OpenedRef<'a>),
     Close(&'a UsageRecord),
 }
@@ -128,14 +129,21 @@ impl Segment {
         LINE.with(|buf| {
             let mut buf = buf.borrow_mut();
             buf.clear();
-            // (A record always encodes; a failure adds nothing.)
-            let encoded = serde_json::to_writer(&mut *buf, line).is_ok();
+            match line {
+                LineRef::Open(o) => super::line::open(
+                    &mut buf,
+                    o.time_ms,
+                    o.request_id,
+                    o.key_id,
+                    o.listener,
+                    o.endpoint,
+                ),
+                LineRef::Close(r) => super::line::close(&mut buf, r),
+            }
             buf.push(b'\n');
             let mut p = self.pending();
-            if encoded {
-                p.lines.extend_from_slice(&buf);
-                p.added += 1;
-            }
+            p.lines.extend_from_slice(&buf);
+            p.added += 1;
             let ticket = p.added;
             drop(p);
             // A huge record's buffer is not kept.

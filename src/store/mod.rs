@@ -5,6 +5,7 @@
 
 pub mod console;
 pub mod journal;
+pub mod line;
 pub mod record;
 pub mod rollup;
 
