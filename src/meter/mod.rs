@@ -281,6 +281,9 @@ pub enum Meter {
         /// Estimate with the tokenizer when the reply has no usage (false: only what the
         /// upstream reports counts, for endpoints whose body is not a prompt).
         estimate: bool,
+        /// `usage` of `buf` as it is, read once: the journal asks before the reply's last
+        /// byte goes out and the record again at the end (each piece fed clears it).
+        read: std::sync::OnceLock<Option<Usage>>,
     },
     Sse(Box<sse::SseMeter>),
 }
@@ -291,6 +294,7 @@ impl Meter {
             buf: Vec::new(),
             too_big: 0,
             estimate: true,
+            read: std::sync::OnceLock::new(),
         }
     }
 
@@ -300,6 +304,7 @@ impl Meter {
             buf: Vec::new(),
             too_big: 0,
             estimate: false,
+            read: std::sync::OnceLock::new(),
         }
     }
 
@@ -308,8 +313,13 @@ impl Meter {
     pub fn feed(&mut self, body: &mut Option<Bytes>, end: bool) -> bool {
         match self {
             Meter::None => body.as_ref().is_some_and(|b| !b.is_empty()),
-            Meter::Json { buf, too_big, .. } => {
+            Meter::Json {
+                buf, too_big, read, ..
+            } => {
                 let Some(b) = body.as_ref() else { return false };
+                if !b.is_empty() {
+                    read.take();
+                }
                 if *too_big == 0 && buf.len() + b.len() <= MAX_JSON {
                     buf.extend_from_slice(b);
                 } else {
@@ -341,9 +351,11 @@ impl Meter {
         match self {
             Meter::None => None,
             Meter::Json {
-                buf, too_big: 0, ..
-            } => usage_from_json(buf),
-            Meter::Json { buf, .. } => usage_from_tail(buf),
+                buf, too_big, read, ..
+            } => *read.get_or_init(|| match too_big {
+                0 => usage_from_json(buf),
+                _ => usage_from_tail(buf),
+            }),
             Meter::Sse(m) => m.usage,
         }
     }
@@ -425,6 +437,22 @@ impl Meter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The usage read is kept until another piece comes: read before the reply is whole, it
+    /// is read again after.
+    #[test]
+    fn a_plain_replys_usage_is_read_once_and_again_after_a_new_piece() {
+        let mut m = Meter::json();
+        let (head, tail) = (
+            &br#"{"id":"x","usage":{"prompt_tokens":4,"#[..],
+            &br#""completion_tokens":8,"total_tokens":12}}"#[..],
+        );
+        m.feed(&mut Some(Bytes::from_static(head)), false);
+        assert_eq!(m.usage(), None);
+        m.feed(&mut Some(Bytes::from_static(tail)), true);
+        assert_eq!(m.usage().map(|u| u.total_tokens), Some(12));
+        assert_eq!(m.usage().map(|u| u.total_tokens), Some(12));
+    }
 
     #[test]
     fn plain_reply_usage_is_read_and_null_usage_is_none() {
