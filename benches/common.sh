@@ -72,10 +72,10 @@ proc_counters() {
 # Interleaved rounds against gateways side by side: for plain and streamed chat (scripts
 # $TMP/plain.lua and $TMP/stream.lua), a 1 s warm-up each, then ROUNDS rounds of DUR seconds,
 # C connections, WRK_THREADS wrk threads on WRK_CPUS, each round visiting the targets named
-# (each one's port in $TMP/<name>/port) in turn. Prints "case round name req/s" lines to
-# stdout and into $TMP/rounds.txt (with, where $TMP/<name>/pid names the gateway's process,
-# its CPU µs, voluntary and involuntary context switches a request in that round), then each
-# case's medians and the ratio of every target to each one named before it: a gateway that
+# (each one's port in $TMP/<name>/port) in turn, starting one later each round. Prints "case
+# round name req/s" lines to stdout and into $TMP/rounds.txt (with, where $TMP/<name>/pid
+# names the gateway's process, its CPU µs, voluntary and involuntary context switches a
+# request in that round), then each case's medians and the ratio of every target to each one named before it: a gateway that
 # serves less at the same CPU a request waits on something (its CPU is not saturated); one
 # whose CPU a request rose does more.
 ab_rounds() {
@@ -83,7 +83,10 @@ ab_rounds() {
   for c in plain stream; do
     for t in "$@"; do taskset -c "$WRK_CPUS" wrk -t"${WRK_THREADS:-1}" -c"$C" -d1s -s "$TMP/$c.lua" "http://127.0.0.1:$(cat "$TMP/$t/port")/v1/chat/completions" >/dev/null; done
     for r in $(seq "$ROUNDS"); do
-      for t in "$@"; do
+      # Each round starts one target later: none is always the one measured after another.
+      local order=("$@") k=$(( (r - 1) % $# ))
+      order=("${order[@]:k}" "${order[@]:0:k}")
+      for t in "${order[@]}"; do
         before=""; [ -f "$TMP/$t/pid" ] && before=$(proc_counters "$(cat "$TMP/$t/pid")")
         out=$(taskset -c "$WRK_CPUS" wrk -t"${WRK_THREADS:-1}" -c"$C" -d"${DUR}s" -s "$TMP/$c.lua" "http://127.0.0.1:$(cat "$TMP/$t/port")/v1/chat/completions")
         v=$(awk '/Requests\/sec/{print $2}' <<<"$out")
