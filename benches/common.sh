@@ -75,9 +75,9 @@ proc_counters() {
 # (each one's port in $TMP/<name>/port) in turn, starting one later each round. Prints "case
 # round name req/s" lines to stdout and into $TMP/rounds.txt (with, where $TMP/<name>/pid
 # names the gateway's process, its CPU µs, voluntary and involuntary context switches a
-# request in that round), then each case's medians and the ratio of every target to each one named before it: a gateway that
-# serves less at the same CPU a request waits on something (its CPU is not saturated); one
-# whose CPU a request rose does more.
+# request in that round), then each case's medians and the ratio of every target to each one
+# named before it: a gateway that serves less at the same CPU a request waits on something
+# (its CPU is not saturated); one whose CPU a request rose does more.
 ab_rounds() {
   local c r t v out before after n
   for c in plain stream; do

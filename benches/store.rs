@@ -208,12 +208,12 @@ fn journal(n: u64) {
         });
         started.elapsed()
     };
-    let writes = journal.writes.load(std::sync::atomic::Ordering::Relaxed);
+    let writes = || journal.writes.load(std::sync::atomic::Ordering::Relaxed);
     run(n / 10, true);
-    let before = journal.writes.load(std::sync::atomic::Ordering::Relaxed) - writes;
+    let before = writes();
     let took = run(n, true);
+    let written = writes() - before;
     let alone = run(n, false);
-    let after = journal.writes.load(std::sync::atomic::Ordering::Relaxed) - writes - before;
     // A record's line, encoded as the journal does and by `serde_json` (its reference).
     let time = |encode: &dyn Fn(&mut Vec<u8>, &UsageRecord)| {
         let mut out = Vec::new();
@@ -230,7 +230,7 @@ fn journal(n: u64) {
         "journal: {n} requests, 50 at a time on one thread: {:.2} µs a request, {:.1} lines a \
          pwrite; a record's line takes {by_hand:.2} µs to encode ({serde:.2} µs by serde_json)",
         took.saturating_sub(alone).as_secs_f64() * 1e6 / n as f64,
-        (2 * n) as f64 / after.max(1) as f64,
+        (2 * n) as f64 / written.max(1) as f64,
     );
 }
 

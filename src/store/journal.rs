@@ -130,14 +130,7 @@ impl Segment {
             let mut buf = buf.borrow_mut();
             buf.clear();
             match line {
-                LineRef::Open(o) => super::line::open(
-                    &mut buf,
-                    o.time_ms,
-                    o.request_id,
-                    o.key_id,
-                    o.listener,
-                    o.endpoint,
-                ),
+                LineRef::Open(o) => super::line::open(&mut buf, o),
                 LineRef::Close(r) => super::line::close(&mut buf, r),
             }
             buf.push(b'\n');

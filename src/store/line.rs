@@ -5,23 +5,17 @@
 //! writes for the same line (a property test holds the two together), so lines are read back
 //! with `serde_json`, and a journal left by either reads the same.
 
+use super::journal::OpenedRef;
 use super::record::UsageRecord;
 
 /// `{"open":{…}}`: what is known of a request when it passes auth.
-pub fn open(
-    out: &mut Vec<u8>,
-    time_ms: i64,
-    request_id: &str,
-    key_id: &str,
-    listener: &str,
-    endpoint: &str,
-) {
+pub fn open(out: &mut Vec<u8>, o: &OpenedRef<'_>) {
     out.extend_from_slice(b"{\"open\":{\"time_ms\":");
-    int(out, time_ms);
-    field_str(out, b",\"request_id\":", request_id);
-    field_str(out, b",\"key_id\":", key_id);
-    field_str(out, b",\"listener\":", listener);
-    field_str(out, b",\"endpoint\":", endpoint);
+    int(out, o.time_ms);
+    field_str(out, b",\"request_id\":", o.request_id);
+    field_str(out, b",\"key_id\":", o.key_id);
+    field_str(out, b",\"listener\":", o.listener);
+    field_str(out, b",\"endpoint\":", o.endpoint);
     out.extend_from_slice(b"}}");
 }
 
@@ -138,7 +132,7 @@ fn string(out: &mut Vec<u8>, s: &str) {
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::journal::{LineRef, OpenedRef};
+    use super::super::journal::LineRef;
     use super::*;
 
     /// Text with what JSON escapes (quotes, backslashes, every control character) among
@@ -232,8 +226,6 @@ mod tests {
         fn an_entry_line_is_serde_jsons(
             time_ms in any::<i64>(), id in text(), key in text(), listener in text(), ep in text()
         ) {
-            let mut ours = Vec::new();
-            open(&mut ours, time_ms, &id, &key, &listener, &ep);
             let o = OpenedRef {
                 time_ms,
                 request_id: &id,
@@ -241,6 +233,8 @@ mod tests {
                 listener: &listener,
                 endpoint: &ep,
             };
+            let mut ours = Vec::new();
+            open(&mut ours, &o);
             let theirs = serde_json::to_vec(&LineRef::Open(o)).expect("json");
             prop_assert_eq!(String::from_utf8_lossy(&ours), String::from_utf8_lossy(&theirs));
         }
