@@ -501,3 +501,63 @@ async fn two_hundred_clients_on_two_gateways_spend_at_most_the_budget() {
     assert!(spent <= 100.0 + 1e-9, "spent {spent} of 100");
     assert!(spent >= 75.0, "the budget was used: {spent}");
 }
+
+/// A hold outlives its first lease while its request runs: the gateway renews both the hold
+/// and its amount (an amount left to expire would count as nothing, and let other requests
+/// spend what the running one holds).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_long_request_keeps_its_hold_and_its_amount() {
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
+    let gs = fleet(&redis, "");
+    let key = "sk-test-fleet-budget-0012";
+    let mut c = redis.conn();
+    // 12 chunks 1.5 s apart: past the first renewal (10 s after the hold).
+    let slow = {
+        let base = gs[0].main.clone();
+        tokio::spawn(async move {
+            let r = send(
+                &base,
+                "/v1/chat/completions",
+                Some(key),
+                &chat_body("priced-model", true),
+                &[("x-mock-chunks", "12"), ("x-mock-delay-ms", "1500")],
+            )
+            .await;
+            assert_eq!(r.status(), 200);
+            r.bytes().await.expect("stream")
+        })
+    };
+    let first = common::eventually_async(Duration::from_secs(5), "no hold", async || {
+        let holds: Vec<(String, f64)> = c
+            .zrange_withscores("mg:{fleet-budget}:hold", 0, -1)
+            .expect("zrange");
+        holds.first().map(|h| h.1).ok_or_else(|| "none".to_string())
+    })
+    .await;
+    common::eventually_async(
+        Duration::from_secs(15),
+        "the hold was not renewed",
+        async || {
+            let holds: Vec<(String, f64)> = c
+                .zrange_withscores("mg:{fleet-budget}:hold", 0, -1)
+                .expect("zrange");
+            match holds.first() {
+                Some(h) if h.1 > first + 5_000.0 => Ok(()),
+                h => Err(format!("{h:?}")),
+            }
+        },
+    )
+    .await;
+    let amounts: i64 = redis::cmd("PTTL")
+        .arg("mg:{fleet-budget}:holdv")
+        .query(&mut c)
+        .expect("pttl");
+    assert!(amounts > 25_000, "the amounts expire in {amounts} ms");
+    assert_eq!(
+        c.hlen::<_, u64>("mg:{fleet-budget}:holdv").expect("hlen"),
+        1
+    );
+    slow.await.expect("slow");
+}

@@ -214,13 +214,15 @@ return 1
 "
 );
 
-/// KEYS: leases (or holds). ARGV: lease ms, member. A lease still held gets a new expiry.
+/// KEYS: leases (or holds, then the hold amounts). ARGV: lease ms, member. A lease still held
+/// gets a new expiry, and so do the sets it lives in (the amounts too: a hold whose amount
+/// expired would count as nothing while its request runs on).
 const RENEW: &str = concat!(
     redis_now!(),
     r"
 local exp = now + tonumber(ARGV[1])
 redis.call('ZADD', KEYS[1], 'XX', exp, ARGV[2])
-redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
+for _, k in ipairs(KEYS) do redis.call('PEXPIRE', k, tonumber(ARGV[1])) end
 return 1
 "
 );
@@ -546,19 +548,22 @@ impl SharedLimits {
 
     /// Pushes the expiry of every lease and hold this gateway holds (on Redis's clock).
     async fn renew(&self) {
-        let leases = self
-            .leases
-            .iter()
-            .map(|e| (keys_of(e.value())[3].clone(), e.key().clone()));
-        let holds = self
-            .holds
-            .iter()
-            .map(|e| (keys_of(e.value())[6].clone(), e.key().clone()));
-        let members: Vec<(String, String)> = leases.chain(holds).collect();
+        let leases = self.leases.iter().map(|e| {
+            let k = keys_of(e.value());
+            (vec![k[3].clone()], e.key().clone())
+        });
+        let holds = self.holds.iter().map(|e| {
+            let k = keys_of(e.value());
+            (vec![k[6].clone(), k[7].clone()], e.key().clone())
+        });
+        let members: Vec<(Vec<String>, String)> = leases.chain(holds).collect();
         let mut c = self.conn.clone();
-        for (key, member) in members {
+        for (keys, member) in members {
             let mut inv = self.renew.prepare_invoke();
-            inv.key(key).arg(ms(LEASE)).arg(member);
+            for k in keys {
+                inv.key(k);
+            }
+            inv.arg(ms(LEASE)).arg(member);
             if let Err(e) = inv.invoke_async::<i64>(&mut c).await {
                 self.failed(&e);
                 return;
