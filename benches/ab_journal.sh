@@ -27,5 +27,6 @@ for t in base head off; do
   echo $! > $TMP/$t/pid
 done
 for t in base head off; do wait_port "$(cat $TMP/$t/port)"; done
+echo "journals under $TMP ($(stat -f -c %T "$TMP")), kernel $(uname -r), $(nproc) CPUs"
 chat_script $TMP/plain.lua false; chat_script $TMP/stream.lua true
 ab_rounds base off head

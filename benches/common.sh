@@ -61,11 +61,13 @@ wrk.headers["Authorization"] = "Bearer $KEY"
 LUA
 }
 
-# A gateway's CPU time (µs, all threads) and context switches (voluntary, involuntary) so far:
-# "cpu vol invol" for the pid in $1.
+# A gateway's CPU time so far, in µs: all threads, of it in the kernel, of it the usage
+# writer's thread (its batches, the journal's syncs); then its context switches (voluntary,
+# involuntary): "cpu sys writer vol invol" for the pid in $1.
 proc_counters() {
   local hz; hz=$(getconf CLK_TCK)
-  awk -v hz="$hz" '{ print ($14 + $15) * 1000000 / hz }' "/proc/$1/stat" | tr '\n' ' '
+  awk -v hz="$hz" '{ printf "%s %s ", ($14 + $15) * 1000000 / hz, $15 * 1000000 / hz }' "/proc/$1/stat"
+  cat /proc/"$1"/task/*/stat 2>/dev/null | awk -v hz="$hz" '$2 == "(usage-writer)" { w += ($14 + $15) } END { printf "%s ", w * 1000000 / hz }'
   cat /proc/"$1"/task/*/status | awk '/^voluntary_ctxt_switches/ { v += $2 } /^nonvoluntary_ctxt_switches/ { n += $2 } END { print v, n }'
 }
 
@@ -74,8 +76,8 @@ proc_counters() {
 # C connections, WRK_THREADS wrk threads on WRK_CPUS, each round visiting the targets named
 # (each one's port in $TMP/<name>/port) in turn, starting one later each round. Prints "case
 # round name req/s" lines to stdout and into $TMP/rounds.txt (with, where $TMP/<name>/pid
-# names the gateway's process, its CPU µs, voluntary and involuntary context switches a
-# request in that round), then each case's medians and the ratio of every target to each one
+# names the gateway's process, its CPU µs (all, kernel, usage writer), voluntary and
+# involuntary context switches a request in that round), then each case's medians and the ratio of every target to each one
 # named before it: a gateway that serves less at the same CPU a request waits on something
 # (its CPU is not saturated); one whose CPU a request rose does more.
 ab_rounds() {
@@ -93,7 +95,7 @@ ab_rounds() {
         if [ -n "$before" ]; then
           after=$(proc_counters "$(cat "$TMP/$t/pid")")
           n=$(awk '/requests in/{print $1}' <<<"$out")
-          echo "$c $r $t $v $(awk -v n="$n" -v b="$before" -v a="$after" 'BEGIN { split(b, x, " "); split(a, y, " "); printf "%.1f %.3f %.3f", (y[1]-x[1])/n, (y[2]-x[2])/n, (y[3]-x[3])/n }')"
+          echo "$c $r $t $v $(awk -v n="$n" -v b="$before" -v a="$after" 'BEGIN { split(b, x, " "); split(a, y, " "); printf "%.1f %.1f %.1f %.3f %.3f", (y[1]-x[1])/n, (y[2]-x[2])/n, (y[3]-x[3])/n, (y[4]-x[4])/n, (y[5]-x[5])/n }')"
         else
           echo "$c $r $t $v"
         fi
@@ -116,8 +118,9 @@ for c in ("plain", "stream"):
     print(f"{c}: " + ", ".join(f"{t} {v:.0f} req/s" for t, v in m.items()) + "; " + ", ".join(ratios))
     for t in names:
         if per[(c, t)]:
-            cpu, vol, invol = (statistics.median(x[i] for x in per[(c, t)]) for i in range(3))
-            print(f"  {c} {t}: {cpu:.1f} µs CPU, {vol:.3f} voluntary and {invol:.3f} involuntary "
-                  f"context switches a request (medians)")
+            cpu, sys_, writer, vol, invol = (statistics.median(x[i] for x in per[(c, t)]) for i in range(5))
+            print(f"  {c} {t}: {cpu:.1f} µs CPU ({sys_:.1f} in the kernel, {writer:.1f} the usage "
+                  f"writer's), {vol:.3f} voluntary and {invol:.3f} involuntary context switches "
+                  f"a request (medians)")
 PY
 }

@@ -18,6 +18,13 @@ name = "metered"
 pool = "local"
 upstream_model = "echo-1"
 price = { prompt = 1000.0, completion = 1000.0, request = 0.0 }
+
+[[models]]
+name = "wordy"
+pool = "local"
+upstream_model = "echo-1"
+max_output_tokens = 300
+price = { prompt = 1000.0, completion = 1000.0, request = 0.0 }
 "#;
 
 const KEYS: &str = r#"
@@ -40,6 +47,11 @@ budget = 1.0
 id = "window"
 secret = "sk-test-window-0104"
 tpm = 1000
+
+[[keys]]
+id = "roomy"
+secret = "sk-test-roomy-0105"
+budget = 1000.0
 "#;
 
 fn start() -> Gateway {
@@ -289,6 +301,51 @@ async fn a_stream_whose_upstream_ignores_the_limit_is_cut_at_the_budget() {
     )
     .await;
     assert!(common::spend_of(&g, key).await <= 1.0 + 1e-9);
+}
+
+/// A request that names no output limit holds the model's `max_output_tokens`, and the
+/// upstream is told that limit: with budget to spare, a long reply ends there as a
+/// length-limited one (never cut as if the budget had run out, never past what was held).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_naming_no_limit_is_sent_the_output_held() {
+    let g = start();
+    let key = "sk-test-roomy-0105";
+    let long = [("x-mock-chunks", "1000")];
+    let r = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(key),
+        &common::chat_body("wordy", true),
+        &long,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("x-modelgate-budget-limited").is_none());
+    let stream_id = common::request_id(&r);
+    let text = r.text().await.expect("stream");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    assert!(!text.contains("budget_exhausted"), "{text}");
+    assert!(text.contains(r#""finish_reason":"length""#));
+    let r = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(key),
+        &common::chat_body("wordy", false),
+        &long,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let plain_id = common::request_id(&r);
+    let reply: Value = r.json().await.expect("json");
+    assert_eq!(reply["choices"][0]["finish_reason"], "length", "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 300, "{reply}");
+    for id in [stream_id, plain_id] {
+        let record =
+            common::await_key_record(&client(), &g.direct, key, &id, Duration::from_secs(5)).await;
+        assert_eq!(record["completion_tokens"], 300, "{record}");
+        assert_eq!(record["cut"], "", "{record}");
+        assert_eq!(record["estimated"], false, "{record}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

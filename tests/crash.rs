@@ -1,6 +1,7 @@
 //! A gateway killed with SIGKILL under load loses no record: every request that passed auth
 //! and whose reply the client saw begin has exactly one record after the restart (its own,
-//! or one cut by the crash; its own, with its cost, when the client read the reply whole),
+//! or one cut by the crash, billed its prompt; its own, with its cost, when the client read
+//! the reply whole),
 //! and spend is the sum of the records. Also with the SQLite file
 //! locked by another connection at the moment of the kill.
 #![allow(clippy::disallowed_methods)] // a test owns the tasks it starts; they end with it
@@ -157,8 +158,12 @@ async fn killed_under_load(lock_sqlite: bool) {
         crashed > 0,
         "the slow streams at the kill are cut by the crash"
     );
+    // Each went upstream: its prompt is billed, estimated from its size.
     for r in all.values().filter(|r| r["cut"] == "crash") {
         assert_eq!(r["estimated"], true, "{r}");
+        assert_eq!(r["model"], "priced-model", "{r}");
+        assert!(r["prompt_tokens"].as_u64() > Some(0), "{r}");
+        assert!(r["cost"].as_f64() > Some(0.0), "{r}");
     }
     let billed: f64 = all
         .values()

@@ -49,7 +49,17 @@ impl From<Box<Error>> for Stop {
 }
 
 impl Gateway {
+    /// Admits the request (or answers it): its journal entry (its lines so far, with what it
+    /// sends upstream) is written before anything goes upstream or back to the client.
     pub(super) async fn decide(&self, session: &mut Session, ctx: &mut Ctx) -> Result<(), Stop> {
+        let decided = self.admission(session, ctx).await;
+        if let Some(entry) = &ctx.journal {
+            entry.durable().await;
+        }
+        decided
+    }
+
+    async fn admission(&self, session: &mut Session, ctx: &mut Ctx) -> Result<(), Stop> {
         // One snapshot of keys and router for the whole request.
         let snapshot = self.shared.live.snapshot();
         let target = target(session, ctx, &snapshot.keys)?;
@@ -66,8 +76,13 @@ impl Gateway {
             endpoint: ctx.group,
         };
         ctx.journal = self.shared.store.journal_open(opened);
-        // Nothing goes upstream for a request before its entry is written.
-        if let Some(entry) = &ctx.journal {
+        // Written with what the request sends upstream (`decide`), or before anything it may
+        // wait on: Redis here, a slow body (`read_body`).
+        if let Some(entry) = ctx
+            .journal
+            .as_ref()
+            .filter(|_| self.shared.shared_limits.is_some())
+        {
             entry.durable().await;
         }
         let fleet_spend = self.limit(&key, ctx).await?;
@@ -128,14 +143,14 @@ impl Gateway {
             body: &read,
             fleet_spend,
         };
-        let lowered = self.reserve(ctx, asking).await?;
+        let limit = self.reserve(ctx, asking).await?;
         // A stream that runs past the output held (an upstream that ignores the limit) is cut.
         let cut_at = ctx
             .reservation
             .as_ref()
             .filter(|_| super::reserve::output_field(path).is_some())
             .map(|r| r.output);
-        let upstream = Upstream { lowered, cut_at };
+        let upstream = Upstream { limit, cut_at };
         prepare_upstream(
             ctx,
             &key,
@@ -435,12 +450,27 @@ async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Fixed) -> Resu
         written?;
     }
     let limit = config.server.client_body_timeout;
-    let read = tokio::time::timeout(limit, body::read(session, config.limits.max_body_bytes));
-    // A slow upload does not hold a shutdown's exit (and its record) back either.
-    let read = tokio::select! {
-        r = read => r.map_err(|_| GatewayError::RequestTimeout(limit.as_millis() as u64)),
-        () = crate::ops::lifecycle::cut(ctx.life.as_ref().map(InFlight::get)) => {
-            Err(GatewayError::ShuttingDown)
+    let timed_out = |_| GatewayError::RequestTimeout(limit.as_millis() as u64);
+    let read = {
+        let read = tokio::time::timeout(limit, body::read(session, config.limits.max_body_bytes));
+        let mut read = std::pin::pin!(read);
+        // A body that has not all come yet: the request's journal entry is written before the
+        // wait (a crash meanwhile leaves its record).
+        let first = std::future::poll_fn(|cx| std::task::Poll::Ready(read.as_mut().poll(cx))).await;
+        match first {
+            std::task::Poll::Ready(r) => r.map_err(timed_out),
+            std::task::Poll::Pending => {
+                if let Some(entry) = &ctx.journal {
+                    entry.durable().await;
+                }
+                // A slow upload does not hold a shutdown's exit (and its record) back either.
+                tokio::select! {
+                    r = read => r.map_err(timed_out),
+                    () = crate::ops::lifecycle::cut(ctx.life.as_ref().map(InFlight::get)) => {
+                        Err(GatewayError::ShuttingDown)
+                    }
+                }
+            }
         }
     };
     match read {
@@ -516,11 +546,38 @@ fn route_model(router: &Router, key: &Key, model: &str) -> Result<Found, Stop> {
     Ok(found)
 }
 
-/// What the reservation changes in the upstream request: its output limit, lowered (with the
+/// What the reservation changes in the upstream request: its output limit (with the
 /// field to write it to), and the output after which a stream is cut.
 struct Upstream {
-    lowered: Option<(u64, &'static str)>,
+    limit: Option<(u64, &'static str)>,
     cut_at: Option<u64>,
+}
+
+/// The journal learns what the request sends upstream: a crash that ends it then bills its
+/// prompt, estimated from the body's size (about four bytes a token, as the estimate of a
+/// reply with no usage), and the request's price.
+fn journal_sent(ctx: &mut Ctx, endpoint: Endpoint, route: &Route, body_bytes: usize) {
+    let Some(entry) = ctx.journal.as_mut() else {
+        return;
+    };
+    let by_tokens = matches!(
+        endpoint.metering,
+        Metering::Chat | Metering::Responses | Metering::Messages | Metering::Usage
+    );
+    let prompt_tokens = if by_tokens { body_bytes as u64 / 4 } else { 0 };
+    let usage = crate::meter::Usage {
+        prompt_tokens,
+        total_tokens: prompt_tokens,
+        ..Default::default()
+    };
+    let served = endpoint.metering != Metering::Free;
+    entry.sent(crate::store::journal::SentRef {
+        request_id: &ctx.request_id,
+        model: &ctx.model,
+        stream: ctx.stream,
+        prompt_tokens,
+        cost: super::record::cost(&route.model.price, &usage, served),
+    });
 }
 
 /// The meter, the body as the upstream will get it, and the upstream that gets it.
@@ -537,11 +594,12 @@ fn prepare_upstream(
 ) -> Result<(), Stop> {
     ctx.free = endpoint.metering == Metering::Free;
     ctx.asked = Some(route.clone());
+    journal_sent(ctx, endpoint, &route, body.len());
     let sending = Sending {
         endpoint,
         body,
         probe,
-        lowered: upstream.lowered,
+        limit: upstream.limit,
         cut_at: upstream.cut_at,
     };
     let id = ctx.model.clone();

@@ -236,8 +236,8 @@ pub struct Sending {
     pub endpoint: crate::route::endpoint::Endpoint,
     pub body: Bytes,
     pub probe: crate::route::body::Probe,
-    /// The output limit the reservation lowered, with its field.
-    pub lowered: Option<(u64, &'static str)>,
+    /// The output limit the reservation sends upstream, with its field.
+    pub limit: Option<(u64, &'static str)>,
     /// The output events after which a stream is cut (the budget held).
     pub cut_at: Option<u64>,
 }

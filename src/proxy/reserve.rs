@@ -56,7 +56,8 @@ fn dearest(a: Price, b: Price) -> Price {
 
 impl Gateway {
     /// Holds the request's worst cost and tokens (kept in `ctx.reservation`). Returns the
-    /// output limit to send upstream, with the field to write it to, when it was lowered.
+    /// output limit to send upstream, with the field to write it to: the output held, when it
+    /// was lowered or the request named no limit.
     pub(super) async fn reserve(
         &self,
         ctx: &mut Ctx,
@@ -122,9 +123,14 @@ impl Gateway {
             }
         }
         let reservation = held?;
-        let lowered = reservation.lowered.then_some(reservation.output);
+        // The upstream is told the output held, so that it stops there: when the budget or
+        // the window lowered it, and when the request named none (the provider's default may
+        // be more than the hold; the legacy completions' default, 16 tokens, is less).
+        let named = a.probe.output_limit().is_some();
+        let send = reservation.lowered || (!named && a.path != "/v1/completions");
+        let limit = send.then_some(reservation.output);
         ctx.reservation = Some(Box::new(reservation));
-        Ok(lowered.zip(field))
+        Ok(limit.zip(field))
     }
 
     /// One try at holding `ask`: across the fleet when Redis is there, else on this gateway.

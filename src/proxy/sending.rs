@@ -34,7 +34,7 @@ pub fn for_route(ctx: &mut Ctx, s: &Sending, route: &Route, id: &str) -> Result<
                 &s.probe,
                 rename.as_deref(),
                 ask_usage,
-                s.lowered,
+                s.limit,
             );
             ctx.translation = None;
             ctx.upstream_path = None;
@@ -54,7 +54,7 @@ pub fn for_route(ctx: &mut Ctx, s: &Sending, route: &Route, id: &str) -> Result<
             let asked = translate::Asked {
                 body: &s.body,
                 model: &model,
-                cap: s.lowered.map(|(n, _)| n),
+                cap: s.limit.map(|(n, _)| n),
                 default_max_tokens: route.model.max_output_tokens,
                 drop: &route.pool.cfg.drop_params,
             };

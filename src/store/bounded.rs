@@ -108,6 +108,10 @@ impl<W: BatchWriter + 'static> BatchWriter for Bounded<W> {
             .unwrap_or_else(|_| batch.to_vec())
     }
 
+    fn durable(&mut self) -> Result<(), WriteError> {
+        self.call(|w| w.durable())
+    }
+
     fn release_memory(&mut self) {
         let _ = self.call(|w| {
             w.release_memory();

@@ -54,6 +54,13 @@ pub(crate) trait BatchWriter: Send {
     /// whether more may remain.
     fn delete_expired(&mut self, cutoff_ms: i64) -> Result<bool, WriteError>;
 
+    /// Makes the batches committed so far survive a power loss, before the journal's lines of
+    /// their records are removed. A database server's commit already does; SQLite's log (WAL
+    /// with `synchronous=NORMAL`) is synced at checkpoints only, so it is synced here.
+    fn durable(&mut self) -> Result<(), WriteError> {
+        Ok(())
+    }
+
     /// The writer has been idle a while: give back memory kept to make batches fast (SQLite's
     /// page cache), so RSS returns to its level before a burst. The next batch reads back the
     /// few pages it needs.

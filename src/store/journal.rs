@@ -5,8 +5,9 @@
 //! request in the kernel's hands: at the next start the journal is read back (`recover`), each
 //! record and, for each entry left without one, a record of what is known (`cut = "crash"`,
 //! estimated), and they go to the spool, from which the writer stores them (skipping those the
-//! database already has). The writer syncs the journal with its batches, at most once a second
-//! (`SYNC_EVERY`): a power loss costs at most that second.
+//! database already has). The writer syncs what was written to disk a second after the last
+//! sync (`SYNC_EVERY`), whether or not its batches commit: a power loss costs at most the lines
+//! of that second.
 //!
 //! Lines are written in groups: a request adds its line to its segment's pending lines and
 //! yields once, so the requests its thread (or another) runs meanwhile add theirs, and the first
@@ -57,10 +58,22 @@ pub struct Opened {
     pub endpoint: String,
 }
 
+/// What a request sent upstream (its model, and its prompt estimated from its size): a crash
+/// that ends it bills that prompt, estimated.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct Sent {
+    pub request_id: String,
+    pub model: String,
+    pub stream: bool,
+    pub prompt_tokens: u64,
+    pub cost: f64,
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "lowercase")]
 enum Line {
     Open(Opened),
+    Sent(Sent),
     Close(Box<UsageRecord>),
 }
 
@@ -70,7 +83,18 @@ enum Line {
 #[serde(rename_all = "lowercase")]
 pub(super) enum LineRef<'a> {
     Open(OpenedRef<'a>),
+    Sent(SentRef<'a>),
     Close(&'a UsageRecord),
+}
+
+/// `Sent`, borrowed.
+#[derive(Serialize)]
+pub struct SentRef<'a> {
+    pub request_id: &'a str,
+    pub model: &'a str,
+    pub stream: bool,
+    pub prompt_tokens: u64,
+    pub cost: f64,
 }
 
 /// `Opened`, borrowed.
@@ -131,6 +155,7 @@ impl Segment {
             buf.clear();
             match line {
                 LineRef::Open(o) => super::line::open(&mut buf, o),
+                LineRef::Sent(o) => super::line::sent(&mut buf, o),
                 LineRef::Close(r) => super::line::close(&mut buf, r),
             }
             buf.push(b'\n');
@@ -233,6 +258,12 @@ impl Entry {
         self.segment.durable(self.ticket, &self.journal).await;
     }
 
+    /// Adds what the request sends upstream, without waiting: it is written with the next
+    /// group (another request's, or the writer's sync within `SYNC_EVERY`).
+    pub fn sent(&mut self, sent: SentRef<'_>) {
+        self.ticket = self.segment.add(&LineRef::Sent(sent));
+    }
+
     /// Writes the request's record (the entry stays open until it drops, once the record is
     /// queued for the writer; written ahead of the request's end, a later line replaces it).
     pub async fn preclose(&mut self, record: &UsageRecord) {
@@ -270,8 +301,8 @@ pub struct Journal {
     wake: Mutex<Option<std::thread::Thread>>,
     /// Sealed segments not synced since.
     unsynced: Mutex<Vec<Arc<Segment>>>,
-    /// When the writer last synced.
-    synced: Mutex<std::time::Instant>,
+    /// When the writer last synced, and the groups written by then.
+    synced: Mutex<(std::time::Instant, u64)>,
 }
 
 fn segment_path(dir: &Path, id: u64) -> PathBuf {
@@ -337,7 +368,7 @@ impl Journal {
             writes: AtomicU64::new(0),
             wake: Mutex::new(None),
             unsynced: Mutex::new(Vec::new()),
-            synced: Mutex::new(std::time::Instant::now()),
+            synced: Mutex::new((std::time::Instant::now(), 0)),
         }))
     }
 
@@ -418,22 +449,43 @@ impl Journal {
         self.rotating.store(false, Ordering::Release);
     }
 
-    /// Syncs the segments written since the last sync to disk, if it was `SYNC_EVERY` ago (the
-    /// writer, with each batch).
+    /// How long until the lines written since the last sync are due to be synced; None when
+    /// there are none.
+    pub(super) fn sync_due_in(&self) -> Option<std::time::Duration> {
+        let (at, writes) = *self.synced.lock().unwrap_or_else(|e| e.into_inner());
+        let dirty = self.writes.load(Ordering::Relaxed) != writes
+            || !self
+                .unsynced
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_empty()
+            || !self.current.load().pending().lines.is_empty();
+        dirty.then(|| SYNC_EVERY.saturating_sub(at.elapsed()))
+    }
+
+    /// Syncs the segments written since the last sync to disk, once that was `SYNC_EVERY` ago
+    /// (the writer, on its rounds, whether or not its batches commit).
     pub(super) fn sync(&self) {
-        {
-            let mut last = self.synced.lock().unwrap_or_else(|e| e.into_inner());
-            if last.elapsed() < SYNC_EVERY {
-                return;
-            }
-            *last = std::time::Instant::now();
+        if self.sync_due_in() == Some(std::time::Duration::ZERO) {
+            self.sync_now();
         }
+    }
+
+    /// Writes what is pending and syncs every segment written since the last sync.
+    pub(super) fn sync_now(&self) {
         let sealed = std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(|e| e.into_inner()));
-        for s in sealed
-            .iter()
-            .chain(std::iter::once(&self.current.load_full()))
-        {
+        let all: Vec<Arc<Segment>> = sealed
+            .into_iter()
+            .chain(std::iter::once(self.current.load_full()))
+            .collect();
+        for s in &all {
             s.write_all_pending(self);
+        }
+        // Every group counted here was written before the syncs below start.
+        let writes = self.writes.load(Ordering::Relaxed);
+        *self.synced.lock().unwrap_or_else(|e| e.into_inner()) =
+            (std::time::Instant::now(), writes);
+        for s in &all {
             if let Err(e) = s.file.sync_data() {
                 self.failed("not synced", &e);
             }
@@ -485,6 +537,7 @@ pub fn recover(dir: &Path) -> Result<(Vec<UsageRecord>, Vec<PathBuf>), String> {
             // A line torn by the crash is skipped (its request's other line decides).
             match serde_json::from_slice::<Line>(&line[start..]) {
                 Ok(Line::Open(o)) => open.insert(o),
+                Ok(Line::Sent(s)) => open.sent(s),
                 Ok(Line::Close(r)) => {
                     open.remove(&r.request_id);
                     match at.get(&r.request_id) {
@@ -504,15 +557,22 @@ pub fn recover(dir: &Path) -> Result<(Vec<UsageRecord>, Vec<PathBuf>), String> {
     Ok((records, paths))
 }
 
-/// The record of a request the crash ended: what was known when it passed auth, no tokens
-/// (estimated: none were counted), status 500, cut by the crash.
-fn crashed(o: Opened) -> UsageRecord {
+/// The record of a request the crash ended: what was known when it passed auth and, if it
+/// went upstream, its model and prompt (estimated from its size, and billed: the provider
+/// had it), no output (estimated: none was counted); status 500, cut by the crash.
+fn crashed((o, sent): (Opened, Option<Sent>)) -> UsageRecord {
+    let sent = sent.unwrap_or_default();
     UsageRecord {
         time_ms: o.time_ms,
         request_id: o.request_id,
         key_id: o.key_id,
         listener: o.listener,
         endpoint: o.endpoint,
+        model: sent.model,
+        stream: sent.stream,
+        prompt_tokens: sent.prompt_tokens,
+        total_tokens: sent.prompt_tokens,
+        cost: sent.cost,
         status: 500,
         estimated: true,
         cut: "crash".into(),
@@ -524,28 +584,35 @@ fn crashed(o: Opened) -> UsageRecord {
 mod indexmap_lite {
     use std::collections::HashMap;
 
-    use super::Opened;
+    use super::{Opened, Sent};
 
     #[derive(Default)]
     pub struct Ordered {
         seq: u64,
-        by_id: HashMap<String, (u64, Opened)>,
+        by_id: HashMap<String, (u64, Opened, Option<Sent>)>,
     }
 
     impl Ordered {
         pub fn insert(&mut self, o: Opened) {
             self.seq += 1;
-            self.by_id.insert(o.request_id.clone(), (self.seq, o));
+            self.by_id.insert(o.request_id.clone(), (self.seq, o, None));
+        }
+
+        /// What an open entry's request sent upstream.
+        pub fn sent(&mut self, s: Sent) {
+            if let Some(e) = self.by_id.get_mut(&s.request_id) {
+                e.2 = Some(s);
+            }
         }
 
         pub fn remove(&mut self, id: &str) {
             self.by_id.remove(id);
         }
 
-        pub fn into_values(self) -> impl Iterator<Item = Opened> {
-            let mut v: Vec<(u64, Opened)> = self.by_id.into_values().collect();
-            v.sort_by_key(|(seq, _)| *seq);
-            v.into_iter().map(|(_, o)| o)
+        pub fn into_values(self) -> impl Iterator<Item = (Opened, Option<Sent>)> {
+            let mut v: Vec<(u64, Opened, Option<Sent>)> = self.by_id.into_values().collect();
+            v.sort_by_key(|(seq, ..)| *seq);
+            v.into_iter().map(|(_, o, s)| (o, s))
         }
     }
 }
@@ -631,11 +698,51 @@ mod tests {
         let _gone = journal.open_entry(opened("req_gone")).expect("entry");
         let (records, _) = recover(dir.path()).expect("recover");
         assert_eq!(records.len(), 1, "{records:?}");
-        *journal.synced.lock().expect("lock") -= SYNC_EVERY;
+        journal.synced.lock().expect("lock").0 -= SYNC_EVERY;
         journal.sync();
         let (records, _) = recover(dir.path()).expect("recover");
         let by_id = |id: &str| records.iter().find(|r| r.request_id == id).cloned();
         assert_eq!(by_id("req_closed").map(|r| r.completion_tokens), Some(7));
         assert_eq!(by_id("req_gone").map(|r| r.cut), Some("crash".to_string()));
+    }
+
+    /// A request the crash ended after it went upstream is billed its prompt, estimated.
+    #[test]
+    fn a_request_sent_upstream_is_billed_its_prompt_when_the_crash_ends_it() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let journal = Journal::open(dir.path()).expect("open");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("rt");
+        let mut sent = journal.open_entry(opened("req_sent")).expect("entry");
+        sent.sent(SentRef {
+            request_id: "req_sent",
+            model: "gpt-x",
+            stream: true,
+            prompt_tokens: 40,
+            cost: 0.25,
+        });
+        let waiting = journal.open_entry(opened("req_waiting")).expect("entry");
+        rt.block_on(sent.durable());
+        rt.block_on(waiting.durable());
+        let (records, _) = recover(dir.path()).expect("recover");
+        let by_id = |id: &str| records.iter().find(|r| r.request_id == id).cloned();
+        let r = by_id("req_sent").expect("record");
+        assert_eq!(
+            (
+                r.model.as_str(),
+                r.stream,
+                r.prompt_tokens,
+                r.total_tokens,
+                r.cost
+            ),
+            ("gpt-x", true, 40, 40, 0.25)
+        );
+        assert_eq!(
+            (r.cut.as_str(), r.estimated, r.status),
+            ("crash", true, 500)
+        );
+        let r = by_id("req_waiting").expect("record");
+        assert_eq!((r.prompt_tokens, r.cost, r.model.as_str()), (0, 0.0, ""));
     }
 }

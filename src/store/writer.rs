@@ -217,6 +217,11 @@ impl Writer {
                         } else {
                             IDLE_TICK
                         };
+                        // Lines written since the journal's last sync are synced on time.
+                        let wait = match self.journal.as_ref().and_then(|j| j.sync_due_in()) {
+                            Some(due) => wait.min(due),
+                            None => wait,
+                        };
                         match self.rx.recv_timeout(wait) {
                             Ok(msg) => self.take(msg, &mut flush, &mut stop),
                             Err(RecvTimeoutError::Timeout) if wait == IDLE_TICK => {
@@ -266,6 +271,9 @@ impl Writer {
             if self.batch.is_empty() {
                 self.retention_tick();
             }
+            if let Some(j) = &self.journal {
+                j.sync();
+            }
             self.trim();
         }
     }
@@ -297,7 +305,16 @@ impl Writer {
             }
         }
         self.drain_overflow();
-        if self.shared.failing.load(Ordering::Relaxed) {
+        // The rows committed must also outlive a power loss before the lines that hold them go.
+        let keep = self.shared.failing.load(Ordering::Relaxed)
+            || self
+                .conn
+                .durable()
+                .map_err(|e| {
+                    tracing::warn!("{}; the journal keeps its segments", e.msg);
+                })
+                .is_err();
+        if keep {
             journal
                 .done
                 .lock()
@@ -423,7 +440,9 @@ impl Writer {
         if let Some(j) = self.journal.as_ref() {
             // Every record is committed or in the spool; a batch that failed keeps its
             // records in the journal for the next start.
-            if !self.shared.failing.load(Ordering::Relaxed) {
+            if self.shared.failing.load(Ordering::Relaxed) || self.conn.durable().is_err() {
+                j.sync_now();
+            } else {
                 j.remove_all();
             }
         }
@@ -474,11 +493,6 @@ impl Writer {
                 self.holds_memory = true;
                 if let Some(m) = &self.cfg.metrics {
                     m.batch(self.batch.len(), started.elapsed());
-                }
-                // The journal's lines of the records after these reach the disk too (a
-                // power loss then costs at most one batch interval).
-                if let Some(j) = &self.journal {
-                    j.sync();
                 }
                 self.shared.written.fetch_add(n, Ordering::SeqCst);
                 self.shared.failing.store(false, Ordering::Relaxed);

@@ -98,6 +98,20 @@ impl BatchWriter for SqliteWriter {
         Ok(sqlite::delete_expired(&self.conn, cutoff_ms).map(|n| n >= sqlite::RETENTION_CHUNK)?)
     }
 
+    fn durable(&mut self) -> Result<(), WriteError> {
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        match std::fs::File::open(&wal).and_then(|f| f.sync_data()) {
+            // No log: everything is in the database file, synced by its checkpoint.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(WriteError::from(format!(
+                "usage store: syncing {}: {e}",
+                std::path::Path::new(&wal).display()
+            ))),
+            Ok(()) => Ok(()),
+        }
+    }
+
     /// Frees the writer connection's page cache (up to its 16 MiB), which a burst fills and
     /// SQLite otherwise keeps for the connection's life.
     fn release_memory(&mut self) {
