@@ -999,6 +999,49 @@ async fn made_up_models_share_one_rollup_row() {
     assert_eq!(models[0]["succeeded"], 0, "{summary}");
 }
 
+/// Ids a glob sends upstream that the upstream does not know (404) share the same row: a
+/// client cannot make the gateway keep state for each name it makes up.
+#[tokio::test(flavor = "multi_thread")]
+async fn made_up_ids_a_glob_sends_upstream_share_one_rollup_row() {
+    let g = start_with(Setup {
+        extra_config: "[[models]]\nname = \"guess-*\"\npool = \"local\"\n".into(),
+        ..Setup::default()
+    });
+    let mut last = String::new();
+    for n in 0..10 {
+        let resp = send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &chat_body(&format!("guess-{n}"), false),
+            &[("x-mock-status", "404")],
+        )
+        .await;
+        assert_eq!(resp.status(), 404);
+        last = request_id(&resp);
+    }
+    let r = record_of(&g.main, KEY, &last).await;
+    assert_eq!(
+        (r["model"].as_str(), r["attempts"].as_u64()),
+        (Some("guess-9"), Some(1)),
+        "{r}"
+    );
+    let summary: Value = get(&g.main, "/api/usage/summary", Some(KEY))
+        .await
+        .json()
+        .await
+        .expect("summary");
+    let models: Vec<&Value> = summary["models"]
+        .as_array()
+        .expect("models")
+        .iter()
+        .filter(|m| m["model"] != "")
+        .collect();
+    assert_eq!(models.len(), 1, "{summary}");
+    assert_eq!(models[0]["model"], "(unknown)", "{summary}");
+    assert_eq!(models[0]["requests"], 10, "{summary}");
+}
+
 /// A key's usage calls are bounded apart from its rpm (at most a few at once, and so many a
 /// second): a burst of summaries is refused 429 past the bound, with `Retry-After`, while
 /// another key's calls go on, and the key is served again once the burst is over.

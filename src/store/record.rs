@@ -59,12 +59,12 @@ pub const UNKNOWN_MODEL: &str = "(unknown)";
 
 impl UsageRecord {
     /// The model the record's usage is summed under (rollups, summaries): its own, or
-    /// `(unknown)` for a model the gateway does not serve, so that names a client makes up
-    /// leave no state of their own. Such a request is the only one refused 404 before any
-    /// try with a model named (the gateway's `model_not_found`; an upstream's 404 took a try),
-    /// which the record itself says, as stored and as read back.
+    /// `(unknown)` for a model nobody serves, so that names a client makes up leave no state
+    /// of their own: every 404 that names a model (the gateway's `model_not_found`, or an
+    /// upstream's for an id a glob sent it; a 404 bills nothing), as the record itself says,
+    /// stored and read back.
     pub fn rollup_model(&self) -> &str {
-        if self.status == 404 && self.attempts == 0 && !self.model.is_empty() {
+        if self.status == 404 && !self.model.is_empty() {
             UNKNOWN_MODEL
         } else {
             &self.model

@@ -58,29 +58,37 @@ pub async fn usage(
         Ok(r) => r,
         Err(e) => return fail(session, ex, &e).await,
     };
-    let rollup = match super::summary::read(web, Some(&key.id), &range).await {
-        Ok(r) => r,
+    // Read and summed off the proxy threads, as the summary is.
+    let (store, q) = (
+        web.store.clone(),
+        super::summary::rollup_query(Some(&key.id), &range),
+    );
+    let body = match super::blocking(move || Ok(daily_costs(&store.rollup(&q)?, &range))).await {
+        Ok(Ok(body)) => body,
+        Ok(Err(e)) => return fail(session, ex, &e).await,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     };
+    super::json(session, ex, &body).await
+}
+
+/// The answer of `usage`: each day's cost by model (in cents), and the total.
+fn daily_costs(
+    rollup: &crate::store::rollup::Rollup,
+    range: &Range,
+) -> Result<serde_json::Value, GatewayError> {
     // The day totals come from the summary; the per-model line items from the same rows.
-    let summary = match compute(&rollup, &range) {
-        Ok(s) => s,
-        Err(e) => return fail(session, ex, &e).await,
-    };
+    let summary = compute(rollup, range)?;
     let starts: Vec<i64> = summary["buckets"]
         .as_array()
         .map(|b| b.iter().filter_map(|d| d["start_ms"].as_i64()).collect())
         .unwrap_or_default();
-    let mut days: Vec<Vec<(String, f64)>> = vec![Vec::new(); starts.len()];
+    let mut days: Vec<IndexedCosts<'_>> = vec![IndexedCosts::default(); starts.len()];
     for row in &rollup.rows {
         let i = starts
             .partition_point(|s| *s <= row.bucket_ms)
             .saturating_sub(1);
         if let Some(items) = days.get_mut(i) {
-            match items.iter_mut().find(|(m, _)| *m == row.model) {
-                Some((_, c)) => *c += row.sums.cost,
-                None => items.push((row.model.clone(), row.sums.cost)),
-            }
+            items.add(&row.model, row.sums.cost);
         }
     }
     let cents = |c: f64| (c * 100.0 * 1e6).round() / 1e6;
@@ -89,6 +97,7 @@ pub async fn usage(
         .zip(days)
         .map(|(start, items)| {
             let items: Vec<serde_json::Value> = items
+                .items
                 .into_iter()
                 .map(|(name, cost)| json!({"name": name, "cost": cents(cost)}))
                 .collect();
@@ -96,12 +105,30 @@ pub async fn usage(
         })
         .collect();
     let total = summary["totals"]["cost"].as_f64().unwrap_or(0.0);
-    let body = json!({
+    Ok(json!({
         "object": "list",
         "daily_costs": daily,
         "total_usage": cents(total),
-    });
-    super::json(session, ex, &body).await
+    }))
+}
+
+/// A day's cost by model, in the order models first appear.
+#[derive(Clone, Default)]
+struct IndexedCosts<'a> {
+    items: Vec<(&'a str, f64)>,
+    at: std::collections::HashMap<&'a str, usize>,
+}
+
+impl<'a> IndexedCosts<'a> {
+    fn add(&mut self, model: &'a str, cost: f64) {
+        match self.at.get(model) {
+            Some(&i) => self.items[i].1 += cost,
+            None => {
+                self.at.insert(model, self.items.len());
+                self.items.push((model, cost));
+            }
+        }
+    }
 }
 
 fn parse(query: Option<&str>, now_ms: i64) -> Result<Range, GatewayError> {

@@ -330,7 +330,7 @@ fn store_failed(request_id: &str, e: &StoreError) -> GatewayError {
 /// answered (500) rather than held (the read itself ends when the server answers).
 pub const STORE_READ_LIMIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
 ) -> Result<T, StoreError> {
     match tokio::time::timeout(STORE_READ_LIMIT, tokio::task::spawn_blocking(f)).await {

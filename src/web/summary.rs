@@ -387,18 +387,8 @@ pub fn key_json(key: &Key, spend: f64) -> Value {
     })
 }
 
-/// The rollup of a range for one key (None: every key), read off the proxy's runtime.
-pub(super) async fn read(
-    web: &Web,
-    key_id: Option<&str>,
-    r: &Range,
-) -> Result<Rollup, crate::store::StoreError> {
-    let (store, q) = (web.store.clone(), rollup_query(key_id, r));
-    blocking(move || store.rollup(&q)).await
-}
-
 /// The rollup query of a range (for one key, or every key).
-fn rollup_query(key_id: Option<&str>, r: &Range) -> RollupQuery {
+pub(super) fn rollup_query(key_id: Option<&str>, r: &Range) -> RollupQuery {
     RollupQuery {
         key_id: key_id.map(str::to_string),
         start_ms: r.start_ms,
