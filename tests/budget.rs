@@ -49,6 +49,11 @@ secret = "sk-test-window-0104"
 tpm = 1000
 
 [[keys]]
+id = "cut-gzip"
+secret = "sk-test-cut-gzip-0106"
+budget = 1.0
+
+[[keys]]
 id = "roomy"
 secret = "sk-test-roomy-0105"
 budget = 1000.0
@@ -300,6 +305,42 @@ async fn a_stream_whose_upstream_ignores_the_limit_is_cut_at_the_budget() {
         },
     )
     .await;
+    assert!(common::spend_of(&g, key).await <= 1.0 + 1e-9);
+}
+
+/// A compressed stream is cut the same way: it goes on decoded, so that the cut's events
+/// reach the client as the end of the stream it reads.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_compressed_stream_is_cut_at_the_budget_in_its_framing() {
+    let g = start();
+    let key = "sk-test-cut-gzip-0106";
+    let r = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(key),
+        &common::chat_body("metered", true),
+        &[
+            ("x-mock-chunks", "5000"),
+            ("x-mock-ignore-max-tokens", "1"),
+            ("x-mock-gzip", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("content-encoding").is_none());
+    let id = common::request_id(&r);
+    let text = r.text().await.expect("stream");
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    let n = events.len();
+    assert_eq!(events[n - 1], "data: [DONE]");
+    assert!(
+        events[n - 2].contains("budget_exhausted"),
+        "{}",
+        events[n - 2]
+    );
+    let record =
+        common::await_key_record(&client(), &g.direct, key, &id, Duration::from_secs(5)).await;
+    assert_eq!(record["cut"], "budget", "{record}");
     assert!(common::spend_of(&g, key).await <= 1.0 + 1e-9);
 }
 

@@ -44,7 +44,7 @@ async fn a_plain_reply_over_16_mib_is_metered_from_its_tail() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_compressed_reply_passes_as_it_came_and_is_metered() {
+async fn a_compressed_reply_passes_as_it_came_unless_edited_and_is_metered() {
     let g = start_with(Setup::default());
     // Plain.
     let r = send(
@@ -90,5 +90,26 @@ async fn a_compressed_reply_passes_as_it_came_and_is_metered() {
     let rec = common::await_record(&g, &id).await;
     assert_eq!(tokens(&rec), tokens(&usage), "{rec}");
     assert!(rec["completion_tokens"].as_u64() > Some(0), "{rec}");
+    assert_eq!(rec["estimated"], false, "{rec}");
+    // Streamed, its usage not asked for: the gateway asks, and strips the usage event from
+    // the events it passes on, which therefore go on decoded.
+    let r = send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &common::chat_body("echo-1", true),
+        &[("x-mock-gzip", "1"), ("x-mock-chunks", "12")],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("content-encoding").is_none());
+    let id = common::request_id(&r);
+    let text = r.text().await.expect("body");
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let words = text.matches(r#""content":""#).count() - text.matches(r#""content":"""#).count();
+    assert_eq!(words, 12, "{text}");
+    assert!(!text.contains(r#""usage":{"#), "{text}");
+    let rec = common::await_record(&g, &id).await;
+    assert_eq!(rec["completion_tokens"], 12, "{rec}");
     assert_eq!(rec["estimated"], false, "{rec}");
 }

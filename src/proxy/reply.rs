@@ -125,9 +125,13 @@ pub fn on_upstream_header(
             "the upstream answered a web page",
         )
         .into_up());
-    } else if ctx.meter.edits_body() && ctx.decoder.is_none() {
-        // Events are edited on the way (usage stripped): the length is no longer known.
+    } else if ctx.meter.edits_body() {
+        // Events are edited on the way (usage stripped, a cut by the budget): the length is no
+        // longer known, and a compressed stream goes on decoded, as edited.
         resp.remove_header(&http::header::CONTENT_LENGTH);
+        if ctx.decoder.is_some() && ctx.translation.is_none() {
+            resp.remove_header(&http::header::CONTENT_ENCODING);
+        }
     }
     if let (true, Some(t)) = (resp.status.is_success(), ctx.translation.as_mut()) {
         t.on_header(resp)?;
@@ -140,11 +144,12 @@ pub fn on_upstream_header(
 pub fn on_body(ctx: &mut Ctx, body: &mut Option<Bytes>, end: bool) {
     let content = match ctx.decoder.as_mut() {
         // The meter reads (and may edit) a decoded copy; the bytes pass on unchanged, unless
-        // they are translated (from the decoded copy).
+        // they are translated (from the decoded copy) or edited (`on_header` dropped their
+        // coding then).
         Some(d) => {
             let mut decoded = body.as_ref().map(|b| Bytes::from(d.decode(b)));
             let content = ctx.meter.feed(&mut decoded, end);
-            if ctx.translation.is_some() {
+            if ctx.translation.is_some() || ctx.meter.edits_body() {
                 *body = decoded;
             }
             content
