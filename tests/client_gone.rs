@@ -145,3 +145,54 @@ async fn with_cancel_a_client_that_leaves_is_billed_its_prompt_estimated() {
     assert_eq!(mid["status"].as_u64(), Some(499), "{mid}");
     assert_eq!(mid["estimated"], true, "{mid}");
 }
+
+/// Unsent, a stream is read within the pool's `request_timeout` from the client's leaving: an
+/// upstream that would go on long after is let go, and what it sent is billed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stream_left_unsent_is_read_within_the_pools_request_timeout() {
+    let g = start_with(Setup {
+        extra_config: r#"
+[[pools]]
+pass_headers = ["x-mock-*"]
+name = "brief"
+upstreams = ["http://127.0.0.1:@MOCK@"]
+request_timeout_ms = 1000
+
+[[models]]
+name = "brief-model"
+pool = "brief"
+upstream_model = "echo-1"
+"#
+        .into(),
+        ..Setup::default()
+    });
+    let r = common::send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &common::chat_body("brief-model", true),
+        &[("x-mock-chunks", "200"), ("x-mock-delay-ms", "50")],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let id = common::request_id(&r);
+    let left = Instant::now();
+    let mut body = r.bytes_stream();
+    let first = futures_util::StreamExt::next(&mut body).await;
+    assert!(first.is_some_and(|p| p.is_ok()));
+    drop(body);
+    let rec = common::await_record(&g, &id).await;
+    // 200 chunks 50 ms apart would take 10 s.
+    assert!(
+        left.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        left.elapsed()
+    );
+    assert_eq!(
+        (rec["status"].as_u64(), rec["cut"].as_str()),
+        (Some(499), Some("client")),
+        "{rec}"
+    );
+    let completion = rec["completion_tokens"].as_u64().expect("tokens");
+    assert!(completion > 5 && completion < 200, "{rec}");
+}

@@ -95,7 +95,12 @@ pub(super) async fn relay_body<D: Downstream>(
     mut upstream: Upstreamed,
 ) -> pingora_error::Result<()> {
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let limits = ReadLimits::of(ctx, pool);
+    let mut limits = ReadLimits::of(ctx, pool);
+    // Unsent, a stream is read within the pool's `request_timeout` from here: an upstream
+    // that never ends is not read forever for nobody.
+    limits
+        .deadline
+        .get_or_insert_with(|| Instant::now() + pool.cfg.request_timeout);
     loop {
         let read = fast_timeout(limits.next(), upstream.client.read_response_body());
         // The upstream's piece first: when one is already there, the client's connection is not
@@ -189,7 +194,8 @@ pub(super) async fn relay_body<D: Downstream>(
 
 /// The client is gone (`left` says how) while the upstream still sends its reply. With
 /// `on_client_gone = "finish"` the rest is read to its end, within the pool's deadlines and the
-/// shutdown's cut, metered and not sent on, so the usage of the work the upstream did is
+/// shutdown's cut (a stream within `request_timeout` from the client's leaving), metered and
+/// not sent on, so the usage of the work the upstream did is
 /// billed; with `"cancel"` the upstream's connection is dropped at once. Either way the
 /// request ends as the client's (`left`).
 pub(super) async fn finish_unsent(
@@ -203,7 +209,12 @@ pub(super) async fn finish_unsent(
         return Err(left);
     }
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let limits = ReadLimits::of(ctx, pool);
+    let mut limits = ReadLimits::of(ctx, pool);
+    // Unsent, a stream is read within the pool's `request_timeout` from here: an upstream
+    // that never ends is not read forever for nobody.
+    limits
+        .deadline
+        .get_or_insert_with(|| Instant::now() + pool.cfg.request_timeout);
     loop {
         let read = fast_timeout(limits.next(), upstream.client.read_response_body());
         let chunk = tokio::select! {
