@@ -231,8 +231,11 @@ impl Gateway {
                 .life
                 .as_ref()
                 .map(crate::ops::lifecycle::InFlight::lifecycle),
+            time_ms: ctx.time_ms,
+            journal: None,
         };
         let sent = web::serve(&self.shared.web, session, &mut ex).await;
+        ctx.journal = ex.journal;
         ctx.key = ex.key;
         ctx.refusal = ex.refusal;
         ctx.sent = ex.sent;

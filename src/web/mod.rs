@@ -118,6 +118,10 @@ pub struct Exchange {
     /// What bounds the writes of the reply (see `respond::Bound`).
     pub send_timeout: std::time::Duration,
     pub life: Option<Arc<crate::ops::lifecycle::Lifecycle>>,
+    /// When the request came (its record's time).
+    pub time_ms: i64,
+    /// The journal entry of a request whose key passed auth (a crash leaves its record).
+    pub journal: Option<crate::store::journal::Entry>,
 }
 
 impl Exchange {
@@ -232,6 +236,16 @@ pub async fn serve(
             let Some(key) = authorize(web, session, ex).await? else {
                 return Ok(());
             };
+            ex.journal = web.store.journal_open(crate::store::journal::OpenedRef {
+                time_ms: ex.time_ms,
+                request_id: &ex.request_id,
+                key_id: &key.id,
+                listener: ex.listener.name(),
+                endpoint: group_of(&path),
+            });
+            if let Some(entry) = &ex.journal {
+                entry.durable().await;
+            }
             let _call = match web.usage_calls.enter(&key.id) {
                 Ok(guard) => guard,
                 Err(e) => return fail(session, ex, &e).await,
