@@ -181,6 +181,11 @@ async fn a_full_store_refuses_new_requests_and_loses_no_record() {
     );
     let body: serde_json::Value = refused.json().await.expect("json");
     assert_eq!(body["error"]["code"], "usage_store_unavailable", "{body}");
+    // A usage call, which would leave a record too, is refused the same way.
+    let call = common::get(&g.main, "/api/usage?limit=1", Some(common::KEY)).await;
+    assert_eq!(call.status(), 503);
+    let body: serde_json::Value = call.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "usage_store_unavailable", "{body}");
     let ready = common::get(&g.admin, "/readyz", None).await;
     assert_eq!(ready.status(), 503);
     let reasons = ready.text().await.expect("text");
@@ -218,6 +223,8 @@ async fn a_full_store_refuses_new_requests_and_loses_no_record() {
     let (_, log) = g.terminate_and_stderr();
     assert_eq!(log.matches("usage store full").count(), 1, "{log}");
     assert!(log.contains("records are stored again"), "{log}");
+    // The exit line says none was lost (it says so only when some were).
+    assert!(!log.contains("not written"), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -233,6 +233,11 @@ pub async fn serve(
         Route::Asset(a) => page::send_asset(session, ex, a).await,
         Route::NotFound => fail(session, ex, &GatewayError::NotFound(path)).await,
         keyed => {
+            // A full usage store (`on_store_full = "refuse"`) takes no call that would leave a
+            // record it cannot keep, as for `/v1`: refused before auth, it leaves none.
+            if web.store.refuses() {
+                return fail(session, ex, &GatewayError::StoreUnavailable).await;
+            }
             let Some(key) = authorize(web, session, ex).await? else {
                 return Ok(());
             };
