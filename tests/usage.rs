@@ -1127,3 +1127,43 @@ async fn a_plain_reply_to_a_stream_request_is_metered_from_its_usage() {
     );
     assert_eq!(r["stream"], true, "{r}");
 }
+
+/// Cells a spreadsheet would run as formulas are defused in the export with a leading quote:
+/// `=`, `+`, `-`, `@`, their full-width forms, and whitespace or a newline before them (model
+/// names a client made up, stored as sent).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_export_defuses_cells_a_spreadsheet_would_run() {
+    let g = start();
+    let names = ["\u{ff1d}SUM(A1)", " =1+1", "\n=2+2", "@cmd", "\u{ff0b}3"];
+    let mut last = String::new();
+    for name in names {
+        let resp = send(
+            &g.main,
+            "/v1/chat/completions",
+            Some(KEY),
+            &chat_body(name, false),
+            &[],
+        )
+        .await;
+        assert_eq!(resp.status(), 404);
+        last = request_id(&resp);
+    }
+    record_of(&g.main, KEY, &last).await;
+    let csv = get(&g.main, "/api/usage.csv", Some(KEY))
+        .await
+        .text()
+        .await
+        .expect("body");
+    for cell in [
+        ",'\u{ff1d}SUM(A1),",
+        ",' =1+1,",
+        ",\"'\n=2+2\",",
+        ",'@cmd,",
+        ",'\u{ff0b}3,",
+    ] {
+        assert!(csv.contains(cell), "{cell:?} not in {csv}");
+    }
+    for raw in [",\u{ff1d}SUM", ", =1+1", ",\"\n=2+2", ",@cmd", ",\u{ff0b}3"] {
+        assert!(!csv.contains(raw), "{raw:?} in {csv}");
+    }
+}

@@ -117,6 +117,18 @@ impl Guard {
         }
     }
 
+    /// The failures of a minute that ended unlisted, taken once: summed up for the audit log
+    /// when no later failure came to write them (the log is read, or someone signs in).
+    pub fn unlisted(&self, now: Instant) -> Option<u32> {
+        let mut s = self.state();
+        let (start, n) = s.audit?;
+        if now.saturating_duration_since(start) < WINDOW || n <= AUDITED_FAILURES {
+            return None;
+        }
+        s.audit = None;
+        Some(n - AUDITED_FAILURES)
+    }
+
     /// `client` signed in: it goes past the gate from now on.
     pub fn signed_in(&self, client: Option<u64>) {
         let Some(c) = client else { return };
@@ -167,6 +179,20 @@ mod tests {
         assert_eq!(audits.iter().filter(|a| **a == Audit::Entry).count(), 60);
         assert_eq!(audits.iter().filter(|a| **a == Audit::Skip).count(), 40);
         assert_eq!(g.failed(t0 + WINDOW), Audit::SummaryThenEntry(40));
+        assert_eq!(g.failed(t0 + WINDOW), Audit::Entry);
+    }
+
+    /// A minute's unlisted failures are taken once when no later failure comes.
+    #[test]
+    fn unlisted_failures_are_taken_once_the_minute_ended() {
+        let g = Guard::default();
+        let t0 = Instant::now();
+        for _ in 0..70 {
+            g.failed(t0);
+        }
+        assert_eq!(g.unlisted(t0), None, "the minute goes on");
+        assert_eq!(g.unlisted(t0 + WINDOW), Some(10));
+        assert_eq!(g.unlisted(t0 + WINDOW), None);
         assert_eq!(g.failed(t0 + WINDOW), Audit::Entry);
     }
 }

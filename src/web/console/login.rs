@@ -380,20 +380,7 @@ fn audit_failed(
     let entries = match web.sign_ins.failed(now) {
         Audit::Entry => vec![audit],
         Audit::Skip => Vec::new(),
-        Audit::SummaryThenEntry(n) => {
-            let summary = AuditEntry {
-                time_ms: audit.time_ms,
-                user: String::new(),
-                action: "login_failed_summary".into(),
-                key_id: String::new(),
-                detail: serde_json::json!({
-                    "failed_sign_ins_not_listed": n,
-                    "in_the_minute_before": true,
-                })
-                .to_string(),
-            };
-            vec![summary, audit]
-        }
+        Audit::SummaryThenEntry(n) => vec![unlisted_summary(n, audit.time_ms), audit],
     };
     if !entries.is_empty() {
         let store = web.store.clone();
@@ -410,5 +397,20 @@ fn audit_failed(
                 tracing::warn!(error = %e, "console: a failed sign-in was not audited");
             }
         });
+    }
+}
+
+/// The audit entry that sums up the failed sign-ins of a minute not listed one by one.
+pub(super) fn unlisted_summary(n: u32, time_ms: i64) -> AuditEntry {
+    AuditEntry {
+        time_ms,
+        user: String::new(),
+        action: "login_failed_summary".into(),
+        key_id: String::new(),
+        detail: serde_json::json!({
+            "failed_sign_ins_not_listed": n,
+            "in_the_minute_before": true,
+        })
+        .to_string(),
     }
 }

@@ -279,7 +279,19 @@ async fn audit(web: &Web, session: &mut Session, ex: &mut Exchange) -> pingora_e
         Err(e) => return fail(session, ex, &e).await,
     };
     let store = web.store.clone();
-    let entries = match super::blocking(move || store.console.audit_list(limit)).await {
+    // A minute of failed sign-ins that no later one summed up is summed up now.
+    let unlisted = web
+        .sign_ins
+        .unlisted(std::time::Instant::now())
+        .map(|n| login::unlisted_summary(n, super::now_ms()));
+    let entries = match super::blocking(move || {
+        if let Some(summary) = &unlisted {
+            store.console.audit_add(summary)?;
+        }
+        store.console.audit_list(limit)
+    })
+    .await
+    {
         Ok(e) => e,
         Err(e) => return fail(session, ex, &store_failed(&ex.request_id, &e)).await,
     };
