@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{Gateway, Setup, client, send, start_with};
@@ -54,6 +56,11 @@ secret = "sk-test-cut-gzip-0106"
 budget = 1.0
 
 [[keys]]
+id = "mixed"
+secret = "sk-test-mixed-0107"
+budget = 1.0
+
+[[keys]]
 id = "roomy"
 secret = "sk-test-roomy-0105"
 budget = 1000.0
@@ -73,23 +80,34 @@ async fn records(g: &Gateway, key: &str, n: usize) -> Vec<Value> {
         Duration::from_secs(10),
         &format!("fewer than {n} records"),
         async || {
-            let page: Value = client()
-                .get(format!("{}/api/usage?limit=1000", g.direct))
-                .bearer_auth(key)
-                .send()
-                .await
-                .expect("usage")
-                .json()
-                .await
-                .expect("json");
-            // The usage calls that read them have records of their own: not counted.
-            let data: Vec<Value> = page["data"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|r| r["endpoint"] != "usage")
-                .collect();
+            let mut data = Vec::new();
+            let mut url = format!("{}/api/usage?limit=1000", g.direct);
+            loop {
+                let page: Value = client()
+                    .get(&url)
+                    .bearer_auth(key)
+                    .send()
+                    .await
+                    .expect("usage")
+                    .json()
+                    .await
+                    .expect("json");
+                // The usage calls that read them have records of their own: not counted.
+                data.extend(
+                    page["data"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|r| r["endpoint"] != "usage"),
+                );
+                match page["next_cursor"].as_str() {
+                    Some(c) if !c.is_empty() => {
+                        url = format!("{}/api/usage?limit=1000&cursor={c}", g.direct);
+                    }
+                    _ => break,
+                }
+            }
             if data.len() >= n {
                 Ok(data)
             } else {
@@ -103,13 +121,27 @@ async fn records(g: &Gateway, key: &str, n: usize) -> Vec<Value> {
 /// Sends until the budget refuses (402); a 429 (the rest held by requests in flight) is
 /// retried after a pause. Returns (served, requests sent).
 async fn until_spent(base: String, key: &'static str, body: Value) -> (u64, u64) {
+    until_spent_with(base, key, body, &[], None).await
+}
+
+/// `until_spent`, each request with `headers` (the mock's); `served` is set once one is.
+async fn until_spent_with(
+    base: String,
+    key: &'static str,
+    body: Value,
+    headers: &'static [(&'static str, &'static str)],
+    served_one: Option<Arc<AtomicBool>>,
+) -> (u64, u64) {
     let (mut served, mut sent) = (0, 0);
     loop {
-        let r = send(&base, "/v1/chat/completions", Some(key), &body, &[]).await;
+        let r = send(&base, "/v1/chat/completions", Some(key), &body, headers).await;
         sent += 1;
         match r.status().as_u16() {
             200 => {
                 served += 1;
+                if let Some(flag) = &served_one {
+                    flag.store(true, Ordering::SeqCst);
+                }
                 r.bytes().await.expect("body");
             }
             429 => {
@@ -306,6 +338,61 @@ async fn a_stream_whose_upstream_ignores_the_limit_is_cut_at_the_budget() {
     )
     .await;
     assert!(common::spend_of(&g, key).await <= 1.0 + 1e-9);
+}
+
+/// 200 plain clients and 20 long streams from an upstream that ignores the output limit, all
+/// at once on one key: together they use the budget and spend at most it plus one output
+/// event's cost a stream (0.001 here).
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_clients_and_long_streams_together_spend_at_most_the_budget() {
+    let g = start();
+    let key = "sk-test-mixed-0107";
+    const LONG: &[(&str, &str)] = &[("x-mock-chunks", "5000"), ("x-mock-ignore-max-tokens", "1")];
+    // The streams first: the plain clients come once one of them is running.
+    let streaming = Arc::new(AtomicBool::new(false));
+    let streams: Vec<_> = (0..20)
+        .map(|i| {
+            let base = [&g.main, &g.direct][i % 2].clone();
+            let mut body = common::chat_body("metered", true);
+            body["max_tokens"] = json!(30);
+            tokio::spawn(until_spent_with(
+                base,
+                key,
+                body,
+                LONG,
+                Some(streaming.clone()),
+            ))
+        })
+        .collect();
+    common::eventually_async(Duration::from_secs(5), "no stream served", async || {
+        streaming
+            .load(Ordering::SeqCst)
+            .then_some(())
+            .ok_or("none yet".to_string())
+    })
+    .await;
+    let plain = (0..200).map(|i| {
+        let base = [&g.main, &g.direct][i % 2].clone();
+        tokio::spawn(until_spent(base, key, common::chat_body("metered", false)))
+    });
+    let tasks: Vec<_> = streams.into_iter().chain(plain).collect();
+    let mut sent = 0;
+    for t in tasks {
+        sent += t.await.expect("task").1;
+    }
+    let all = records(&g, key, sent as usize).await;
+    let billed: f64 = all.iter().map(|r| r["cost"].as_f64().unwrap_or(0.0)).sum();
+    let spent = common::spend_of(&g, key).await;
+    assert!(
+        (billed - spent).abs() < 1e-9,
+        "records {billed}, spend {spent}"
+    );
+    assert!(
+        all.iter().any(|r| r["cut"] == "budget"),
+        "no stream was cut at what it held"
+    );
+    assert!(spent <= 1.0 + 20.0 * 0.001 + 1e-9, "spent {spent} of 1.0");
+    assert!(spent >= 0.95, "the budget was used: {spent}");
 }
 
 /// A compressed stream is cut the same way: it goes on decoded, so that the cut's events

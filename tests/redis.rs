@@ -561,3 +561,58 @@ async fn a_long_request_keeps_its_hold_and_its_amount() {
     );
     slow.await.expect("slow");
 }
+
+/// 200 plain clients and 20 streams from an upstream that ignores the output limit, across
+/// two gateways sharing Redis: together they spend at most the budget plus one output event's
+/// cost a stream (1.0 here), and use it.
+#[tokio::test(flavor = "multi_thread")]
+async fn plain_clients_and_cut_streams_on_two_gateways_spend_at_most_the_budget() {
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
+    let gs = fleet(&redis, "");
+    let key = "sk-test-fleet-budget-0012";
+    let client = |i: usize, stream: bool| {
+        let base = gs[i % 2].direct.clone();
+        tokio::spawn(async move {
+            let mut body = chat_body("priced-model", stream);
+            let headers: &[(&str, &str)] = if stream {
+                body["max_tokens"] = serde_json::json!(10);
+                &[("x-mock-chunks", "5000"), ("x-mock-ignore-max-tokens", "1")]
+            } else {
+                &[]
+            };
+            loop {
+                let r = send(&base, "/v1/chat/completions", Some(key), &body, headers).await;
+                match r.status().as_u16() {
+                    200 => {
+                        r.bytes().await.expect("body");
+                    }
+                    429 => tokio::time::sleep(Duration::from_millis(20 + i as u64 % 30)).await,
+                    402 => return,
+                    s => panic!("status {s}"),
+                }
+            }
+        })
+    };
+    let tasks: Vec<_> = (0..20)
+        .map(|i| client(i, true))
+        .chain((0..200).map(|i| client(i, false)))
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let mut c = redis.conn();
+    common::eventually_async(
+        Duration::from_secs(5),
+        "holds left behind",
+        async || match c.hlen::<_, u64>("mg:{fleet-budget}:holdv").expect("hlen") {
+            0 => Ok(()),
+            n => Err(format!("{n} holds")),
+        },
+    )
+    .await;
+    let spent: f64 = c.get("mg:{fleet-budget}:spend").expect("spend");
+    assert!(spent <= 100.0 + 20.0 + 1e-9, "spent {spent} of 100");
+    assert!(spent >= 75.0, "the budget was used: {spent}");
+}
