@@ -616,3 +616,72 @@ async fn plain_clients_and_cut_streams_on_two_gateways_spend_at_most_the_budget(
     assert!(spent <= 100.0 + 20.0 + 1e-9, "spent {spent} of 100");
     assert!(spent >= 75.0, "the budget was used: {spent}");
 }
+
+/// The holds of a gateway that died are released within their lease (30 s): until then
+/// another gateway answers 429 `budget_held`, then serves the key again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_gateways_holds_expire_with_their_lease() {
+    let Some(redis) = Redis::start_or_skip() else {
+        return;
+    };
+    let [mut dying, other] = fleet(&redis, "");
+    let key = "sk-test-fleet-budget-0012";
+    // A slow stream that names no limit holds what is left of the budget.
+    let slow = {
+        let base = dying.main.clone();
+        tokio::spawn(async move {
+            let r = send(
+                &base,
+                "/v1/chat/completions",
+                Some(key),
+                &chat_body("priced-model", true),
+                &[("x-mock-chunks", "100"), ("x-mock-delay-ms", "1000")],
+            )
+            .await;
+            assert_eq!(r.status(), 200);
+            let _ = r.bytes().await;
+        })
+    };
+    let mut c = redis.conn();
+    common::eventually_async(Duration::from_secs(5), "no hold", async || {
+        match c.hlen::<_, u64>("mg:{fleet-budget}:holdv").expect("hlen") {
+            0 => Err("none".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await;
+    let chat = async || {
+        send(
+            &other.direct,
+            "/v1/chat/completions",
+            Some(key),
+            &chat_body("priced-model", false),
+            &[],
+        )
+        .await
+    };
+    let r = chat().await;
+    let (status, e) = common::error_of(r).await;
+    assert_eq!(
+        (status, e["code"].as_str()),
+        (429, Some("rate_limit_exceeded")),
+        "{e}"
+    );
+    let killed = Instant::now();
+    dying.signal("-KILL");
+    let _ = slow.await;
+    common::eventually_async(
+        Duration::from_secs(40),
+        "the hold outlived its lease",
+        async || match chat().await.status().as_u16() {
+            200 => Ok(()),
+            s => Err(format!("status {s}")),
+        },
+    )
+    .await;
+    assert!(
+        killed.elapsed() <= Duration::from_secs(31),
+        "{:?}",
+        killed.elapsed()
+    );
+}
