@@ -256,8 +256,16 @@ async fn a_full_store_in_serve_mode_serves_and_counts_every_dropped_record() {
         common::metric_value(&g, "modelgate_usage_record_write_errors_total").await,
         0.0
     );
-    // The exit line says as much.
+    // One line when the drops began, one when the store had room again, with their count;
+    // the exit line says as much.
     let (_, log) = g.terminate_and_stderr();
+    assert_eq!(log.matches("usage records dropped").count(), 1, "{log}");
+    assert!(
+        log.contains(&format!(
+            "none waits in memory ({dropped} dropped meanwhile)"
+        )),
+        "{log}"
+    );
     assert!(
         log.contains(&format!("usage records: {dropped} not written")),
         "{log}"

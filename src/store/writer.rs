@@ -146,6 +146,10 @@ pub(super) struct Writer {
     held: VecDeque<Vec<UsageRecord>>,
     /// Since when batches are held (one log line when it starts, one when it ends).
     held_since: Option<Instant>,
+    /// Records dropped before the store filled up (the episode's own are those after), and
+    /// whether the episode's first drop was logged.
+    dropped_before: u64,
+    drop_logged: bool,
 }
 
 impl Writer {
@@ -174,6 +178,8 @@ impl Writer {
             stop_seen: false,
             held: VecDeque::new(),
             held_since: None,
+            dropped_before: 0,
+            drop_logged: false,
             cfg,
         }
     }
@@ -580,12 +586,14 @@ impl Writer {
         if !self.cfg.refuse_when_full && waiting + n > self.cfg.memory_max as u64 {
             self.shared.accepted.fetch_sub(n, Ordering::SeqCst);
             let total = self.shared.dropped.fetch_add(n, Ordering::Relaxed) + n;
-            if self.shared.drop_log.allow() {
+            // One line an episode: the rest are counted, and summed up at its end.
+            if !std::mem::replace(&mut self.drop_logged, true) {
                 tracing::error!(
                     rows = n,
                     dropped_total = total,
                     "usage records dropped: the store is full ({why}) and {waiting} records \
-                     wait in memory, its bound (on_store_full = \"serve\")"
+                     wait in memory, its bound (on_store_full = \"serve\"); the others \
+                     dropped until it has room are counted (usage_records_dropped_total)"
                 );
             }
             self.batch.clear();
@@ -597,6 +605,8 @@ impl Writer {
         self.held.push_back(batch);
         if self.held_since.is_none() {
             self.held_since = Some(Instant::now());
+            self.dropped_before = self.shared.dropped.load(Ordering::Relaxed);
+            self.drop_logged = false;
             if self.retry_at.is_none() {
                 self.retry_at = Some(Instant::now() + RETRY_FIRST);
             }
@@ -642,9 +652,12 @@ impl Writer {
             self.shared.held.fetch_sub(n, Ordering::Relaxed);
         }
         if let Some(since) = self.held_since.take() {
+            let dropped = self.shared.dropped.load(Ordering::Relaxed) - self.dropped_before;
             tracing::warn!(
                 after_ms = since.elapsed().as_millis() as u64,
-                "usage store: records are stored again; none waits in memory"
+                dropped,
+                "usage store: records are stored again; none waits in memory ({dropped} \
+                 dropped meanwhile)"
             );
         }
         self.retry_wait = RETRY_FIRST;
