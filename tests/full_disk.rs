@@ -271,3 +271,62 @@ async fn a_full_store_in_serve_mode_serves_and_counts_every_dropped_record() {
         "{log}"
     );
 }
+
+/// The database on a full disk, the spool beside it bounded (`spool_max_bytes`): records go to
+/// the spool up to its bound, then wait in memory up to theirs, then new requests are
+/// refused; once the database has room every one of them is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_spool_takes_records_up_to_its_bound_then_memory_then_none() {
+    let fs = Tmpfs::mount("2m");
+    let spool_dir = tempfile::tempdir().expect("tmp");
+    let g = start_with(Setup {
+        extra_config: format!(
+            "[storage]\nsqlite = \"{db}\"\nspool = \"{spool}\"\nspool_max_bytes = 8192\n\
+             memory_max_records = 40\n",
+            db = fs.0.join("usage.db").display(),
+            spool = spool_dir.path().join("spool.jsonl").display(),
+        ),
+        ..Setup::default()
+    });
+    let first = chat(&g).await;
+    assert_eq!(first.status(), 200);
+    let mut served = vec![common::request_id(&first)];
+    common::await_record(&g, &served[0]).await;
+    let filler = fill(&fs.0);
+    let mut spooled_max = 0.0f64;
+    loop {
+        let r = chat(&g).await;
+        if r.status() == 503 {
+            break;
+        }
+        assert_eq!(r.status(), 200);
+        served.push(common::request_id(&r));
+        assert!(served.len() < 2_000, "never refused");
+        spooled_max =
+            spooled_max.max(common::metric_value(&g, "modelgate_usage_spool_bytes").await);
+    }
+    // The spool held records, never past its bound; memory held the rest, to its bound.
+    assert!(spooled_max > 0.0, "nothing spooled");
+    assert!(spooled_max <= 8192.0, "{spooled_max} bytes spooled");
+    assert!(served.len() > 40, "{} served", served.len());
+    assert!(common::metric_value(&g, "modelgate_usage_records_held").await >= 1.0);
+    std::fs::remove_file(filler).expect("free");
+    await_stored_again(&g).await;
+    common::eventually_async(
+        Duration::from_secs(15),
+        "records still spooled",
+        async || match common::metric_value(&g, "modelgate_usage_spool_bytes").await {
+            0.0 => Ok(()),
+            b => Err(format!("{b} bytes")),
+        },
+    )
+    .await;
+    let have = chat_records(&g).await;
+    let missing: Vec<_> = served.iter().filter(|id| !have.contains(*id)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} lost",
+        missing.len(),
+        served.len()
+    );
+}

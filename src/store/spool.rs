@@ -56,6 +56,11 @@ impl Spool {
 
     /// Appends `records` and syncs them to disk before returning.
     pub fn append(&mut self, records: &[UsageRecord]) -> Result<(), String> {
+        self.append_within(records, u64::MAX).map(|_| ())
+    }
+
+    /// `append` of the first records whose lines fit in `room` bytes; returns how many.
+    pub fn append_within(&mut self, records: &[UsageRecord], room: u64) -> Result<usize, String> {
         if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| io_err("creating its folder", dir, e))?;
         }
@@ -66,10 +71,20 @@ impl Spool {
             self.read_at = 0;
         }
         let mut buf = Vec::with_capacity(records.len() * 320);
+        let mut fit = 0;
         for r in records {
+            let at = buf.len();
             serde_json::to_writer(&mut buf, r)
                 .map_err(|e| format!("usage spool: encoding a record: {e}"))?;
             buf.push(b'\n');
+            if buf.len() as u64 > room {
+                buf.truncate(at);
+                break;
+            }
+            fit += 1;
+        }
+        if fit == 0 {
+            return Ok(0);
         }
         let mut f = OpenOptions::new()
             .create(true)
@@ -85,7 +100,7 @@ impl Spool {
             let _ = f.set_len(before);
             return Err(io_err("writing", &self.path, e));
         }
-        Ok(())
+        Ok(fit)
     }
 
     /// Up to `max` records from the front, and the offset just past them (pass it to

@@ -541,9 +541,15 @@ impl Writer {
     /// Appends the batch to the spool (synced before this returns); a spool at its bound or
     /// failing (a full disk) leaves the batch in memory (`hold_batch`).
     fn spool_batch(&mut self) {
-        let batch = std::mem::take(&mut self.batch);
+        let mut batch = std::mem::take(&mut self.batch);
         match self.append_to_spool(&batch) {
-            Ok(()) => self.batch = batch,
+            Ok(n) if n == batch.len() => {}
+            // Those past the spool's bound wait in memory.
+            Ok(n) => {
+                self.batch = batch.split_off(n);
+                let why = "the spool is at its bound (spool_max_bytes)".to_string();
+                self.hold_batch(&why);
+            }
             Err(why) => {
                 self.batch = batch;
                 self.hold_batch(&why);
@@ -552,8 +558,9 @@ impl Writer {
         self.batch.clear();
     }
 
-    /// `records` into the spool, unless it is at its bound or the write fails.
-    fn append_to_spool(&mut self, records: &[UsageRecord]) -> Result<(), String> {
+    /// The first of `records` into the spool, as many as its bound has room for; how many.
+    /// An error when none fits or the write fails.
+    fn append_to_spool(&mut self, records: &[UsageRecord]) -> Result<usize, String> {
         let Some(spool) = self.spool.as_mut() else {
             return Err("no spool".into());
         };
@@ -564,14 +571,18 @@ impl Writer {
                 spool.path().display()
             ));
         }
-        spool.append(records)?;
+        let n = spool.append_within(records, self.cfg.spool_max_bytes - waiting)?;
+        if n == 0 {
+            return Err(format!(
+                "the spool {} is at its bound ({waiting} bytes)",
+                spool.path().display()
+            ));
+        }
         self.shared
             .spool_bytes
             .store(spool.pending_bytes(), Ordering::Relaxed);
-        self.shared
-            .spooled
-            .fetch_add(records.len() as u64, Ordering::Relaxed);
-        Ok(())
+        self.shared.spooled.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 
     /// Keeps the batch in memory: neither the database nor the spool can take it now (`why`).
@@ -629,7 +640,7 @@ impl Writer {
         if self.held.is_empty() || self.retry_at.is_some_and(|t| Instant::now() < t) {
             return;
         }
-        while let Some(batch) = self.held.pop_front() {
+        while let Some(mut batch) = self.held.pop_front() {
             let n = batch.len() as u64;
             let stored = match self.conn.insert_batch(&batch) {
                 Ok(()) => {
@@ -641,7 +652,16 @@ impl Writer {
                     self.lose(batch.len(), &e);
                     true
                 }
-                Err(_) => self.append_to_spool(&batch).is_ok(),
+                Err(_) => match self.append_to_spool(&batch) {
+                    // The spool took those its bound has room for; the rest wait on.
+                    Ok(k) if k < batch.len() => {
+                        batch = batch.split_off(k);
+                        self.shared.held.fetch_sub(k as u64, Ordering::Relaxed);
+                        false
+                    }
+                    Ok(_) => true,
+                    Err(_) => false,
+                },
             };
             if !stored {
                 self.held.push_front(batch);
