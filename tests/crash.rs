@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use common::{Gateway, KEY, Setup, client, send, start_with};
 use serde_json::Value;
 
-/// Mixed load until `stop`: plain chats, streams read whole, streams left after their first
-/// piece, slow streams still running at the kill, and usage calls. Each reply's request id is
+/// Mixed load until `stop`: plain chats, streams read whole (some with no usage from the
+/// upstream), streams left after their first piece, slow streams still running at the kill,
+/// and usage calls. Each reply's request id is
 /// noted.
 fn load(
     g: &Gateway,
@@ -53,15 +54,20 @@ fn load(
             let (seen, whole) = (seen.clone(), whole.clone());
             tokio::spawn(async move {
                 for n in 0.. {
-                    let kind = (i + n) % 4;
+                    let kind = (i + n) % 5;
                     let stream = kind != 0;
                     let delay = if kind == 3 { "50" } else { "0" };
+                    // Kind 4: a stream whose upstream reports no usage (estimated).
+                    let no_usage = if kind == 4 { "1" } else { "0" };
                     let r = send(
                         &base,
                         "/v1/chat/completions",
                         Some(KEY),
                         &common::chat_body("priced-model", stream),
-                        &[("x-mock-delay-ms", delay)],
+                        &[
+                            ("x-mock-delay-ms", delay),
+                            ("x-mock-ignore-include-usage", no_usage),
+                        ],
                     )
                     .await;
                     let Some(id) = r.headers().get("x-request-id").cloned() else {

@@ -128,8 +128,10 @@ pub fn build(
 
 /// Before a reply's last byte goes to the client, its record as it will be when that write
 /// succeeds goes to the journal: a crash right after the write leaves that record, not one cut
-/// by the crash. Only for a reply whose usage the upstream reported (an estimate is counted
-/// later, off this thread). The request's end writes its record again only if it differs.
+/// by the crash. For a reply whose usage the upstream did not report, a rough count (about
+/// four bytes a token of the request and of the output), marked estimated: the tokenizer's
+/// count comes later, off this thread, and replaces it. The request's end writes its record
+/// again only if it differs.
 pub async fn preclose(ctx: &mut Ctx) {
     let (Some(_), Some(status)) = (ctx.journal.as_ref(), ctx.sent.status) else {
         return;
@@ -137,21 +139,36 @@ pub async fn preclose(ctx: &mut Ctx) {
     if ctx.meter.cut_by_budget().is_some() {
         return;
     }
-    let Some(usage) = ctx.meter.usage() else {
-        return;
+    let tokens = match ctx.meter.usage() {
+        Some(usage) => (complete(usage), false),
+        None if ctx.meter.estimates() => (rough(ctx), true),
+        None => return,
     };
     let key_id = ctx.key.as_ref().map_or("", |k| k.id.as_str());
-    let r = build(
-        ctx,
-        status,
-        key_id,
-        std::time::Instant::now(),
-        (complete(usage), false),
-    );
+    let r = build(ctx, status, key_id, std::time::Instant::now(), tokens);
     if let Some(entry) = ctx.journal.as_mut() {
         entry.preclose(&r).await;
     }
-    ctx.preclosed = Some((r.status, r.prompt_tokens, r.completion_tokens));
+    if !r.estimated {
+        ctx.preclosed = Some((r.status, r.prompt_tokens, r.completion_tokens));
+    }
+}
+
+/// About four bytes a token, of the request sent upstream and of the output seen.
+fn rough(ctx: &Ctx) -> Usage {
+    let output = match ctx.meter.output() {
+        estimate::Output::Nothing => 0,
+        estimate::Output::Text(t) => t.len() as u64,
+        estimate::Output::Reply(b) => b.len() as u64,
+        estimate::Output::Bytes(n) => n,
+    } / 4;
+    let prompt = ctx.body.len() as u64 / 4;
+    Usage {
+        prompt_tokens: prompt,
+        completion_tokens: output,
+        total_tokens: prompt + output,
+        ..Usage::default()
+    }
 }
 
 /// Whether the request's record is the one `preclose` wrote.
