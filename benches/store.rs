@@ -165,7 +165,7 @@ fn export(rows: u64) {
 /// time a request (less that of the same tasks doing nothing but yield once), and the lines a
 /// `pwrite(2)`.
 fn journal(n: u64) {
-    use modelgate::store::journal::{Journal, OpenedRef};
+    use modelgate::store::journal::{Journal, OpenedRef, SentRef};
     let dir = tempfile::tempdir().expect("tempdir");
     let journal = Journal::open(dir.path()).expect("journal");
     // As a proxy thread's: Pingora's work-stealing runtime, one worker.
@@ -194,6 +194,13 @@ fn journal(n: u64) {
                             key_id: &r.key_id,
                             listener: &r.listener,
                             endpoint: &r.endpoint,
+                            // Opened as the request goes upstream: with what it sends.
+                            sent: Some(SentRef {
+                                model: &r.model,
+                                stream: r.stream,
+                                prompt_tokens: r.prompt_tokens,
+                                cost: r.cost,
+                            }),
                         };
                         let Some(mut entry) = journal.open_entry(opened) else {
                             return;

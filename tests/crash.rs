@@ -217,3 +217,52 @@ async fn a_kill_under_load_loses_no_record() {
 async fn a_kill_while_another_process_locks_the_database_loses_no_record() {
     killed_under_load(true).await;
 }
+
+/// A request killed while its client still uploads its body has its record at the next start
+/// (its entry is written before the gateway waits for the body).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_killed_while_its_body_comes_has_its_record() {
+    use tokio::io::AsyncWriteExt;
+    let mut g = start_with(Setup::default());
+    let addr = g.main.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"model\":"
+    );
+    conn.write_all(head.as_bytes()).await.expect("write");
+    // Its entry is in the journal once the gateway waits for the rest.
+    let journal = g.dir.path().join("usage-journal");
+    common::eventually_async(Duration::from_secs(5), "no entry written", async || {
+        let lines: usize = std::fs::read_dir(&journal)
+            .map_err(|e| e.to_string())?
+            .filter_map(|e| std::fs::read(e.ok()?.path()).ok())
+            .map(|b| b.windows(7).filter(|w| w == b"{\"open\"").count())
+            .sum();
+        if lines > 0 {
+            Ok(())
+        } else {
+            Err("no open line".to_string())
+        }
+    })
+    .await;
+    g.signal("-KILL");
+    drop(conn);
+    let g = g.restart_stopped();
+    let crashed = common::eventually_async(Duration::from_secs(10), "no record", async || {
+        let page: Value = common::get(&g.direct, "/api/usage?limit=100", Some(KEY))
+            .await
+            .json()
+            .await
+            .expect("json");
+        page["data"]
+            .as_array()
+            .and_then(|d| d.iter().find(|r| r["cut"] == "crash").cloned())
+            .ok_or_else(|| format!("{page}"))
+    })
+    .await;
+    assert_eq!(crashed["status"], 500, "{crashed}");
+    assert_eq!(crashed["estimated"], true, "{crashed}");
+}

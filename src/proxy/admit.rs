@@ -14,7 +14,6 @@ use pingora_proxy::Session;
 use super::ctx::{Ctx, Fallbacks, Sending};
 use super::{Gateway, body, models, respond};
 use crate::auth;
-use crate::config::Fixed;
 use crate::config::keys::{Key, KeyTable};
 use crate::error::GatewayError;
 use crate::limit::rate::Refusal;
@@ -25,6 +24,7 @@ use crate::route::body as route_body;
 use crate::route::endpoint::{BodyKind, Endpoint, Group, Metering, Target, classify};
 use crate::route::stored::StoredResponses;
 use crate::route::{Found, Route, Router};
+use crate::store::journal::SentRef;
 
 /// Why admission stopped before the proxy.
 pub(super) enum Stop {
@@ -49,10 +49,13 @@ impl From<Box<Error>> for Stop {
 }
 
 impl Gateway {
-    /// Admits the request (or answers it): its journal entry (its lines so far, with what it
-    /// sends upstream) is written before anything goes upstream or back to the client.
+    /// Admits the request (or answers it). The journal entry of a request whose key passed
+    /// auth is opened as it is admitted (with what it sends upstream), or before it waits on
+    /// anything (Redis, a slow body); either way it is written before anything goes upstream
+    /// or back to the client.
     pub(super) async fn decide(&self, session: &mut Session, ctx: &mut Ctx) -> Result<(), Stop> {
         let decided = self.admission(session, ctx).await;
+        journal(&self.shared.store, ctx, None);
         if let Some(entry) = &ctx.journal {
             entry.durable().await;
         }
@@ -68,29 +71,19 @@ impl Gateway {
             t.auth_done = Some(std::time::Instant::now());
         }
         let key = key?;
-        let opened = crate::store::journal::OpenedRef {
-            time_ms: ctx.time_ms,
-            request_id: &ctx.request_id,
-            key_id: &key.id,
-            listener: ctx.listener.name(),
-            endpoint: ctx.group,
-        };
-        ctx.journal = self.shared.store.journal_open(opened);
-        // Written with what the request sends upstream (`decide`), or before anything it may
-        // wait on: Redis here, a slow body (`read_body`).
-        if let Some(entry) = ctx
-            .journal
-            .as_ref()
-            .filter(|_| self.shared.shared_limits.is_some())
-        {
-            entry.durable().await;
+        if self.shared.shared_limits.is_some() {
+            // Redis is waited on: the entry is written first.
+            journal(&self.shared.store, ctx, None);
+            if let Some(entry) = &ctx.journal {
+                entry.durable().await;
+            }
         }
         let fleet_spend = self.limit(&key, ctx).await?;
         let endpoint = match target {
             Target::Proxy(ep) => ep,
             Target::StoredResponse(id) => {
                 permit_endpoint(&key, STORED_RESPONSE, ctx)?;
-                let body = read_body(session, ctx, &self.shared.live.fixed).await?;
+                let body = read_body(session, ctx, &self.shared).await?;
                 return route_stored(&self.shared.stored, &snapshot.router, &key, &id, ctx, body);
             }
             other => {
@@ -105,7 +98,7 @@ impl Gateway {
         if !other {
             self.permit(&key, endpoint, fleet_spend)?;
         }
-        let read = read_body(session, ctx, &self.shared.live.fixed).await?;
+        let read = read_body(session, ctx, &self.shared).await?;
         let probe = match probe(session, endpoint, &read).await {
             Ok(p) => p,
             Err(_) if other => {
@@ -152,6 +145,7 @@ impl Gateway {
             .map(|r| r.output);
         let upstream = Upstream { limit, cut_at };
         prepare_upstream(
+            &self.shared.store,
             ctx,
             &key,
             endpoint,
@@ -431,7 +425,12 @@ fn permit_endpoint(key: &Key, endpoint: Endpoint, ctx: &mut Ctx) -> Result<(), S
 /// Reads the whole body before any upstream; a client waiting for `100 Continue` gets it now
 /// (only once its key has passed, and its permission and budget but on an `other` path; never
 /// an HTTP/1.0 client, which knows no interim replies, RFC 9110 §10.1.1).
-async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Fixed) -> Result<Bytes, Stop> {
+async fn read_body(
+    session: &mut Session,
+    ctx: &mut Ctx,
+    shared: &super::Shared,
+) -> Result<Bytes, Stop> {
+    let config = &shared.live.fixed;
     if let Some(e) = body::refuse_unread(session, config.limits.max_body_bytes) {
         return Err(e.into());
     }
@@ -460,6 +459,7 @@ async fn read_body(session: &mut Session, ctx: &mut Ctx, config: &Fixed) -> Resu
         match first {
             std::task::Poll::Ready(r) => r.map_err(timed_out),
             std::task::Poll::Pending => {
+                journal(&shared.store, ctx, None);
                 if let Some(entry) = &ctx.journal {
                     entry.durable().await;
                 }
@@ -553,13 +553,42 @@ struct Upstream {
     cut_at: Option<u64>,
 }
 
-/// The journal learns what the request sends upstream: a crash that ends it then bills its
-/// prompt, estimated from the body's size (about four bytes a token, as the estimate of a
-/// reply with no usage), and the request's price.
-fn journal_sent(ctx: &mut Ctx, endpoint: Endpoint, route: &Route, body_bytes: usize) {
-    let Some(entry) = ctx.journal.as_mut() else {
+/// Opens the request's journal entry if its key passed auth and it has none yet, with what it
+/// sends upstream when known; an entry opened before gets that as a line of its own.
+fn journal(store: &crate::store::Store, ctx: &mut Ctx, sent: Option<SentRef<'_>>) {
+    let Some(key) = ctx.key.as_ref() else {
         return;
     };
+    match ctx.journal.as_mut() {
+        Some(entry) => {
+            if let Some(sent) = sent {
+                entry.sent(&ctx.request_id, sent);
+            }
+        }
+        None => {
+            let entry = store.journal_open(crate::store::journal::OpenedRef {
+                time_ms: ctx.time_ms,
+                request_id: &ctx.request_id,
+                key_id: &key.id,
+                listener: ctx.listener.name(),
+                endpoint: ctx.group,
+                sent,
+            });
+            ctx.journal = entry;
+        }
+    }
+}
+
+/// What the request sends upstream, for its journal entry: a crash that ends it then bills its
+/// prompt, estimated from the body's size (about four bytes a token, as the estimate of a
+/// reply with no usage), and the request's price.
+fn sent_upstream<'a>(
+    model: &'a str,
+    stream: bool,
+    endpoint: Endpoint,
+    route: &Route,
+    body_bytes: usize,
+) -> SentRef<'a> {
     let by_tokens = matches!(
         endpoint.metering,
         Metering::Chat | Metering::Responses | Metering::Messages | Metering::Usage
@@ -571,18 +600,18 @@ fn journal_sent(ctx: &mut Ctx, endpoint: Endpoint, route: &Route, body_bytes: us
         ..Default::default()
     };
     let served = endpoint.metering != Metering::Free;
-    entry.sent(crate::store::journal::SentRef {
-        request_id: &ctx.request_id,
-        model: &ctx.model,
-        stream: ctx.stream,
+    SentRef {
+        model,
+        stream,
         prompt_tokens,
         cost: super::record::cost(&route.model.price, &usage, served),
-    });
+    }
 }
 
 /// The meter, the body as the upstream will get it, and the upstream that gets it.
 #[allow(clippy::too_many_arguments)]
 fn prepare_upstream(
+    store: &crate::store::Store,
     ctx: &mut Ctx,
     key: &Key,
     endpoint: Endpoint,
@@ -594,7 +623,10 @@ fn prepare_upstream(
 ) -> Result<(), Stop> {
     ctx.free = endpoint.metering == Metering::Free;
     ctx.asked = Some(route.clone());
-    journal_sent(ctx, endpoint, &route, body.len());
+    let model = std::mem::take(&mut ctx.model);
+    let sent = sent_upstream(&model, ctx.stream, endpoint, &route, body.len());
+    journal(store, ctx, Some(sent));
+    ctx.model = model;
     let sending = Sending {
         endpoint,
         body,

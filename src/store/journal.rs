@@ -48,14 +48,24 @@ pub const SYNC_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 /// `state`'s bit saying no entry opens here any more; the bits below count open entries.
 const SEALED: u64 = 1 << 63;
 
-/// What is known of a request when it passes auth: enough for its record if it never ends.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+/// What is known of a request once it is admitted (or before it waits on anything): enough
+/// for its record if it never ends; with what it sends upstream, when the entry is opened as
+/// it goes (else that comes as a line of its own, `Sent`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 pub struct Opened {
     pub time_ms: i64,
     pub request_id: String,
     pub key_id: String,
     pub listener: String,
     pub endpoint: String,
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub cost: f64,
 }
 
 /// What a request sent upstream (its model, and its prompt estimated from its size): a crash
@@ -83,18 +93,25 @@ enum Line {
 #[serde(rename_all = "lowercase")]
 pub(super) enum LineRef<'a> {
     Open(OpenedRef<'a>),
-    Sent(SentRef<'a>),
+    Sent(SentLine<'a>),
     Close(&'a UsageRecord),
 }
 
-/// `Sent`, borrowed.
-#[derive(Serialize)]
+/// What a request sends upstream, borrowed: part of its entry's line, or a line of its own.
+#[derive(Serialize, Clone, Copy)]
 pub struct SentRef<'a> {
-    pub request_id: &'a str,
     pub model: &'a str,
     pub stream: bool,
     pub prompt_tokens: u64,
     pub cost: f64,
+}
+
+/// `Sent`, borrowed.
+#[derive(Serialize)]
+pub(super) struct SentLine<'a> {
+    pub request_id: &'a str,
+    #[serde(flatten)]
+    pub sent: SentRef<'a>,
 }
 
 /// `Opened`, borrowed.
@@ -105,6 +122,8 @@ pub struct OpenedRef<'a> {
     pub key_id: &'a str,
     pub listener: &'a str,
     pub endpoint: &'a str,
+    #[serde(flatten)]
+    pub sent: Option<SentRef<'a>>,
 }
 
 /// Lines added to a segment and not yet written.
@@ -258,10 +277,12 @@ impl Entry {
         self.segment.durable(self.ticket, &self.journal).await;
     }
 
-    /// Adds what the request sends upstream, without waiting: it is written with the next
-    /// group (another request's, or the writer's sync within `SYNC_EVERY`).
-    pub fn sent(&mut self, sent: SentRef<'_>) {
-        self.ticket = self.segment.add(&LineRef::Sent(sent));
+    /// Adds what the request sends upstream (an entry opened before it was known), without
+    /// waiting: it is written with the next group, or by `durable`.
+    pub fn sent(&mut self, request_id: &str, sent: SentRef<'_>) {
+        self.ticket = self
+            .segment
+            .add(&LineRef::Sent(SentLine { request_id, sent }));
     }
 
     /// Writes the request's record (the entry stays open until it drops, once the record is
@@ -536,7 +557,16 @@ pub fn recover(dir: &Path) -> Result<(Vec<UsageRecord>, Vec<PathBuf>), String> {
             };
             // A line torn by the crash is skipped (its request's other line decides).
             match serde_json::from_slice::<Line>(&line[start..]) {
-                Ok(Line::Open(o)) => open.insert(o),
+                Ok(Line::Open(o)) => {
+                    let sent = o.model.clone().map(|model| Sent {
+                        request_id: o.request_id.clone(),
+                        model,
+                        stream: o.stream,
+                        prompt_tokens: o.prompt_tokens,
+                        cost: o.cost,
+                    });
+                    open.insert(o, sent);
+                }
                 Ok(Line::Sent(s)) => open.sent(s),
                 Ok(Line::Close(r)) => {
                     open.remove(&r.request_id);
@@ -593,9 +623,9 @@ mod indexmap_lite {
     }
 
     impl Ordered {
-        pub fn insert(&mut self, o: Opened) {
+        pub fn insert(&mut self, o: Opened, sent: Option<Sent>) {
             self.seq += 1;
-            self.by_id.insert(o.request_id.clone(), (self.seq, o, None));
+            self.by_id.insert(o.request_id.clone(), (self.seq, o, sent));
         }
 
         /// What an open entry's request sent upstream.
@@ -629,6 +659,7 @@ mod tests {
             key_id: "k",
             listener: "main",
             endpoint: "chat",
+            sent: None,
         }
     }
 
@@ -715,33 +746,38 @@ mod tests {
             .build()
             .expect("rt");
         let mut sent = journal.open_entry(opened("req_sent")).expect("entry");
-        sent.sent(SentRef {
-            request_id: "req_sent",
+        let what = SentRef {
             model: "gpt-x",
             stream: true,
             prompt_tokens: 40,
             cost: 0.25,
-        });
+        };
+        sent.sent("req_sent", what);
+        // Opened as it goes: one line.
+        let as_it_goes = journal
+            .open_entry(OpenedRef {
+                sent: Some(what),
+                ..opened("req_as_it_goes")
+            })
+            .expect("entry");
+        rt.block_on(as_it_goes.durable());
         let waiting = journal.open_entry(opened("req_waiting")).expect("entry");
         rt.block_on(sent.durable());
         rt.block_on(waiting.durable());
         let (records, _) = recover(dir.path()).expect("recover");
         let by_id = |id: &str| records.iter().find(|r| r.request_id == id).cloned();
-        let r = by_id("req_sent").expect("record");
-        assert_eq!(
-            (
-                r.model.as_str(),
-                r.stream,
-                r.prompt_tokens,
-                r.total_tokens,
-                r.cost
-            ),
-            ("gpt-x", true, 40, 40, 0.25)
-        );
-        assert_eq!(
-            (r.cut.as_str(), r.estimated, r.status),
-            ("crash", true, 500)
-        );
+        for id in ["req_sent", "req_as_it_goes"] {
+            let r = by_id(id).expect("record");
+            assert_eq!(
+                (r.model.as_str(), r.stream, r.prompt_tokens, r.cost),
+                ("gpt-x", true, 40, 0.25)
+            );
+            assert_eq!(r.total_tokens, 40);
+            assert_eq!(
+                (r.cut.as_str(), r.estimated, r.status),
+                ("crash", true, 500)
+            );
+        }
         let r = by_id("req_waiting").expect("record");
         assert_eq!((r.prompt_tokens, r.cost, r.model.as_str()), (0, 0.0, ""));
     }

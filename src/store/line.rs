@@ -5,7 +5,7 @@
 //! writes for the same line (a property test holds the two together), so lines are read back
 //! with `serde_json`, and a journal left by either reads the same.
 
-use super::journal::{OpenedRef, SentRef};
+use super::journal::{OpenedRef, SentLine, SentRef};
 use super::record::UsageRecord;
 
 /// `{"open":{…}}`: what is known of a request when it passes auth.
@@ -16,13 +16,23 @@ pub fn open(out: &mut Vec<u8>, o: &OpenedRef<'_>) {
     field_str(out, b",\"key_id\":", o.key_id);
     field_str(out, b",\"listener\":", o.listener);
     field_str(out, b",\"endpoint\":", o.endpoint);
+    if let Some(s) = &o.sent {
+        sent_fields(out, s);
+    }
     out.extend_from_slice(b"}}");
 }
 
-/// `{"sent":{…}}`: what a request sent upstream, to bill its prompt if the crash ends it.
-pub fn sent(out: &mut Vec<u8>, s: &SentRef<'_>) {
+/// `{"sent":{…}}`: what a request sent upstream, to bill its prompt if the crash ends it (an
+/// entry opened before that was known).
+pub(super) fn sent(out: &mut Vec<u8>, s: &SentLine<'_>) {
     out.extend_from_slice(b"{\"sent\":{\"request_id\":");
     string(out, s.request_id);
+    sent_fields(out, &s.sent);
+    out.extend_from_slice(b"}}");
+}
+
+/// `,"model":…,"stream":…,"prompt_tokens":…,"cost":…`
+fn sent_fields(out: &mut Vec<u8>, s: &SentRef<'_>) {
     field_str(out, b",\"model\":", s.model);
     out.extend_from_slice(b",\"stream\":");
     boolean(out, s.stream);
@@ -30,7 +40,6 @@ pub fn sent(out: &mut Vec<u8>, s: &SentRef<'_>) {
     int(out, s.prompt_tokens);
     out.extend_from_slice(b",\"cost\":");
     float(out, s.cost);
-    out.extend_from_slice(b"}}");
 }
 
 /// `{"close":{…}}`: the request's whole record, its fields in the struct's order.
@@ -238,7 +247,8 @@ mod tests {
 
         #[test]
         fn an_entry_line_is_serde_jsons(
-            time_ms in any::<i64>(), id in text(), key in text(), listener in text(), ep in text()
+            time_ms in any::<i64>(), id in text(), key in text(), listener in text(), ep in text(),
+            sent in proptest::option::of((text(), any::<bool>(), any::<u64>(), float()))
         ) {
             let o = OpenedRef {
                 time_ms,
@@ -246,6 +256,12 @@ mod tests {
                 key_id: &key,
                 listener: &listener,
                 endpoint: &ep,
+                sent: sent.as_ref().map(|(model, stream, prompt, cost)| SentRef {
+                    model,
+                    stream: *stream,
+                    prompt_tokens: *prompt,
+                    cost: *cost,
+                }),
             };
             let mut ours = Vec::new();
             open(&mut ours, &o);
@@ -258,12 +274,14 @@ mod tests {
             id in text(), model in text(), stream in any::<bool>(), prompt in any::<u64>(),
             cost in float()
         ) {
-            let s = SentRef {
+            let s = SentLine {
                 request_id: &id,
-                model: &model,
-                stream,
-                prompt_tokens: prompt,
-                cost,
+                sent: SentRef {
+                    model: &model,
+                    stream,
+                    prompt_tokens: prompt,
+                    cost,
+                },
             };
             let mut ours = Vec::new();
             sent(&mut ours, &s);

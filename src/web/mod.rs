@@ -247,6 +247,7 @@ pub async fn serve(
                 key_id: &key.id,
                 listener: ex.listener.name(),
                 endpoint: group_of(&path),
+                sent: None,
             });
             if let Some(entry) = &ex.journal {
                 entry.durable().await;
