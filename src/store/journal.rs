@@ -1,5 +1,7 @@
-//! Store stage, crash side: the journal. A request that passed auth gets an entry at once (one
-//! `pwrite(2)` of one line: `{"open":…}`), and its whole record (`{"close":…}`) follows before
+//! Store stage, crash side: the journal. A request that passed auth gets an entry as it is
+//! admitted, with what it sends upstream (or before it waits on anything: Redis, a body still
+//! coming), one line `{"open":…}`, written before anything goes upstream or back to the
+//! client; and its whole record (`{"close":…}`) follows before
 //! the record goes to the writer; for a reply whose usage the upstream reported, before the
 //! reply's last byte goes to the client. A process killed at any moment leaves every such
 //! request in the kernel's hands: at the next start the journal is read back (`recover`), each

@@ -1,7 +1,8 @@
 //! Store stage, crash side: a journal line's JSON, written by hand. Each request writes two
-//! or three (its entry, what it sent upstream, its record) on the proxy thread that serves it; `serde_json` took 0.7 µs
-//! for a record's line, a third of the journal's cost a request (`cargo bench --bench store --
-//! journal`), and this writer a fifth of that. The text is byte for byte what `serde_json`
+//! (its entry, with what it sends upstream, then its record; what it sends is a line of its
+//! own when the entry was written before, as the request waited) on the proxy thread that
+//! serves it; `serde_json` took 0.7 µs for a record's line, a third of the journal's cost a
+//! request (`cargo bench --bench store -- journal`), and this writer a fifth of that. The text is byte for byte what `serde_json`
 //! writes for the same line (a property test holds the two together), so lines are read back
 //! with `serde_json`, and a journal left by either reads the same.
 
