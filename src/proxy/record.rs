@@ -156,12 +156,7 @@ pub async fn preclose(ctx: &mut Ctx) {
 
 /// About four bytes a token, of the request sent upstream and of the output seen.
 fn rough(ctx: &Ctx) -> Usage {
-    let output = match ctx.meter.output() {
-        estimate::Output::Nothing => 0,
-        estimate::Output::Text(t) => t.len() as u64,
-        estimate::Output::Reply(b) => b.len() as u64,
-        estimate::Output::Bytes(n) => n,
-    } / 4;
+    let output = ctx.meter.output_bytes() / 4;
     let prompt = ctx.body.len() as u64 / 4;
     Usage {
         prompt_tokens: prompt,
