@@ -30,7 +30,8 @@ pub fn build(
         spend: spend.clone(),
         throttle: crate::auth::Throttle::per_minute(c.limits.auth_failures_per_minute),
         logins: Default::default(),
-        sign_ins: Default::default(),
+        // The addresses the console's users signed in from, remembered across restarts.
+        sign_ins: web::sign_in_guard(&store),
         usage_calls: Default::default(),
     });
     Arc::new(proxy::Shared {

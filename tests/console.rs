@@ -781,4 +781,37 @@ async fn a_crowd_of_addresses_guessing_is_held_and_a_known_user_still_signs_in()
     assert_eq!(metric("ok").await, 2.0);
     assert_eq!(metric("failed").await, (30 + checked) as f64);
     assert_eq!(metric("held").await, held as f64);
+    // After a restart the gateway still knows where its user signed in from (the audit log):
+    // with the gate closed and new addresses queued for turns, that address goes on at once.
+    let g = g.restart();
+    for i in 0..30 {
+        let r = login_from(&g.main, &format!("10.3.0.{i}"), "guess").await;
+        assert_eq!(r.status(), 401);
+    }
+    let queued: Vec<_> = (0..6)
+        .map(|i| {
+            let base = g.main.clone();
+            tokio::spawn(async move { login_from(&base, &format!("10.4.0.{i}"), "guess").await })
+        })
+        .collect();
+    common::eventually_async(
+        std::time::Duration::from_secs(5),
+        "no guess held",
+        async || match common::metric_value(&g, "modelgate_console_sign_ins_total{result=\"held\"}")
+            .await
+        {
+            n if n > 0.0 => Ok(()),
+            n => Err(format!("{n} held")),
+        },
+    )
+    .await;
+    let at = std::time::Instant::now();
+    assert_eq!(
+        login_from(&g.main, "10.9.0.1", PASSWORD).await.status(),
+        204
+    );
+    assert!(at.elapsed() < std::time::Duration::from_secs(1));
+    for t in queued {
+        t.await.unwrap();
+    }
 }

@@ -160,6 +160,12 @@ pub fn cors_path(path: &str) -> bool {
         || path.starts_with("/v1/dashboard/")
 }
 
+/// The console's sign-in guard, knowing the addresses its users signed in from (read from the
+/// audit log: they go past the gate after a restart too).
+pub fn sign_in_guard(store: &Store) -> console::guard::Guard {
+    console::guard::Guard::knowing(&store.console.audit_list(10_000).unwrap_or_default())
+}
+
 /// The endpoint group a path of this stage is counted under (metrics, access log): `usage`
 /// for the usage and billing APIs, `console` for the console's paths, `page` for the pages
 /// and their assets, `none` for anything else (a scanner's guesses).

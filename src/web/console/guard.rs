@@ -129,6 +129,32 @@ impl Guard {
         Some(n - AUDITED_FAILURES)
     }
 
+    /// A guard that knows the addresses the audit log says signed in (`login` entries, newest
+    /// first as `audit_list` gives them): the console's users go past the gate after a restart
+    /// too.
+    pub fn knowing(audit: &[crate::store::console::AuditEntry]) -> Guard {
+        let g = Guard::default();
+        let clients = audit
+            .iter()
+            .filter(|e| e.action == "login")
+            .filter_map(|e| {
+                let detail: serde_json::Value = serde_json::from_str(&e.detail).ok()?;
+                detail["client"].as_str()?.parse::<std::net::IpAddr>().ok()
+            })
+            .map(crate::auth::throttle::client_id);
+        let mut seen: Vec<u64> = Vec::new();
+        for c in clients {
+            if !seen.contains(&c) && seen.len() < KNOWN_MAX {
+                seen.push(c);
+            }
+        }
+        // Oldest first, so that the newest are the last forgotten.
+        for c in seen.into_iter().rev() {
+            g.signed_in(Some(c));
+        }
+        g
+    }
+
     /// `client` signed in: it goes past the gate from now on.
     pub fn signed_in(&self, client: Option<u64>) {
         let Some(c) = client else { return };
@@ -180,6 +206,38 @@ mod tests {
         assert_eq!(audits.iter().filter(|a| **a == Audit::Skip).count(), 40);
         assert_eq!(g.failed(t0 + WINDOW), Audit::SummaryThenEntry(40));
         assert_eq!(g.failed(t0 + WINDOW), Audit::Entry);
+    }
+
+    /// Addresses the audit log says signed in go past the gate; failed ones do not.
+    #[test]
+    fn addresses_that_signed_in_before_a_restart_go_past_the_gate() {
+        let entry = |action: &str, client: &str| crate::store::console::AuditEntry {
+            time_ms: 0,
+            user: "admin".into(),
+            action: action.into(),
+            key_id: String::new(),
+            detail: serde_json::json!({ "client": client }).to_string(),
+        };
+        let g = Guard::knowing(&[
+            entry("login", "10.0.0.7"),
+            entry("login_failed", "10.0.0.8"),
+        ]);
+        let t0 = Instant::now();
+        for _ in 0..BUDGET {
+            g.failed(t0);
+        }
+        let id = |ip: &str| {
+            Some(crate::auth::throttle::client_id(
+                ip.parse().expect("an address"),
+            ))
+        };
+        assert_eq!(g.turn(id("10.0.0.7"), t0), Ok(None));
+        assert_eq!(
+            g.turn(id("10.0.0.8"), t0),
+            Ok(None),
+            "the gate's first turn"
+        );
+        assert_eq!(g.turn(id("10.0.0.9"), t0), Ok(Some(GATE_EVERY)));
     }
 
     /// A minute's unlisted failures are taken once when no later failure comes.
