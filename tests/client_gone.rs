@@ -147,7 +147,8 @@ async fn with_cancel_a_client_that_leaves_is_billed_its_prompt_estimated() {
 }
 
 /// Unsent, a stream is read within the pool's `request_timeout` from the client's leaving: an
-/// upstream that would go on long after is let go, and what it sent is billed.
+/// upstream that would go on long after is let go, and what it sent is billed. A client that
+/// reads gets the whole stream, past that timeout.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_left_unsent_is_read_within_the_pools_request_timeout() {
     let g = start_with(Setup {
@@ -166,6 +167,24 @@ upstream_model = "echo-1"
         .into(),
         ..Setup::default()
     });
+    // A client that reads is sent the whole stream, however long past `request_timeout`.
+    let r = common::send(
+        &g.main,
+        "/v1/chat/completions",
+        Some(KEY),
+        &common::chat_body("brief-model", true),
+        &[("x-mock-chunks", "30"), ("x-mock-delay-ms", "50")],
+    )
+    .await;
+    let id = common::request_id(&r);
+    let text = r.text().await.expect("stream");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    let whole = common::await_record(&g, &id).await;
+    assert_eq!(
+        (whole["status"].as_u64(), whole["cut"].as_str()),
+        (Some(200), Some("")),
+        "{whole}"
+    );
     let r = common::send(
         &g.main,
         "/v1/chat/completions",

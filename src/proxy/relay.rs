@@ -95,12 +95,7 @@ pub(super) async fn relay_body<D: Downstream>(
     mut upstream: Upstreamed,
 ) -> pingora_error::Result<()> {
     let life = ctx.life.as_ref().map(|l| l.lifecycle());
-    let mut limits = ReadLimits::of(ctx, pool);
-    // Unsent, a stream is read within the pool's `request_timeout` from here: an upstream
-    // that never ends is not read forever for nobody.
-    limits
-        .deadline
-        .get_or_insert_with(|| Instant::now() + pool.cfg.request_timeout);
+    let limits = ReadLimits::of(ctx, pool);
     loop {
         let read = fast_timeout(limits.next(), upstream.client.read_response_body());
         // The upstream's piece first: when one is already there, the client's connection is not
