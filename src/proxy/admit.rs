@@ -87,6 +87,11 @@ impl Gateway {
                 return route_stored(&self.shared.stored, &snapshot.router, &key, &id, ctx, body);
             }
             other => {
+                // Answered here: the entry is written before the answer.
+                journal(&self.shared.store, ctx, None);
+                if let Some(entry) = &ctx.journal {
+                    entry.durable().await;
+                }
                 let router = &snapshot.router;
                 return Err(answer_models(session, ctx, &key, router, &snapshot.keys, other).await);
             }

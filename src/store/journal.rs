@@ -322,7 +322,7 @@ pub struct Journal {
     pub writes: AtomicU64,
     /// Wakes the writer when a segment is done.
     wake: Mutex<Option<std::thread::Thread>>,
-    /// Sealed segments not synced since.
+    /// Sealed segments to sync: each until its entries have all ended.
     unsynced: Mutex<Vec<Arc<Segment>>>,
     /// When the writer last synced, and the groups written by then.
     synced: Mutex<(std::time::Instant, u64)>,
@@ -476,12 +476,8 @@ impl Journal {
     /// there are none.
     pub(super) fn sync_due_in(&self) -> Option<std::time::Duration> {
         let (at, writes) = *self.synced.lock().unwrap_or_else(|e| e.into_inner());
+        // (A sealed segment's lines, as every line, count in `writes` once written.)
         let dirty = self.writes.load(Ordering::Relaxed) != writes
-            || !self
-                .unsynced
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_empty()
             || !self.current.load().pending().lines.is_empty();
         dirty.then(|| SYNC_EVERY.saturating_sub(at.elapsed()))
     }
@@ -494,9 +490,17 @@ impl Journal {
         }
     }
 
-    /// Writes what is pending and syncs every segment written since the last sync.
+    /// Writes what is pending and syncs every segment that may have been written since the
+    /// last sync: the current one, and each sealed one until its entries have all ended.
     pub(super) fn sync_now(&self) {
         let sealed = std::mem::take(&mut *self.unsynced.lock().unwrap_or_else(|e| e.into_inner()));
+        // Looked at before the syncs: one with entries still open may get lines after them
+        // (their records), and is synced again next time.
+        let open: Vec<Arc<Segment>> = sealed
+            .iter()
+            .filter(|s| s.state.load(Ordering::Acquire) & !SEALED != 0)
+            .cloned()
+            .collect();
         let all: Vec<Arc<Segment>> = sealed
             .into_iter()
             .chain(std::iter::once(self.current.load_full()))
@@ -513,6 +517,10 @@ impl Journal {
                 self.failed("not synced", &e);
             }
         }
+        self.unsynced
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(open);
     }
 
     /// Sealed segments whose entries are all closed.
