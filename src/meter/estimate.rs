@@ -82,7 +82,7 @@ impl Job {
     }
 
     /// About four bytes a token of the text: the estimate when the tokenizer cannot be used.
-    fn rough(&self) -> Usage {
+    pub fn rough(&self) -> Usage {
         let prompt = self
             .reported_prompt
             .unwrap_or_else(|| rough_json_text(&self.body));
@@ -126,7 +126,7 @@ fn data_byte(b: u8) -> bool {
 /// About four bytes a token of the text in a JSON body, in one pass without parsing it: its
 /// string values, none that reads as encoded data. (Counting the whole body made a picture of
 /// 1 MB a prompt of 275,000 tokens.) Jumps from quote to quote (`memchr`).
-fn rough_json_text(body: &[u8]) -> u64 {
+pub fn rough_json_text(body: &[u8]) -> u64 {
     let mut text = 0usize;
     let mut i = 0;
     while let Some(q) = memchr::memchr(b'"', &body[i..]) {

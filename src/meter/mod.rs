@@ -388,19 +388,6 @@ impl Meter {
         }
     }
 
-    /// About how many bytes of output the reply seen holds, without copying it: a stream's
-    /// text as its JSON literals carry it, a plain reply's whole body.
-    pub fn output_bytes(&self) -> u64 {
-        match self {
-            Meter::Sse(m) => m.text_bytes(),
-            Meter::Json {
-                buf, too_big: 0, ..
-            } => buf.len() as u64,
-            Meter::Json { too_big, .. } => *too_big,
-            Meter::None => 0,
-        }
-    }
-
     /// Whether the meter changes the bytes (SSE with usage stripped, or cut by the budget).
     pub fn edits_body(&self) -> bool {
         matches!(self, Meter::Sse(m) if m.edits())

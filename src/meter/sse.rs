@@ -569,11 +569,6 @@ impl SseMeter {
         }
     }
 
-    /// The bytes of the output text's literals kept so far (a rough size, nothing decoded).
-    pub fn text_bytes(&self) -> u64 {
-        self.raw_content.len() as u64
-    }
-
     /// The output text seen so far (for estimating when the upstream reports no usage).
     pub fn text(&self) -> String {
         let mut text = String::new();

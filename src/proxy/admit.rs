@@ -55,10 +55,7 @@ impl Gateway {
     /// or back to the client.
     pub(super) async fn decide(&self, session: &mut Session, ctx: &mut Ctx) -> Result<(), Stop> {
         let decided = self.admission(session, ctx).await;
-        journal(&self.shared.store, ctx, None);
-        if let Some(entry) = &ctx.journal {
-            entry.durable().await;
-        }
+        journal_written(&self.shared.store, ctx).await;
         decided
     }
 
@@ -73,10 +70,7 @@ impl Gateway {
         let key = key?;
         if self.shared.shared_limits.is_some() {
             // Redis is waited on: the entry is written first.
-            journal(&self.shared.store, ctx, None);
-            if let Some(entry) = &ctx.journal {
-                entry.durable().await;
-            }
+            journal_written(&self.shared.store, ctx).await;
         }
         let fleet_spend = self.limit(&key, ctx).await?;
         let endpoint = match target {
@@ -88,10 +82,7 @@ impl Gateway {
             }
             other => {
                 // Answered here: the entry is written before the answer.
-                journal(&self.shared.store, ctx, None);
-                if let Some(entry) = &ctx.journal {
-                    entry.durable().await;
-                }
+                journal_written(&self.shared.store, ctx).await;
                 let router = &snapshot.router;
                 return Err(answer_models(session, ctx, &key, router, &snapshot.keys, other).await);
             }
@@ -464,10 +455,7 @@ async fn read_body(
         match first {
             std::task::Poll::Ready(r) => r.map_err(timed_out),
             std::task::Poll::Pending => {
-                journal(&shared.store, ctx, None);
-                if let Some(entry) = &ctx.journal {
-                    entry.durable().await;
-                }
+                journal_written(&shared.store, ctx).await;
                 // A slow upload does not hold a shutdown's exit (and its record) back either.
                 tokio::select! {
                     r = read => r.map_err(timed_out),
@@ -584,21 +572,33 @@ fn journal(store: &crate::store::Store, ctx: &mut Ctx, sent: Option<SentRef<'_>>
     }
 }
 
+/// `journal` without what the request sends, and returns once the entry's lines are written.
+async fn journal_written(store: &crate::store::Store, ctx: &mut Ctx) {
+    journal(store, ctx, None);
+    if let Some(entry) = &ctx.journal {
+        entry.durable().await;
+    }
+}
+
 /// What the request sends upstream, for its journal entry: a crash that ends it then bills its
-/// prompt, estimated from the body's size (about four bytes a token, as the estimate of a
-/// reply with no usage), and the request's price.
+/// prompt, estimated as the tokenizer's fallback does (about four bytes a token of the body's
+/// text), and the request's price.
 fn sent_upstream<'a>(
     model: &'a str,
     stream: bool,
     endpoint: Endpoint,
     route: &Route,
-    body_bytes: usize,
+    body: &[u8],
 ) -> SentRef<'a> {
     let by_tokens = matches!(
         endpoint.metering,
         Metering::Chat | Metering::Responses | Metering::Messages | Metering::Usage
     );
-    let prompt_tokens = if by_tokens { body_bytes as u64 / 4 } else { 0 };
+    let prompt_tokens = if by_tokens {
+        crate::meter::estimate::rough_json_text(body)
+    } else {
+        0
+    };
     let usage = crate::meter::Usage {
         prompt_tokens,
         total_tokens: prompt_tokens,
@@ -629,7 +629,7 @@ fn prepare_upstream(
     ctx.free = endpoint.metering == Metering::Free;
     ctx.asked = Some(route.clone());
     let model = std::mem::take(&mut ctx.model);
-    let sent = sent_upstream(&model, ctx.stream, endpoint, &route, body.len());
+    let sent = sent_upstream(&model, ctx.stream, endpoint, &route, &body);
     journal(store, ctx, Some(sent));
     ctx.model = model;
     let sending = Sending {

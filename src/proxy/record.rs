@@ -141,7 +141,7 @@ pub async fn preclose(ctx: &mut Ctx) {
     }
     let tokens = match ctx.meter.usage() {
         Some(usage) => (complete(usage), false),
-        None if ctx.meter.estimates() => (rough(ctx), true),
+        None if ctx.meter.estimates() => (estimate_job(ctx).rough(), true),
         None => return,
     };
     let key_id = ctx.key.as_ref().map_or("", |k| k.id.as_str());
@@ -151,18 +151,6 @@ pub async fn preclose(ctx: &mut Ctx) {
     }
     if !r.estimated {
         ctx.preclosed = Some((r.status, r.prompt_tokens, r.completion_tokens));
-    }
-}
-
-/// About four bytes a token, of the request sent upstream and of the output seen.
-fn rough(ctx: &Ctx) -> Usage {
-    let output = ctx.meter.output_bytes() / 4;
-    let prompt = ctx.body.len() as u64 / 4;
-    Usage {
-        prompt_tokens: prompt,
-        completion_tokens: output,
-        total_tokens: prompt + output,
-        ..Usage::default()
     }
 }
 
