@@ -80,34 +80,12 @@ async fn records(g: &Gateway, key: &str, n: usize) -> Vec<Value> {
         Duration::from_secs(10),
         &format!("fewer than {n} records"),
         async || {
-            let mut data = Vec::new();
-            let mut url = format!("{}/api/usage?limit=1000", g.direct);
-            loop {
-                let page: Value = client()
-                    .get(&url)
-                    .bearer_auth(key)
-                    .send()
-                    .await
-                    .expect("usage")
-                    .json()
-                    .await
-                    .expect("json");
-                // The usage calls that read them have records of their own: not counted.
-                data.extend(
-                    page["data"]
-                        .as_array()
-                        .cloned()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .filter(|r| r["endpoint"] != "usage"),
-                );
-                match page["next_cursor"].as_str() {
-                    Some(c) if !c.is_empty() => {
-                        url = format!("{}/api/usage?limit=1000&cursor={c}", g.direct);
-                    }
-                    _ => break,
-                }
-            }
+            // The usage calls that read them have records of their own: not counted.
+            let data: Vec<Value> = common::all_records(&g.direct, key)
+                .await
+                .into_iter()
+                .filter(|r| r["endpoint"] != "usage")
+                .collect();
             if data.len() >= n {
                 Ok(data)
             } else {

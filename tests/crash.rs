@@ -99,31 +99,11 @@ async fn records(g: &Gateway, seen: &HashSet<String>) -> HashMap<String, Value> 
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let mut all = HashMap::new();
-        let mut cursor: Option<String> = None;
         let mut duplicate = None;
-        loop {
-            let mut url = format!("{}/api/usage?limit=1000", g.direct);
-            if let Some(c) = &cursor {
-                url.push_str(&format!("&cursor={c}"));
-            }
-            let page: Value = client()
-                .get(url)
-                .bearer_auth(KEY)
-                .send()
-                .await
-                .expect("usage")
-                .json()
-                .await
-                .expect("json");
-            for r in page["data"].as_array().cloned().unwrap_or_default() {
-                let id = r["request_id"].as_str().unwrap_or("").to_string();
-                if all.insert(id.clone(), r).is_some() {
-                    duplicate = Some(id);
-                }
-            }
-            match page["next_cursor"].as_str() {
-                Some(c) if !c.is_empty() => cursor = Some(c.to_string()),
-                _ => break,
+        for r in common::all_records(&g.direct, KEY).await {
+            let id = r["request_id"].as_str().unwrap_or("").to_string();
+            if all.insert(id.clone(), r).is_some() {
+                duplicate = Some(id);
             }
         }
         assert_eq!(duplicate, None, "a request with two records");

@@ -786,6 +786,28 @@ pub async fn await_record_within(
     await_key_record(client, direct, KEY, request_id, within).await
 }
 
+/// Every record of `key` on the gateway at `direct`, newest first, read page by page.
+pub async fn all_records(direct: &str, key: &str) -> Vec<serde_json::Value> {
+    let mut data = Vec::new();
+    let mut url = format!("{direct}/api/usage?limit=1000");
+    loop {
+        let page: serde_json::Value = client()
+            .get(&url)
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("usage")
+            .json()
+            .await
+            .expect("json");
+        data.extend(page["data"].as_array().cloned().unwrap_or_default());
+        match page["next_cursor"].as_str() {
+            Some(c) if !c.is_empty() => url = format!("{direct}/api/usage?limit=1000&cursor={c}"),
+            _ => return data,
+        }
+    }
+}
+
 /// `await_record_within` among the records of `key`.
 pub async fn await_key_record(
     client: &reqwest::Client,
