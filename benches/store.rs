@@ -207,7 +207,7 @@ fn journal(n: u64) {
                         };
                         entry.durable().await;
                         tokio::task::yield_now().await;
-                        entry.preclose(&r).await;
+                        entry.preclose(&r.borrowed()).await;
                     }
                 });
             }
@@ -231,7 +231,7 @@ fn journal(n: u64) {
         }
         t.elapsed().as_secs_f64() * 1e6 / n as f64
     };
-    let by_hand = time(&|out, r| modelgate::store::line::close(out, r));
+    let by_hand = time(&|out, r| modelgate::store::line::close(out, &r.borrowed()));
     let serde = time(&|out, r| serde_json::to_writer(out, r).expect("json"));
     println!(
         "journal: {n} requests, 50 at a time on one thread: {:.2} µs a request, {:.1} lines a \

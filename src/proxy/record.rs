@@ -5,7 +5,7 @@
 use super::ctx::Ctx;
 use crate::config::Price;
 use crate::meter::{Usage, estimate};
-use crate::store::UsageRecord;
+use crate::store::{RecordRef, UsageRecord};
 
 /// The request's tokens: the upstream's own figures, or a count to make.
 pub enum Tokens {
@@ -81,8 +81,19 @@ pub fn build(
     status: u16,
     key_id: &str,
     ended: std::time::Instant,
-    (usage, estimated): (Usage, bool),
+    tokens: (Usage, bool),
 ) -> UsageRecord {
+    view(ctx, status, key_id, ended, tokens).to_record()
+}
+
+/// `build`'s record, borrowed from `ctx`.
+fn view<'a>(
+    ctx: &'a Ctx,
+    status: u16,
+    key_id: &'a str,
+    ended: std::time::Instant,
+    (usage, estimated): (Usage, bool),
+) -> RecordRef<'a> {
     let ok = succeeded(status);
     let route = ctx.route.as_ref();
     let price = route.map(|r| r.model.price).unwrap_or_default();
@@ -90,15 +101,14 @@ pub fn build(
     let upstream = route
         .and_then(|r| r.pool.upstreams.get(ctx.upstream))
         .filter(|_| ctx.proxied)
-        .map(|u| u.cfg.url.clone())
-        .unwrap_or_default();
-    UsageRecord {
+        .map_or("", |u| u.cfg.url.as_str());
+    RecordRef {
         time_ms: ctx.time_ms,
-        request_id: ctx.request_id.clone(),
-        key_id: key_id.to_string(),
-        listener: ctx.listener.name().to_string(),
-        endpoint: ctx.group.to_string(),
-        model: ctx.model.clone(),
+        request_id: &ctx.request_id,
+        key_id,
+        listener: ctx.listener.name(),
+        endpoint: ctx.group,
+        model: &ctx.model,
         status,
         stream: ctx.stream,
         prompt_tokens: usage.prompt_tokens,
@@ -115,14 +125,12 @@ pub fn build(
         attempts: ctx.attempts,
         served_model: route
             .filter(|_| ctx.proxied)
-            .map(|r| r.id_for(&ctx.model).to_string())
-            .unwrap_or_default(),
+            .map_or("", |r| r.id_for(&ctx.model)),
         cut: if ctx.meter.cut_by_budget().is_some() {
             "budget"
         } else {
             ctx.cut
-        }
-        .to_string(),
+        },
     }
 }
 
@@ -144,13 +152,24 @@ pub async fn preclose(ctx: &mut Ctx) {
         None if ctx.meter.estimates() => (estimate_job(ctx).rough(), true),
         None => return,
     };
-    let key_id = ctx.key.as_ref().map_or("", |k| k.id.as_str());
-    let r = build(ctx, status, key_id, std::time::Instant::now(), tokens);
+    // The line is encoded from what `ctx` holds (no record built for it), then waited for.
+    let (line, preclosed) = {
+        let key_id = ctx.key.as_ref().map_or("", |k| k.id.as_str());
+        let r = view(ctx, status, key_id, std::time::Instant::now(), tokens);
+        let Some(entry) = ctx.journal.as_ref() else {
+            return;
+        };
+        let line = entry.close_line(&r);
+        (
+            line,
+            (!r.estimated).then_some((r.status, r.prompt_tokens, r.completion_tokens)),
+        )
+    };
     if let Some(entry) = ctx.journal.as_mut() {
-        entry.preclose(&r).await;
+        entry.written(line).await;
     }
-    if !r.estimated {
-        ctx.preclosed = Some((r.status, r.prompt_tokens, r.completion_tokens));
+    if preclosed.is_some() {
+        ctx.preclosed = preclosed;
     }
 }
 

@@ -382,17 +382,27 @@ pub fn for_upstream_limited(
     ask_usage: bool,
     limit: Option<(u64, &'static str)>,
 ) -> Bytes {
-    // (start, end, replacement), applied back to front so earlier offsets stay valid.
+    // (start, end, replacement): spans of the body, none overlapping another.
     let mut edits: Vec<(usize, usize, String)> = Vec::with_capacity(2);
     if let (Some((n, field)), None) = (limit, &probe.multipart_boundary) {
         for l in &probe.output_limits {
             if l.value.is_some_and(|v| v > n) {
-                edits.push((l.span.0, l.span.1, n.to_string()));
+                edits.push((
+                    l.span.0,
+                    l.span.1,
+                    itoa::Buffer::new().format(n).to_string(),
+                ));
             }
         }
         if probe.output_limits.is_empty() {
             let at = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
-            edits.push((at, at, format!("\"{field}\":{n},")));
+            let mut member = String::with_capacity(field.len() + 24);
+            member.push('"');
+            member.push_str(field);
+            member.push_str("\":");
+            member.push_str(itoa::Buffer::new().format(n));
+            member.push(',');
+            edits.push((at, at, member));
         }
     }
     if let Some(m) = upstream_model {
@@ -425,13 +435,17 @@ pub fn for_upstream_limited(
     if edits.is_empty() {
         return body.clone();
     }
-    edits.sort_by_key(|e| std::cmp::Reverse(e.0));
+    // One pass front to back into a buffer of the final size (no growing, no shifting).
+    edits.sort_by_key(|e| e.0);
     let grow: usize = edits.iter().map(|e| e.2.len()).sum();
-    let mut out = body.to_vec();
-    out.reserve(grow);
-    for (start, end, value) in edits {
-        out.splice(start..end, value.into_bytes());
+    let mut out = Vec::with_capacity(body.len() + grow);
+    let mut at = 0;
+    for (start, end, value) in &edits {
+        out.extend_from_slice(&body[at..*start]);
+        out.extend_from_slice(value.as_bytes());
+        at = *end;
     }
+    out.extend_from_slice(&body[at..]);
     Bytes::from(out)
 }
 

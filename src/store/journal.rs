@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 
-use super::record::UsageRecord;
+use super::record::{RecordRef, UsageRecord};
 
 /// A segment is sealed, and a new one started, past this size.
 const SEGMENT_BYTES: u64 = 16 * 1024 * 1024;
@@ -96,7 +96,7 @@ enum Line {
 pub(super) enum LineRef<'a> {
     Open(OpenedRef<'a>),
     Sent(SentLine<'a>),
-    Close(&'a UsageRecord),
+    Close(&'a RecordRef<'a>),
 }
 
 /// What a request sends upstream, borrowed: part of its entry's line, or a line of its own.
@@ -264,6 +264,10 @@ impl Segment {
     }
 }
 
+/// A line added to an entry (`Entry::close_line`), to wait for.
+#[must_use]
+pub struct Added(u64);
+
 /// An open entry: its record written (`preclose`) and queued, it drops, and the segment may go
 /// once all its entries did.
 pub struct Entry {
@@ -289,8 +293,20 @@ impl Entry {
 
     /// Writes the request's record (the entry stays open until it drops, once the record is
     /// queued for the writer; written ahead of the request's end, a later line replaces it).
-    pub async fn preclose(&mut self, record: &UsageRecord) {
-        self.ticket = self.segment.add(&LineRef::Close(record));
+    pub async fn preclose(&mut self, record: &RecordRef<'_>) {
+        let line = self.close_line(record);
+        self.written(line).await;
+    }
+
+    /// Adds the request's record, without waiting: `written` waits for it (the record may
+    /// borrow what holds the entry).
+    pub fn close_line(&self, record: &RecordRef<'_>) -> Added {
+        Added(self.segment.add(&LineRef::Close(record)))
+    }
+
+    /// Returns once `line`, and the entry's lines before it, are in the kernel's hands.
+    pub async fn written(&mut self, line: Added) {
+        self.ticket = line.0;
         self.durable().await;
     }
 }
@@ -734,7 +750,7 @@ mod tests {
             completion_tokens: 7,
             ..UsageRecord::default()
         };
-        rt.block_on(closed.preclose(&record));
+        rt.block_on(closed.preclose(&record.borrowed()));
         // Added, never awaited: only the sync writes it.
         let _gone = journal.open_entry(opened("req_gone")).expect("entry");
         let (records, _) = recover(dir.path()).expect("recover");

@@ -26,7 +26,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use query::{Cursor, Page, Query};
-pub use record::{CSV_HEADER, UsageRecord};
+pub use record::{CSV_HEADER, RecordRef, UsageRecord};
 
 use engine::{BatchWriter, Engine};
 use spool::Spool;
@@ -303,7 +303,7 @@ impl Store {
         written: bool,
     ) {
         if let (Some(e), false) = (&mut entry, written) {
-            e.preclose(&r).await;
+            e.preclose(&r.borrowed()).await;
         }
         self.record(r);
         // Only once the record is queued: a segment goes when all its entries are closed, after

@@ -54,10 +54,95 @@ pub struct UsageRecord {
     pub reasoning_tokens: u64,
 }
 
+/// A record borrowed from what its request holds: what the journal writes before the request
+/// ends (no string of it copied), and what `UsageRecord` is made from.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct RecordRef<'a> {
+    pub time_ms: i64,
+    pub request_id: &'a str,
+    pub key_id: &'a str,
+    pub listener: &'a str,
+    pub endpoint: &'a str,
+    pub model: &'a str,
+    pub status: u16,
+    pub stream: bool,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+    pub total_tokens: u64,
+    pub cost: f64,
+    pub latency_ms: u64,
+    pub ttft_ms: Option<u64>,
+    pub upstream: &'a str,
+    pub estimated: bool,
+    pub attempts: u32,
+    pub served_model: &'a str,
+    pub cut: &'a str,
+    pub cached_prompt_tokens: u64,
+    pub cache_write_tokens: u64,
+    pub reasoning_tokens: u64,
+}
+
+impl RecordRef<'_> {
+    pub fn to_record(&self) -> UsageRecord {
+        UsageRecord {
+            time_ms: self.time_ms,
+            request_id: self.request_id.to_string(),
+            key_id: self.key_id.to_string(),
+            listener: self.listener.to_string(),
+            endpoint: self.endpoint.to_string(),
+            model: self.model.to_string(),
+            status: self.status,
+            stream: self.stream,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            total_tokens: self.total_tokens,
+            cost: self.cost,
+            latency_ms: self.latency_ms,
+            ttft_ms: self.ttft_ms,
+            upstream: self.upstream.to_string(),
+            estimated: self.estimated,
+            attempts: self.attempts,
+            served_model: self.served_model.to_string(),
+            cut: self.cut.to_string(),
+            cached_prompt_tokens: self.cached_prompt_tokens,
+            cache_write_tokens: self.cache_write_tokens,
+            reasoning_tokens: self.reasoning_tokens,
+        }
+    }
+}
+
 /// The rollup row's model for the records of models the gateway does not serve.
 pub const UNKNOWN_MODEL: &str = "(unknown)";
 
 impl UsageRecord {
+    /// The record, borrowed.
+    pub fn borrowed(&self) -> RecordRef<'_> {
+        RecordRef {
+            time_ms: self.time_ms,
+            request_id: &self.request_id,
+            key_id: &self.key_id,
+            listener: &self.listener,
+            endpoint: &self.endpoint,
+            model: &self.model,
+            status: self.status,
+            stream: self.stream,
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            total_tokens: self.total_tokens,
+            cost: self.cost,
+            latency_ms: self.latency_ms,
+            ttft_ms: self.ttft_ms,
+            upstream: &self.upstream,
+            estimated: self.estimated,
+            attempts: self.attempts,
+            served_model: &self.served_model,
+            cut: &self.cut,
+            cached_prompt_tokens: self.cached_prompt_tokens,
+            cache_write_tokens: self.cache_write_tokens,
+            reasoning_tokens: self.reasoning_tokens,
+        }
+    }
+
     /// The model the record's usage is summed under (rollups, summaries): its own, or
     /// `(unknown)` for a model nobody serves, so that names a client makes up leave no state
     /// of their own: every 404 that names a model (the gateway's `model_not_found`, or an
