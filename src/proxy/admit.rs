@@ -629,8 +629,11 @@ fn prepare_upstream(
     ctx.free = endpoint.metering == Metering::Free;
     ctx.asked = Some(route.clone());
     let model = std::mem::take(&mut ctx.model);
-    let sent = sent_upstream(&model, ctx.stream, endpoint, &route, &body);
-    journal(store, ctx, Some(sent));
+    // Its prompt's rough count is made only for a journal entry.
+    if store.journals() {
+        let sent = sent_upstream(&model, ctx.stream, endpoint, &route, &body);
+        journal(store, ctx, Some(sent));
+    }
     ctx.model = model;
     let sending = Sending {
         endpoint,

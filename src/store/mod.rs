@@ -290,6 +290,11 @@ impl Store {
 
     /// Opens the journal entry of a request that passed auth (see `journal`): written once
     /// the entry's `durable` returns.
+    /// Whether requests are journaled (`[storage] journal`).
+    pub fn journals(&self) -> bool {
+        self.journal.is_some()
+    }
+
     pub fn journal_open(&self, opened: journal::OpenedRef<'_>) -> Option<journal::Entry> {
         self.journal.as_ref()?.open_entry(opened)
     }
