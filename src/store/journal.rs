@@ -201,14 +201,17 @@ impl Segment {
         }
         tokio::task::yield_now().await;
         loop {
-            // Registered before looking, so a group written meanwhile is not missed.
+            if self.write_pending(ticket, journal) {
+                return;
+            }
+            // Another thread is writing a group: it may hold this line. Registered before
+            // looking again, so a group written meanwhile is not missed.
             let written = self.group_written.notified();
             tokio::pin!(written);
             written.as_mut().enable();
             if self.write_pending(ticket, journal) {
                 return;
             }
-            // Another thread is writing a group: it may hold this line.
             written.await;
         }
     }
