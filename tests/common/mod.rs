@@ -790,22 +790,28 @@ pub async fn await_record_within(
 pub async fn all_records(direct: &str, key: &str) -> Vec<serde_json::Value> {
     let mut data = Vec::new();
     let mut url = format!("{direct}/api/usage?limit=1000");
+    let client = client();
     loop {
-        let page: serde_json::Value = client()
-            .get(&url)
-            .bearer_auth(key)
-            .send()
-            .await
-            .expect("usage")
-            .json()
-            .await
-            .expect("json");
+        let page = usage_page(&client, &url, key).await;
         data.extend(page["data"].as_array().cloned().unwrap_or_default());
         match page["next_cursor"].as_str() {
             Some(c) if !c.is_empty() => url = format!("{direct}/api/usage?limit=1000&cursor={c}"),
             _ => return data,
         }
     }
+}
+
+/// One page of `/api/usage` at `url`, read with `key`.
+async fn usage_page(client: &reqwest::Client, url: &str, key: &str) -> serde_json::Value {
+    client
+        .get(url)
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("usage")
+        .json()
+        .await
+        .expect("json")
 }
 
 /// `await_record_within` among the records of `key`.
@@ -834,15 +840,8 @@ pub async fn await_record_where(
     matches: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
     eventually_async(within, what, async || {
-        let page: serde_json::Value = client
-            .get(format!("{direct}/api/usage?limit=1000&order=desc"))
-            .bearer_auth(key)
-            .send()
-            .await
-            .expect("usage")
-            .json()
-            .await
-            .expect("json");
+        let url = format!("{direct}/api/usage?limit=1000&order=desc");
+        let page = usage_page(client, &url, key).await;
         page["data"]
             .as_array()
             .and_then(|d| d.iter().find(|r| matches(r)))
