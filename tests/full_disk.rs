@@ -153,6 +153,19 @@ async fn chat_records(g: &Gateway) -> std::collections::HashSet<String> {
         .collect()
 }
 
+/// Waits (up to 15 s) until the store has a record of every one of `served`: a reply's
+/// record is made after its client has the reply, so the last ones may still be on their way.
+async fn await_every_record(g: &Gateway, served: &[String]) -> std::collections::HashSet<String> {
+    common::eventually_async(Duration::from_secs(15), "records lost", async || {
+        let have = chat_records(g).await;
+        match served.iter().filter(|id| !have.contains(*id)).count() {
+            0 => Ok(have),
+            n => Err(format!("{n} of {} missing", served.len())),
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_full_store_refuses_new_requests_and_loses_no_record() {
     let fs = Tmpfs::mount("2m");
@@ -202,15 +215,7 @@ async fn a_full_store_refuses_new_requests_and_loses_no_record() {
     let after = chat(&g).await;
     assert_eq!(after.status(), 200);
     served.push(common::request_id(&after));
-    common::await_record(&g, served.last().expect("one")).await;
-    let have = chat_records(&g).await;
-    let missing: Vec<_> = served.iter().filter(|id| !have.contains(*id)).collect();
-    assert!(
-        missing.is_empty(),
-        "{} of {} lost",
-        missing.len(),
-        served.len()
-    );
+    let have = await_every_record(&g, &served).await;
     assert_eq!(have.len(), served.len());
     assert_eq!(
         common::metric_value(&g, "modelgate_usage_records_dropped_total").await,
@@ -245,13 +250,23 @@ async fn a_full_store_in_serve_mode_serves_and_counts_every_dropped_record() {
     assert_eq!(common::get(&g.admin, "/readyz", None).await.status(), 503);
     std::fs::remove_file(filler).expect("free");
     await_stored_again(&g).await;
-    let have = chat_records(&g).await.len() as f64;
+    // The last reply's record is made after its client has the reply: every request is
+    // either stored or counted as dropped once it settles.
+    common::eventually_async(
+        Duration::from_secs(15),
+        "a record neither stored nor counted as dropped",
+        async || {
+            let have = chat_records(&g).await.len() as f64;
+            let dropped = common::metric_value(&g, "modelgate_usage_records_dropped_total").await;
+            if have + dropped == f64::from(served) {
+                Ok(())
+            } else {
+                Err(format!("{have} stored, {dropped} dropped of {served}"))
+            }
+        },
+    )
+    .await;
     let dropped = common::metric_value(&g, "modelgate_usage_records_dropped_total").await;
-    assert_eq!(
-        have + dropped,
-        f64::from(served),
-        "{have} stored, {dropped} dropped"
-    );
     assert_eq!(
         common::metric_value(&g, "modelgate_usage_record_write_errors_total").await,
         0.0
@@ -321,12 +336,5 @@ async fn the_spool_takes_records_up_to_its_bound_then_memory_then_none() {
         },
     )
     .await;
-    let have = chat_records(&g).await;
-    let missing: Vec<_> = served.iter().filter(|id| !have.contains(*id)).collect();
-    assert!(
-        missing.is_empty(),
-        "{} of {} lost",
-        missing.len(),
-        served.len()
-    );
+    await_every_record(&g, &served).await;
 }
