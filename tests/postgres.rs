@@ -618,6 +618,18 @@ async fn a_postgres_that_stops_answering_holds_no_record_and_no_shutdown() {
     let chat = || send(&main, "/v1/chat/completions", Some(KEY), &body, &[]);
     let mut ids: HashSet<String> = request_ids(vec![chat().await]).await.into_iter().collect();
     await_rows(&pg, &ids, Duration::from_secs(15));
+    // Reads at once leave their connections pooled, idle: the shutdown must not wait on
+    // them either.
+    let mut reads = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let main = g.main.clone();
+        reads.spawn(async move { common::get(&main, "/api/usage?limit=1", Some(KEY)).await });
+    }
+    while let Some(read) = reads.join_next().await {
+        let read = read.expect("read");
+        assert_eq!(read.status(), 200);
+        ids.insert(request_id(&read));
+    }
     // Every server process of the gateway's connections, frozen.
     let pids: Vec<i32> = common::pg::off_runtime(|| {
         pg.client()

@@ -436,6 +436,18 @@ impl Engine for PgEngine {
 
     fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
-        self.pool.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let idle = std::mem::take(&mut *self.pool.lock().unwrap_or_else(|e| e.into_inner()));
+        if idle.is_empty() {
+            return;
+        }
+        // Dropping a client waits for its server to end the connection: a server that stopped
+        // answering would hold the shutdown forever. They end on a thread of their own, which
+        // the exit does not wait for.
+        let ended = std::thread::Builder::new()
+            .name("pg-close".into())
+            .spawn(move || drop(idle));
+        if let Err(e) = ended {
+            tracing::warn!("usage store (postgres): closing connections: {e}");
+        }
     }
 }
