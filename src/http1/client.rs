@@ -578,17 +578,23 @@ fn read_some(stream: &mut Stream) -> impl Future<Output = std::io::Result<BytesM
 /// Whether a reply field named `name` (in any case) is kept: `keep` keeps it, or it frames the
 /// reply.
 fn kept(keep: &PassHeaders, name: &str) -> bool {
+    let is = |lower: &str| {
+        matches!(lower, "content-length" | "transfer-encoding" | "connection") || keep.keeps(lower)
+    };
+    // Most names come in lower case (HTTP/2's rule, and most servers' in HTTP/1 too): looked
+    // up as they are, neither copied nor checked again.
+    if !name.bytes().any(|b| b.is_ascii_uppercase()) {
+        return is(name);
+    }
     let mut buf = [0u8; 64];
-    let lower = match buf.get_mut(..name.len()) {
+    match buf.get_mut(..name.len()) {
         Some(b) => {
             b.copy_from_slice(name.as_bytes());
             b.make_ascii_lowercase();
-            std::str::from_utf8(b).unwrap_or_default()
+            is(std::str::from_utf8(b).unwrap_or_default())
         }
-        // A name this long is no framing field, nor one kept by default.
-        None => return keep.keeps(&name.to_ascii_lowercase()),
-    };
-    matches!(lower, "content-length" | "transfer-encoding" | "connection") || keep.keeps(lower)
+        None => is(&name.to_ascii_lowercase()),
+    }
 }
 
 /// Whether the upstream keeps the connection open after this reply: HTTP/1.1 unless it says

