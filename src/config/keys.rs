@@ -66,7 +66,7 @@ impl Key {
 /// The live key table: one immutable snapshot, swapped whole on reload.
 #[derive(Debug, Default)]
 pub struct KeyTable {
-    by_hash: HashMap<[u8; 32], Arc<Key>>,
+    by_hash: HashMap<[u8; 32], Arc<Key>, foldhash::fast::RandomState>,
 }
 
 impl KeyTable {
@@ -122,7 +122,7 @@ impl KeyTable {
         let (raw, mut p) = super::problem::deserialize_all::<RawKeysFile>(file, text);
         let Some(raw) = raw else { return Err(p) };
         let shape = p.0.len();
-        let mut by_hash = HashMap::with_capacity(raw.keys.len());
+        let mut by_hash = HashMap::with_capacity_and_hasher(raw.keys.len(), Default::default());
         let mut ids = HashSet::with_capacity(raw.keys.len());
         for (i, rk) in raw.keys.into_iter().enumerate() {
             let mut c = KeyCheck {

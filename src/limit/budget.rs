@@ -50,7 +50,7 @@ struct Account {
 
 #[derive(Debug, Default)]
 pub struct Spend {
-    by_key: DashMap<String, Account>,
+    by_key: DashMap<String, Account, foldhash::fast::RandomState>,
 }
 
 impl Spend {

@@ -189,7 +189,7 @@ impl Log {
 
 #[derive(Default)]
 pub struct Limiter {
-    windows: DashMap<String, Arc<Mutex<KeyWindows>>>,
+    windows: DashMap<String, Arc<Mutex<KeyWindows>>, foldhash::fast::RandomState>,
 }
 
 /// Counts one request of a key in flight (against its `max_concurrent`, if it has one); it

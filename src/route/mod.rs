@@ -107,7 +107,7 @@ pub struct Found {
 
 pub struct Router {
     /// Entries by name and by alias.
-    by_model: HashMap<String, Arc<Route>>,
+    by_model: HashMap<String, Arc<Route>, foldhash::fast::RandomState>,
     /// Glob entries, in config order: the first that matches takes an id no name matched.
     globs: Vec<(globset::GlobMatcher, Arc<Route>)>,
     /// `[routing] default_model`.
@@ -179,7 +179,7 @@ impl Router {
                 }),
             );
         }
-        let mut by_model = HashMap::new();
+        let mut by_model = HashMap::default();
         let mut globs = Vec::new();
         let mut ordered = Vec::new();
         for m in &config.models {

@@ -148,8 +148,8 @@ pub(super) type RowKey<'a> = (i64, &'a str, &'a str, u16);
 /// Sums `records` per rollup row, each with its latency histogram.
 pub(super) fn aggregate<'a>(
     records: impl IntoIterator<Item = &'a UsageRecord>,
-) -> HashMap<RowKey<'a>, (Sums, Hist)> {
-    let mut rows: HashMap<RowKey<'_>, (Sums, Hist)> = HashMap::new();
+) -> foldhash::HashMap<RowKey<'a>, (Sums, Hist)> {
+    let mut rows: foldhash::HashMap<RowKey<'_>, (Sums, Hist)> = Default::default();
     for r in records {
         let row = rows
             .entry((bucket_of(r.time_ms), &r.key_id, r.rollup_model(), r.status))

@@ -138,7 +138,7 @@ pub struct Connections {
 #[derive(Default)]
 struct Idle {
     /// Oldest at the front, the most recently released at the back.
-    by_peer: HashMap<Key, VecDeque<Kept>>,
+    by_peer: HashMap<Key, VecDeque<Kept>, foldhash::fast::RandomState>,
     count: usize,
 }
 

@@ -321,7 +321,7 @@ pub(in crate::store) fn insert_batch(
     let tx = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(|e| write_err("begin", e))?;
-    let mut spend: HashMap<&str, (f64, i64)> = HashMap::new();
+    let mut spend: foldhash::HashMap<&str, (f64, i64)> = Default::default();
     let mut seq = next_seq(&tx)?;
     {
         let mut insert = tx
