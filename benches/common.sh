@@ -106,8 +106,13 @@ ab_rounds() {
 import collections, statistics, sys
 d = collections.defaultdict(list)
 per = collections.defaultdict(list)
+# Each round's figures, for its ratios: a machine whose speed drifts over minutes moves a
+# round's targets together, so the median of the rounds' own ratios cancels the drift that the
+# ratio of medians keeps.
+by_round = collections.defaultdict(dict)
 for line in open(sys.argv[1]):
-    c, _, t, v, *counters = line.split()
+    c, r, t, v, *counters = line.split()
+    by_round[(c, r)][t] = float(v)
     d[(c, t)].append(float(v))
     if counters:
         per[(c, t)].append([float(x) for x in counters])
@@ -116,6 +121,10 @@ for c in ("plain", "stream"):
     m = {t: statistics.median(d[(c, t)]) for t in names}
     ratios = [f"{b}/{a} {m[b] / m[a]:.3f}" for i, b in enumerate(names) for a in names[:i]]
     print(f"{c}: " + ", ".join(f"{t} {v:.0f} req/s" for t, v in m.items()) + "; " + ", ".join(ratios))
+    rounds = [v for (cc, _), v in by_round.items() if cc == c]
+    paired = [f"{b}/{a} {statistics.median(x[b] / x[a] for x in rounds):.3f}"
+              for i, b in enumerate(names) for a in names[:i]]
+    print(f"  {c} paired (median of each round's ratio): " + ", ".join(paired))
     for t in names:
         if per[(c, t)]:
             cpu, sys_, writer, vol, invol = (statistics.median(x[i] for x in per[(c, t)]) for i in range(5))
